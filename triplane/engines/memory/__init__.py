@@ -1,0 +1,1 @@
+"""Memory engines (host, device, redis, file) hold tiles."""

@@ -1,0 +1,1 @@
+"""Network engines move packets and tiles between nodes."""

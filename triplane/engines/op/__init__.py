@@ -1,0 +1,1 @@
+"""Op engines: numpy (the reference oracle), cupy (GPU), and vendor plugins."""

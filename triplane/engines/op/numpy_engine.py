@@ -1,0 +1,96 @@
+"""The numpy op engine: the reference implementation every other engine is checked against.
+
+Kernels live in :mod:`triplane.engines.op.numpy_kernels`, one module per op group, each
+registered with :func:`kernel`. A kernel is ``fn(inputs, attrs, out) -> ndarray``:
+``inputs`` are numpy arrays, ``attrs`` the node's normalised attributes and ``out`` the
+inferred :class:`TensorType` of the result.
+
+bfloat16 has no native numpy arithmetic: inputs in it are computed in float32 and the
+result is rounded back, which is what hardware with bfloat16 storage does too.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from triplane.proto import optable
+from triplane.proto.errors import KernelError
+from triplane.proto.ir import TensorType
+
+Kernel = Callable[[Sequence[np.ndarray], Mapping[str, Any], TensorType], np.ndarray]
+
+KERNELS: dict[str, Kernel] = {}
+
+
+def kernel(*ops: str) -> Callable[[Kernel], Kernel]:
+    """Register ``fn`` as the numpy kernel of ``ops``."""
+
+    def deco(fn: Kernel) -> Kernel:
+        for op in ops:
+            KERNELS[op] = fn
+        return fn
+
+    return deco
+
+
+def _load_kernels() -> None:
+    import triplane.engines.op.numpy_kernels  # noqa: F401
+
+
+class NumpyEngine:
+    """Runs every op of the table on host memory with numpy."""
+
+    name = "numpy"
+    device = "cpu"
+
+    def __init__(self) -> None:
+        _load_kernels()
+
+    def supports(self, op: str, dtypes: Sequence[str] = ()) -> bool:
+        if op not in KERNELS:
+            return False
+        try:
+            accepted = optable.get(op).dtypes
+        except Exception:
+            return False
+        return all(d in accepted for d in dtypes)
+
+    def run(self, op: str, inputs: Sequence[np.ndarray], attrs: Mapping[str, Any],
+            out: TensorType) -> np.ndarray:
+        fn = KERNELS.get(op)
+        if fn is None:
+            raise KernelError(f"the numpy engine has no kernel for {op!r}", op=op, kind="infra")
+        if any(a.dtype.name == "bfloat16" for a in inputs):
+            inputs = [a.astype(np.float32) if a.dtype.name == "bfloat16" else a for a in inputs]
+        try:
+            with np.errstate(all="ignore"):
+                result = fn(inputs, attrs, out)
+        except KernelError:
+            raise
+        except (ValueError, IndexError, TypeError, ZeroDivisionError, OverflowError) as e:
+            raise KernelError(f"{type(e).__name__}: {e}", op=op) from e
+        result = np.asarray(result)
+        if result.shape != out.shape:
+            raise KernelError(f"kernel gave shape {result.shape}, expected {out.shape}", op=op,
+                              kind="infra")
+        if result.dtype != out.dtype.np:
+            result = result.astype(out.dtype.np)
+        return result
+
+    def benchmark(self, size: int = 512) -> dict[str, float]:
+        """Measured figures for the registry: matmul GFLOP/s and elementwise GB/s."""
+        rng = np.random.default_rng(0)
+        a = rng.standard_normal((size, size), dtype=np.float32)
+        a @ a
+        t = time.perf_counter()
+        a @ a
+        mm = 2 * size**3 / max(time.perf_counter() - t, 1e-9) / 1e9
+        x = rng.standard_normal(1 << 22, dtype=np.float32)
+        t = time.perf_counter()
+        np.add(x, x, out=x)
+        ew = 3 * x.nbytes / max(time.perf_counter() - t, 1e-9) / 1e9
+        return {"matmul_gflops": mm, "elementwise_gbps": ew}

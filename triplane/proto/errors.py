@@ -1,0 +1,87 @@
+"""The exceptions triplane raises, in one tree.
+
+    TriplaneError                 base of everything below
+    ├── GraphError                a graph (or a node of it) is malformed
+    │   ├── UnknownOpError        the op name is not in the op table
+    │   ├── ShapeError            shapes do not fit the op
+    │   ├── DTypeError            dtypes do not fit the op (or are unknown)
+    │   ├── AttrError             an attribute is missing, unknown or of the wrong type
+    │   └── LimitError            a size bound (nodes, elements, bytes) is exceeded
+    ├── NotDifferentiableError    a gradient was asked through an op that has none
+    └── KernelError               a kernel raised while running (a user error: not retried)
+
+Every GraphError names the node and op it is about, when it is about one, so that a
+message reads ``node 'y' (matmul): inner dimensions differ: (64, 784) @ (10, 784)``.
+"""
+
+from __future__ import annotations
+
+
+class TriplaneError(Exception):
+    """Base class of every error triplane raises on purpose."""
+
+
+class GraphError(TriplaneError, ValueError):
+    """A graph or one of its nodes is malformed."""
+
+    def __init__(self, message: str, *, node: str | None = None, op: str | None = None,
+                 where: str | None = None) -> None:
+        self.node = node
+        self.op = op
+        self.where = where
+        self.reason = message
+        super().__init__(self._compose())
+
+    def _compose(self) -> str:
+        prefix = ""
+        if self.node is not None and self.op is not None:
+            prefix = f"node {self.node!r} ({self.op}): "
+        elif self.node is not None:
+            prefix = f"node {self.node!r}: "
+        elif self.op is not None:
+            prefix = f"{self.op}: "
+        suffix = f" (at {self.where})" if self.where else ""
+        return f"{prefix}{self.reason}{suffix}"
+
+    def at(self, *, node: str | None = None, op: str | None = None,
+           where: str | None = None) -> GraphError:
+        """The same error, located at a node/op/source line (fields already set are kept)."""
+        self.node = self.node if self.node is not None else node
+        self.op = self.op if self.op is not None else op
+        self.where = self.where if self.where is not None else where
+        self.args = (self._compose(),)
+        return self
+
+
+class UnknownOpError(GraphError):
+    pass
+
+
+class ShapeError(GraphError):
+    pass
+
+
+class DTypeError(GraphError, TypeError):
+    pass
+
+
+class AttrError(GraphError):
+    pass
+
+
+class LimitError(GraphError):
+    pass
+
+
+class NotDifferentiableError(TriplaneError):
+    pass
+
+
+class KernelError(TriplaneError):
+    """A kernel raised on its inputs. ``kind`` is ``"user"`` (bad data: not retried)."""
+
+    def __init__(self, message: str, *, node: str | None = None, op: str | None = None,
+                 kind: str = "user") -> None:
+        self.node, self.op, self.kind = node, op, kind
+        where = f"node {node!r} ({op}): " if node else (f"{op}: " if op else "")
+        super().__init__(where + message)

@@ -1,0 +1,431 @@
+"""The graph IR: plain, typed, immutable data.
+
+A :class:`Graph` maps node ids to :class:`Node` s and names its outputs. A node is one op
+applied to the outputs of other nodes (by id) with attributes, and carries the shape and
+dtype the op table infers for it. The same graph serialises to the same canonical JSON
+bytes in every language (RFC 8785 style: sorted keys, no whitespace, ECMAScript number
+form), so :meth:`Graph.hash` names it.
+
+Construction does not validate; :func:`triplane.proto.validate.validate` is the one place
+that checks a graph against the op table.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import yaml
+
+from triplane.proto import dtypes as dt
+from triplane.proto.errors import GraphError, LimitError
+
+IR_VERSION = 1
+
+
+class TensorType(NamedTuple):
+    """The static type of a value: shape and dtype."""
+
+    shape: tuple[int, ...]
+    dtype: dt.DType
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def __str__(self) -> str:
+        return f"{self.dtype.name}{list(self.shape)}"
+
+
+class Attrs(Mapping[str, Any]):
+    """An immutable, hashable attribute mapping. Values are frozen: lists become tuples,
+    dicts become Attrs, numpy scalars become Python scalars."""
+
+    __slots__ = ("_d", "_h")
+
+    def __init__(self, items: Mapping[str, Any] | Iterable[tuple[str, Any]] = ()) -> None:
+        src = items.items() if isinstance(items, Mapping) else items
+        self._d = {str(k): freeze(v) for k, v in src}
+        self._h: int | None = None
+
+    def __getitem__(self, key: str) -> Any:
+        return self._d[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._d)
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+    def __hash__(self) -> int:
+        if self._h is None:
+            self._h = hash(tuple(sorted(self._d.items(), key=lambda kv: kv[0])))
+        return self._h
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Attrs):
+            return self._d == other._d
+        if isinstance(other, Mapping):
+            return self._d == {k: freeze(v) for k, v in other.items()}
+        return NotImplemented
+
+    def __repr__(self) -> str:
+        return f"Attrs({self._d!r})"
+
+    def replace(self, **changes: Any) -> Attrs:
+        return Attrs({**self._d, **changes})
+
+
+EMPTY_ATTRS = Attrs()
+
+
+def freeze(v: Any) -> Any:
+    """A hashable, canonical copy of an attribute value."""
+    if v is None or isinstance(v, (bool, str, Attrs)):
+        return v
+    if isinstance(v, int):
+        return int(v)
+    if isinstance(v, float):
+        return float(v)
+    if isinstance(v, (list, tuple)):
+        return tuple(freeze(x) for x in v)
+    if isinstance(v, Mapping):
+        return Attrs(v)
+    if isinstance(v, dt.DType):
+        return v.name
+    item = getattr(v, "item", None)  # numpy scalar
+    if callable(item) and getattr(v, "shape", None) == ():
+        return freeze(item())
+    raise GraphError(f"attribute value {v!r} of type {type(v).__name__} cannot go in a graph")
+
+
+def thaw(v: Any) -> Any:
+    """The JSON-ready form of a frozen attribute value."""
+    if isinstance(v, tuple):
+        return [thaw(x) for x in v]
+    if isinstance(v, Attrs):
+        return {k: thaw(x) for k, x in v.items()}
+    return v
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    op: str
+    inputs: tuple[str, ...] = ()
+    attrs: Attrs = EMPTY_ATTRS
+    shape: tuple[int, ...] = ()
+    dtype: str = "float32"
+
+    @property
+    def type(self) -> TensorType:
+        return TensorType(self.shape, dt.dtype(self.dtype))
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"op": self.op, "shape": list(self.shape), "dtype": self.dtype}
+        if self.inputs:
+            d["inputs"] = list(self.inputs)
+        if self.attrs:
+            d["attrs"] = thaw(self.attrs)
+        return d
+
+    def replace(self, **changes: Any) -> Node:
+        fields = {"op": self.op, "inputs": self.inputs, "attrs": self.attrs,
+                  "shape": self.shape, "dtype": self.dtype, **changes}
+        if not isinstance(fields["attrs"], Attrs):
+            fields["attrs"] = Attrs(fields["attrs"])
+        fields["inputs"] = tuple(fields["inputs"])
+        fields["shape"] = tuple(fields["shape"])
+        return Node(**fields)
+
+
+@dataclass(frozen=True)
+class Graph:
+    """Node ids -> nodes (in a topological order once validated), and the output ids."""
+
+    nodes: Mapping[str, Node]
+    outputs: tuple[str, ...]
+    version: int = IR_VERSION
+    _cache: dict[str, Any] = field(default_factory=dict, compare=False, repr=False, hash=False)
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def __getitem__(self, node_id: str) -> Node:
+        return self.nodes[node_id]
+
+    def __contains__(self, node_id: object) -> bool:
+        return node_id in self.nodes
+
+    def type_of(self, node_id: str) -> TensorType:
+        return self.nodes[node_id].type
+
+    # --- structure -------------------------------------------------------------------
+
+    def consumers(self) -> dict[str, list[str]]:
+        """node id -> ids of the nodes that read it (each consumer listed once per use)."""
+        if "consumers" not in self._cache:
+            users: dict[str, list[str]] = {k: [] for k in self.nodes}
+            for nid, node in self.nodes.items():
+                for i in node.inputs:
+                    if i in users:
+                        users[i].append(nid)
+            self._cache["consumers"] = users
+        return self._cache["consumers"]
+
+    def topo_order(self) -> list[str]:
+        """A topological order: inputs before their consumers, otherwise the stored order.
+        Raises GraphError on a cycle or a dangling input."""
+        if "topo" in self._cache:
+            return self._cache["topo"]
+        order: list[str] = []
+        state: dict[str, int] = {}  # 1 = on the stack, 2 = done
+        for root in self.nodes:
+            if root in state:
+                continue
+            stack: list[tuple[str, int]] = [(root, 0)]
+            state[root] = 1
+            while stack:
+                nid, i = stack[-1]
+                ins = self.nodes[nid].inputs
+                if i < len(ins):
+                    stack[-1] = (nid, i + 1)
+                    dep = ins[i]
+                    if dep not in self.nodes:
+                        raise GraphError(f"input {dep!r} is not a node of the graph",
+                                         node=nid, op=self.nodes[nid].op)
+                    s = state.get(dep)
+                    if s == 1:
+                        raise GraphError(f"cycle through {dep!r}", node=nid, op=self.nodes[nid].op)
+                    if s is None:
+                        state[dep] = 1
+                        stack.append((dep, 0))
+                else:
+                    stack.pop()
+                    state[nid] = 2
+                    order.append(nid)
+        self._cache["topo"] = order
+        return order
+
+    def sorted(self) -> Graph:
+        """The same graph with its nodes stored in topological order."""
+        order = self.topo_order()
+        if list(self.nodes) == order:
+            return self
+        return Graph({k: self.nodes[k] for k in order}, self.outputs, self.version)
+
+    # --- serialisation ---------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"version": self.version,
+                "nodes": {k: n.to_dict() for k, n in self.nodes.items()},
+                "outputs": list(self.outputs)}
+
+    @classmethod
+    def from_dict(cls, d: Any, *, max_nodes: int | None = None) -> Graph:
+        """Build a graph from its dict form, checking the structure (not the op table)."""
+        if not isinstance(d, Mapping):
+            raise GraphError(f"a graph is a mapping with 'nodes' and 'outputs', got {type(d).__name__}")
+        unknown = set(d) - {"version", "nodes", "outputs"}
+        if unknown:
+            raise GraphError(f"unknown graph field(s) {sorted(unknown)}")
+        version = d.get("version", IR_VERSION)
+        if version != IR_VERSION:
+            raise GraphError(f"unsupported graph version {version!r} (this build reads {IR_VERSION})")
+        nodes_in = d.get("nodes")
+        if not isinstance(nodes_in, Mapping):
+            raise GraphError("'nodes' must be a mapping of node id -> node")
+        limit = max_nodes if max_nodes is not None else DEFAULT_MAX_NODES
+        if len(nodes_in) > limit:
+            raise LimitError(f"graph has {len(nodes_in)} nodes, more than the limit of {limit}")
+        nodes = {}
+        for nid, nd in nodes_in.items():
+            nodes[str(nid)] = _node_from_dict(str(nid), nd)
+        outputs = d.get("outputs")
+        if not isinstance(outputs, (list, tuple)) or not all(isinstance(o, str) for o in outputs):
+            raise GraphError("'outputs' must be a list of node ids")
+        for o in outputs:
+            if o not in nodes:
+                raise GraphError(f"output {o!r} is not a node of the graph")
+        return cls(nodes, tuple(outputs), version).sorted()
+
+    def to_json(self) -> bytes:
+        """Canonical JSON bytes: same graph, same bytes, in any language."""
+        if "json" not in self._cache:
+            self._cache["json"] = canonical_json(self.to_dict())
+        return self._cache["json"]
+
+    @classmethod
+    def from_json(cls, data: bytes | str, *, max_bytes: int | None = None,
+                  max_nodes: int | None = None) -> Graph:
+        limit = max_bytes if max_bytes is not None else DEFAULT_MAX_GRAPH_BYTES
+        if len(data) > limit:
+            raise LimitError(f"graph document is {len(data)} bytes, more than the limit of {limit}")
+        try:
+            d = json.loads(data)
+        except (ValueError, UnicodeDecodeError) as e:
+            raise GraphError(f"graph is not valid JSON: {e}") from None
+        return cls.from_dict(d, max_nodes=max_nodes)
+
+    def to_yaml(self) -> str:
+        return yaml.dump(self.to_dict(), Dumper=_YamlDumper, sort_keys=True, default_flow_style=None)
+
+    @classmethod
+    def from_yaml(cls, text: str | bytes, *, max_bytes: int | None = None) -> Graph:
+        limit = max_bytes if max_bytes is not None else DEFAULT_MAX_GRAPH_BYTES
+        if len(text) > limit:
+            raise LimitError(f"graph document is {len(text)} bytes, more than the limit of {limit}")
+        try:
+            d = yaml.load(text, Loader=_YamlLoader)  # the safe loader (C where available)
+        except yaml.YAMLError as e:
+            raise GraphError(f"graph is not valid YAML: {e}") from None
+        return cls.from_dict(d)
+
+    def hash(self) -> str:
+        """sha256 of the canonical JSON: the graph's name."""
+        return hashlib.sha256(self.to_json()).hexdigest()
+
+    def structure_hash(self) -> str:
+        """Like :meth:`hash`, but blind to which host tensors the ``input`` nodes bind and to
+        node ids: two training steps that differ only in parameter values share it, so a
+        compiled plan is reused."""
+        if "shash" not in self._cache:
+            order = self.topo_order()
+            rename = {nid: f"n{i}" for i, nid in enumerate(order)}
+            nodes = {}
+            for nid in order:
+                n = self.nodes[nid]
+                attrs = n.attrs
+                if n.op == "input":
+                    attrs = Attrs({k: v for k, v in attrs.items() if k != "tensor"})
+                nodes[rename[nid]] = n.replace(inputs=[rename[i] for i in n.inputs], attrs=attrs)
+            g = Graph(nodes, tuple(rename[o] for o in self.outputs), self.version)
+            self._cache["shash"] = g.hash()
+        return self._cache["shash"]
+
+
+DEFAULT_MAX_NODES = 1_000_000
+DEFAULT_MAX_GRAPH_BYTES = 256 * 1024 * 1024
+
+_NODE_FIELDS = {"op", "inputs", "attrs", "shape", "dtype"}
+
+
+def _node_from_dict(nid: str, nd: Any) -> Node:
+    if not isinstance(nd, Mapping):
+        raise GraphError(f"a node is a mapping, got {type(nd).__name__}", node=nid)
+    unknown = set(nd) - _NODE_FIELDS
+    if unknown:
+        raise GraphError(f"unknown node field(s) {sorted(unknown)}", node=nid)
+    op = nd.get("op")
+    if not isinstance(op, str):
+        raise GraphError("'op' must be a string", node=nid)
+    inputs = nd.get("inputs", [])
+    if not isinstance(inputs, (list, tuple)) or not all(isinstance(i, str) for i in inputs):
+        raise GraphError("'inputs' must be a list of node ids", node=nid, op=op)
+    attrs = nd.get("attrs", {})
+    if not isinstance(attrs, Mapping):
+        raise GraphError("'attrs' must be a mapping", node=nid, op=op)
+    shape = nd.get("shape")
+    if not isinstance(shape, (list, tuple)) or not all(
+            isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape):
+        raise GraphError(f"'shape' must be a list of non-negative integers, got {shape!r}",
+                         node=nid, op=op)
+    dtype = nd.get("dtype")
+    if dtype not in dt.BY_NAME:
+        raise GraphError(f"unknown dtype {dtype!r} (known: {sorted(dt.BY_NAME)})", node=nid, op=op)
+    try:
+        frozen = Attrs(attrs)
+    except GraphError as e:
+        raise e.at(node=nid, op=op) from None
+    return Node(op, tuple(inputs), frozen, tuple(shape), dtype)
+
+
+# --- canonical JSON (RFC 8785 style) ---------------------------------------------------
+
+
+def canonical_json(obj: Any) -> bytes:
+    """Sorted keys, no insignificant whitespace, UTF-8, ECMAScript number formatting."""
+    out: list[str] = []
+    _emit(obj, out)
+    return "".join(out).encode("utf-8")
+
+
+def _emit(v: Any, out: list[str]) -> None:
+    if v is None:
+        out.append("null")
+    elif v is True:
+        out.append("true")
+    elif v is False:
+        out.append("false")
+    elif isinstance(v, int):
+        out.append(str(int(v)))
+    elif isinstance(v, float):
+        out.append(es_number(v))
+    elif isinstance(v, str):
+        out.append(json.dumps(v, ensure_ascii=False))
+    elif isinstance(v, Mapping):
+        out.append("{")
+        # RFC 8785 orders keys by UTF-16 code units.
+        for i, k in enumerate(sorted(v, key=lambda s: s.encode("utf-16-be"))):
+            if i:
+                out.append(",")
+            out.append(json.dumps(str(k), ensure_ascii=False))
+            out.append(":")
+            _emit(v[k], out)
+        out.append("}")
+    elif isinstance(v, (list, tuple)):
+        out.append("[")
+        for i, x in enumerate(v):
+            if i:
+                out.append(",")
+            _emit(x, out)
+        out.append("]")
+    else:
+        raise GraphError(f"cannot encode {type(v).__name__} {v!r} in canonical JSON")
+
+
+def es_number(x: float) -> str:
+    """The shortest round-trip decimal of a double, formatted as ECMAScript's
+    Number.prototype.toString does (so Go and JS SDKs can match it byte for byte)."""
+    if math.isnan(x) or math.isinf(x):
+        raise GraphError(f"{x!r} is not representable in JSON (use a constant node)")
+    if x == 0:
+        return "0"
+    sign = "-" if x < 0 else ""
+    r = repr(abs(x))
+    mant, _, exp = r.partition("e")
+    point = mant.find(".")
+    digits = mant.replace(".", "")
+    n = (point if point >= 0 else len(mant)) + (int(exp) if exp else 0)
+    stripped = digits.lstrip("0")
+    n -= len(digits) - len(stripped)
+    digits = stripped.rstrip("0") or "0"
+    k = len(digits)
+    if k <= n <= 21:
+        s = digits + "0" * (n - k)
+    elif 0 < n <= 21:
+        s = digits[:n] + "." + digits[n:]
+    elif -6 < n <= 0:
+        s = "0." + "0" * (-n) + digits
+    else:
+        e = n - 1
+        es = f"e{'+' if e >= 0 else '-'}{abs(e)}"
+        s = digits + es if k == 1 else digits[0] + "." + digits[1:] + es
+    return sign + s
+
+
+# --- YAML with the safe (C where available) loader -------------------------------------
+
+_YamlLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_YamlDumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)

@@ -1,0 +1,1 @@
+"""The control plane: API, compiler and dispatcher."""

@@ -1,0 +1,1 @@
+"""The REST (FastAPI) and gRPC front of the scheduler (the distributed-runtime issue)."""

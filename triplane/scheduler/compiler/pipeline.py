@@ -1,0 +1,110 @@
+"""The compile pipeline and the plan cache."""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from triplane.proto.ir import Attrs, Graph
+from triplane.proto.validate import DEFAULT_LIMITS, Limits, validate
+from triplane.scheduler.compiler.dce import dce
+from triplane.scheduler.compiler.memory import MemoryPlan, plan_memory
+
+Pass = Callable[[Graph], Graph]
+
+
+@dataclass(frozen=True)
+class CompileOptions:
+    """Which optimisation passes run (all by default)."""
+
+    cse: bool = True
+    fold: bool = True
+    fuse: bool = True
+    limits: Limits = DEFAULT_LIMITS
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A compiled graph and its memory plan. ``source`` is the validated input graph."""
+
+    graph: Graph
+    memory: MemoryPlan
+    source: Graph
+    passes: tuple[str, ...] = field(default=())
+
+
+def passes_for(options: CompileOptions) -> list[tuple[str, Pass]]:
+    chosen: list[tuple[str, Pass]] = [("dce", dce)]
+    if options.cse:
+        from triplane.scheduler.compiler.cse import cse
+
+        chosen.append(("cse", cse))
+    if options.fold:
+        from triplane.scheduler.compiler.fold import fold_constants
+
+        chosen.append(("fold", fold_constants))
+        chosen.append(("dce", dce))
+    if options.fuse:
+        from triplane.scheduler.compiler.fusion import fuse_elementwise
+
+        chosen.append(("fuse", fuse_elementwise))
+    return chosen
+
+
+def compile_graph(graph: Graph, options: CompileOptions | None = None) -> Plan:
+    """Validate, optimise and plan ``graph``. Raises GraphError on a malformed graph."""
+    options = options or CompileOptions()
+    source = validate(graph, options.limits)
+    g = source
+    names = []
+    for name, p in passes_for(options):
+        g = p(g)
+        names.append(name)
+    return Plan(g, plan_memory(g), source, tuple(names))
+
+
+def canonicalize(graph: Graph) -> tuple[Graph, dict[str, str], list[str]]:
+    """Rename nodes to ``n0, n1, ...`` in topological order and input bindings to
+    ``arg0, arg1, ...``. Returns the canonical graph, old id -> new id, and the host
+    tensor ids in argument order. Two programs that differ only in names and input
+    values canonicalise to the same graph (and so share a cached plan)."""
+    order = graph.topo_order()
+    rename = {nid: f"n{i}" for i, nid in enumerate(order)}
+    args: list[str] = []
+    nodes = {}
+    for nid in order:
+        n = graph.nodes[nid]
+        attrs = n.attrs
+        if n.op == "input":
+            attrs = Attrs({**attrs, "tensor": f"arg{len(args)}"})
+            args.append(n.attrs["tensor"])
+        nodes[rename[nid]] = n.replace(inputs=[rename[i] for i in n.inputs], attrs=attrs)
+    return Graph(nodes, tuple(rename[o] for o in graph.outputs), graph.version), rename, args
+
+
+class PlanCache:
+    """An LRU cache of compiled plans keyed by canonical graph hash."""
+
+    def __init__(self, capacity: int = 256) -> None:
+        self.capacity = capacity
+        self._plans: OrderedDict[str, Plan] = OrderedDict()
+        self._lock = threading.Lock()
+        self.hits = self.misses = 0
+
+    def get_or_compile(self, graph: Graph, options: CompileOptions | None = None) -> Plan:
+        key = graph.hash() + (repr(options) if options else "")
+        with self._lock:
+            plan = self._plans.get(key)
+            if plan is not None:
+                self._plans.move_to_end(key)
+                self.hits += 1
+                return plan
+        plan = compile_graph(graph, options)
+        with self._lock:
+            self.misses += 1
+            self._plans[key] = plan
+            while len(self._plans) > self.capacity:
+                self._plans.popitem(last=False)
+        return plan

@@ -1,0 +1,1 @@
+"""The task state machine and its asyncio shell (the distributed-runtime issue)."""

@@ -1,0 +1,1 @@
+"""The Python SDK: lazy tensors, functions, nn, optim and the session that runs graphs."""
