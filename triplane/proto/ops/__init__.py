@@ -3,4 +3,4 @@
 Importing this package registers every built-in op with :mod:`triplane.proto.optable`.
 """
 
-from triplane.proto.ops import creation, elementwise, linalg, nn, reduce, shape  # noqa: F401
+from triplane.proto.ops import creation, elementwise, fused, linalg, nn, reduce, shape  # noqa: F401

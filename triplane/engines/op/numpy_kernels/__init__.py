@@ -3,6 +3,7 @@
 from triplane.engines.op.numpy_kernels import (  # noqa: F401
     creation,
     elementwise,
+    fused,
     linalg,
     nn,
     reduce,
