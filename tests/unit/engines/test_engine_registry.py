@@ -1,0 +1,41 @@
+"""Finding engines by name."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from triplane.engines import get_op_engine, op_engine_names
+from triplane.engines.protocols import OpEngine
+from triplane.engines.registry import UnknownEngineError
+from triplane.proto import dtypes as dt
+from triplane.proto.errors import KernelError
+from triplane.proto.ir import Attrs, TensorType
+
+
+def test_numpy_engine_is_built_in_and_meets_the_protocol() -> None:
+    assert "numpy" in op_engine_names()
+    engine = get_op_engine("numpy")
+    assert isinstance(engine, OpEngine)
+    assert engine.supports("matmul", ["float32", "float32"])
+    assert not engine.supports("no_such_op")
+    assert not engine.supports("exp", ["int64"])  # exp takes floats only
+
+
+def test_unknown_engine_lists_the_known_ones() -> None:
+    with pytest.raises(UnknownEngineError, match=r"unknown op engine 'tpu9' \(known engines: \[.*'numpy'"):
+        get_op_engine("tpu9")
+
+
+def test_run_checks_the_result_type_and_reports_kernel_errors() -> None:
+    engine = get_op_engine("numpy")
+    out = engine.run("add", [np.ones(2, np.float32), np.ones(2, np.float32)], Attrs(),
+                     TensorType((2,), dt.float32))
+    assert out.dtype == np.float32 and out.tolist() == [2.0, 2.0]
+    with pytest.raises(KernelError, match="expected"):
+        engine.run("add", [np.ones(2), np.ones(2)], Attrs(), TensorType((3,), dt.float64))
+
+
+def test_benchmark_reports_positive_figures() -> None:
+    figures = get_op_engine("numpy").benchmark(size=64)
+    assert figures["matmul_gflops"] > 0 and figures["elementwise_gbps"] > 0

@@ -1,0 +1,5 @@
+"""``python -m triplane ...`` is the ``triplane`` command."""
+
+from triplane.cli import main
+
+main()
