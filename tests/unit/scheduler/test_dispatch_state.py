@@ -1,0 +1,222 @@
+"""The dispatcher's pure state machine: scheduling, retransmit, drift, lineage, failure."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from triplane.scheduler.dispatch.state import (
+    CancelJob,
+    DispatchState,
+    InvalidTransition,
+    JobFinished,
+    NodeDown,
+    NodeUp,
+    Policy,
+    Send,
+    SubmitJob,
+    TaskErred,
+    TaskSpec,
+    TaskSucceeded,
+    Tick,
+)
+
+_sid = iter(range(10**9))
+
+
+def sid() -> str:
+    return f"s{next(_sid)}"
+
+
+def sends(out: list) -> list[Send]:
+    return [i for i in out if isinstance(i, Send)]
+
+
+def finished(out: list) -> list[JobFinished]:
+    return [i for i in out if isinstance(i, JobFinished)]
+
+
+def cluster(*nodes: str, slots: int = 2, policy: Policy | None = None) -> DispatchState:
+    s = DispatchState(policy)
+    for n in nodes:
+        s.handle(NodeUp(sid(), n, slots, 0.0))
+    return s
+
+
+def chain(n: int) -> tuple[TaskSpec, ...]:
+    return tuple(TaskSpec(f"t{i}", "exp", (f"t{i - 1}",) if i else (), output_bytes=100,
+                          is_output=i == n - 1) for i in range(n))
+
+
+def ok(s: DispatchState, send: Send, now: float = 1.0) -> list:
+    out = s.handle(TaskSucceeded(sid(), send.job, send.task, send.attempt, send.node, now))
+    s.validate_state()
+    return out
+
+
+def test_chain_runs_in_order_and_finishes() -> None:
+    s = cluster("n1", "n2")
+    out = s.handle(SubmitJob(sid(), "j1", chain(3), 0.0))
+    for expected in ("t0", "t1", "t2"):
+        (snd,) = sends(out)
+        assert snd.task == expected and snd.attempt == 0
+        out = ok(s, snd)
+    assert finished(out) == [JobFinished("j1", "done")]
+    assert all(t.state == "done" for t in s.tasks_of("j1"))
+
+
+def test_slots_bound_tasks_in_flight() -> None:
+    s = cluster("n1", "n2", slots=1)
+    out = s.handle(SubmitJob(sid(), "j", tuple(TaskSpec(f"t{i}", "add") for i in range(5)), 0.0))
+    first = sends(out)
+    assert len(first) == 2 and {x.node for x in first} == {"n1", "n2"}
+    out = ok(s, first[0])
+    assert len(sends(out)) == 1  # a slot freed, one more task placed
+
+
+def test_placement_prefers_the_node_holding_inputs() -> None:
+    s = cluster("n1", "n2", slots=4)
+    tasks = (TaskSpec("a", "full", output_bytes=10**6), TaskSpec("b", "full", output_bytes=10),
+             TaskSpec("c", "add", ("a", "b")))
+    out = s.handle(SubmitJob(sid(), "j", tasks, 0.0))
+    by_task = {x.task: x for x in sends(out)}
+    ok(s, by_task["a"])
+    (c,) = sends(ok(s, by_task["b"]))
+    assert c.node == by_task["a"].node  # the big input is there
+    assert all(node != c.node for _, node in c.pull_from)
+
+
+def test_deadline_miss_resends_then_drifts_and_stale_replies_are_ignored() -> None:
+    s = cluster("n1", "n2", policy=Policy(min_timeout_s=1.0, max_sends=2))
+    (first,) = sends(s.handle(SubmitJob(sid(), "j", chain(1), 0.0)))
+    (again,) = sends(s.handle(Tick(sid(), 1.5)))
+    assert again.resend and again.attempt == 0 and again.node == first.node
+    (moved,) = sends(s.handle(Tick(sid(), 3.0)))
+    assert moved.attempt == 1 and moved.node != first.node and not moved.resend
+    assert ok(s, first) == []  # the first attempt's late reply: ignored
+    assert finished(ok(s, moved)) == [JobFinished("j", "done")]
+    log = [(r.start, r.finish, r.attempt) for r in s.jobs["j"].tasks["t0"].log]
+    assert log == [("waiting", "ready", 0), ("ready", "dispatched", 0), ("dispatched", "ready", 1),
+                   ("ready", "dispatched", 1), ("dispatched", "done", 1)]
+
+
+def test_duplicate_replies_are_recorded_once() -> None:
+    s = cluster("n1")
+    (snd,) = sends(s.handle(SubmitJob(sid(), "j", chain(2), 0.0)))
+    ok(s, snd)
+    assert ok(s, snd) == []
+    assert s.jobs["j"].remaining == 1
+
+
+def test_infra_error_drifts_user_error_fails_the_job() -> None:
+    s = cluster("n1", "n2")
+    (snd,) = sends(s.handle(SubmitJob(sid(), "j", chain(2), 0.0)))
+    out = s.handle(TaskErred(sid(), "j", "t0", 0, snd.node, "infra", "engine crashed", 1.0))
+    (retry,) = sends(out)
+    assert retry.attempt == 1 and retry.node != snd.node
+    out = s.handle(TaskErred(sid(), "j", "t0", 1, retry.node, "user", "log of negative", 2.0))
+    (fin,) = finished(out)
+    assert fin.state == "failed" and "log of negative" in fin.error and "t0 (exp)" in fin.error
+    assert {t.state for t in s.tasks_of("j")} == {"failed", "cancelled"}
+    s.validate_state()
+
+
+def test_attempts_are_bounded() -> None:
+    s = cluster("n1", "n2", policy=Policy(max_attempts=2))
+    (a,) = sends(s.handle(SubmitJob(sid(), "j", chain(1), 0.0)))
+    (b,) = sends(s.handle(TaskErred(sid(), "j", "t0", 0, a.node, "infra", "x", 1.0)))
+    (fin,) = finished(s.handle(TaskErred(sid(), "j", "t0", 1, b.node, "infra", "y", 2.0)))
+    assert fin.state == "failed" and "gave up after 2 attempts" in fin.error
+
+
+def test_node_loss_drifts_running_tasks_and_recomputes_lost_outputs() -> None:
+    s = cluster("n1", "n2", slots=1)
+    s.handle(NodeDown(sid(), "n2", 0.0))  # everything starts on n1
+    out = s.handle(SubmitJob(sid(), "j", chain(3), 0.0))
+    t0 = sends(out)[0]
+    t1 = sends(ok(s, t0))[0]
+    s.handle(NodeUp(sid(), "n2", 1, 1.0))
+    # n1 dies while t1 runs: t1 must re-run on n2, and t0's output (on n1) is recomputed first.
+    out = s.handle(NodeDown(sid(), "n1", 2.0))
+    s.validate_state()
+    (redo,) = sends(out)
+    assert redo.task == "t0" and redo.node == "n2" and redo.attempt == 1
+    (t1b,) = sends(ok(s, redo))
+    assert t1b.task == "t1" and t1b.attempt == 1
+    (t2,) = sends(ok(s, t1b))
+    assert finished(ok(s, t2))[0].state == "done"
+
+
+def test_outputs_nobody_needs_are_not_recomputed() -> None:
+    s = cluster("n1", "n2", slots=1)
+    tasks = (TaskSpec("a", "full"), TaskSpec("b", "exp", ("a",)), TaskSpec("c", "full", is_output=True))
+    by = {x.task: x for x in sends(s.handle(SubmitJob(sid(), "j", tasks, 0.0)))}
+    out = ok(s, by["a"])
+    by.update({x.task: x for x in sends(out)})
+    ok(s, by["b"])
+    # both done; now the node holding a dies: nothing needs a any more.
+    s.handle(NodeDown(sid(), by["a"].node, 2.0))
+    assert s.jobs["j"].tasks["a"].state == "done"
+    s.validate_state()
+
+
+def test_cancel_stops_everything() -> None:
+    s = cluster("n1")
+    s.handle(SubmitJob(sid(), "j", chain(3), 0.0))
+    (fin,) = finished(s.handle(CancelJob(sid(), "j", 1.0)))
+    assert fin.state == "cancelled"
+    assert {t.state for t in s.tasks_of("j")} == {"cancelled"}
+    assert not s.nodes["n1"].running
+    s.validate_state()
+
+
+def test_bad_submissions_and_transitions_are_refused() -> None:
+    s = cluster("n1")
+    with pytest.raises(ValueError, match="unknown task 'zz'"):
+        s.handle(SubmitJob(sid(), "j", (TaskSpec("a", "exp", ("zz",)),), 0.0))
+    s.handle(SubmitJob(sid(), "k", chain(2), 0.0))
+    with pytest.raises(ValueError, match="already submitted"):
+        s.handle(SubmitJob(sid(), "k", chain(1), 0.0))
+    waiting = s.jobs["k"].tasks["t1"]
+    assert waiting.state == "waiting"
+    with pytest.raises(InvalidTransition, match="waiting -> done is not allowed"):
+        s._move(waiting, "done", "x", 0.0, [])
+    assert waiting.state == "waiting"
+
+
+@pytest.mark.parametrize("seed", range(25))
+def test_random_chaos_always_ends_in_a_final_state(seed: int) -> None:
+    """Random DAGs, lost packets, infra errors and node deaths (one node always survives):
+    every job ends done, and the invariants hold after every event."""
+    rnd = random.Random(seed)
+    s = cluster("n0", "n1", "n2", slots=2, policy=Policy(min_timeout_s=1.0, max_sends=2, max_attempts=50))
+    n = rnd.randint(1, 12)
+    tasks = tuple(TaskSpec(f"t{i}", "op", tuple(f"t{d}" for d in rnd.sample(range(i), rnd.randint(0, min(i, 3)))),
+                           output_bytes=rnd.randint(1, 100), is_output=i == n - 1) for i in range(n))
+    inflight: list[Send] = sends(s.handle(SubmitJob(sid(), "j", tasks, 0.0)))
+    now, done = 0.0, []
+    for _ in range(2000):
+        now += 0.3
+        r = rnd.random()
+        if inflight and r < 0.6:
+            snd = inflight.pop(rnd.randrange(len(inflight)))
+            node = s.nodes[snd.node]
+            if not node.alive or rnd.random() < 0.2:
+                out = []  # lost packet, or the node is gone
+            elif rnd.random() < 0.1:
+                out = s.handle(TaskErred(sid(), "j", snd.task, snd.attempt, snd.node, "infra", "x", now))
+            else:
+                out = s.handle(TaskSucceeded(sid(), "j", snd.task, snd.attempt, snd.node, now))
+        elif r < 0.63 and sum(x.alive for x in s.nodes.values()) > 1:
+            out = s.handle(NodeDown(sid(), rnd.choice(["n1", "n2"]), now))
+        elif r < 0.7:
+            out = s.handle(NodeUp(sid(), rnd.choice(["n1", "n2"]), 2, now))
+        else:
+            out = s.handle(Tick(sid(), now))
+        s.validate_state()
+        inflight.extend(sends(out))
+        done.extend(finished(out))
+        if done:
+            break
+    assert done == [JobFinished("j", "done")], f"seed {seed}: {done or 'job did not finish'}"

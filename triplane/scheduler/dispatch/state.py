@@ -1,0 +1,513 @@
+"""The dispatcher's core: a pure state machine over jobs and their tasks.
+
+Events go in (``handle(event) -> list[Instruction]``); instructions come out for the I/O
+shell to carry out (send a packet, finish a job, persist transitions). Nothing here does
+I/O or reads a clock: time arrives in events. So every rule below is tested without a
+socket.
+
+Task states and the transitions allowed between them (``TRANSITIONS``)::
+
+    waiting --deps done--> ready --placed--> dispatched --reply ok--> done
+       ^                    ^                    |
+       |                    +---- drift ---------+   (deadline missed after retries,
+       |                    |                    |    node lost, infra error)
+       +-- lineage ---------+-- (done, output lost with its node, still needed)
+    any non-terminal --user error / attempts exhausted--> failed
+    any non-terminal --cancel--> cancelled
+
+Delivery: a task may run more than once (retransmits reuse the attempt number, drifts take
+the next one); only the first reply of the current attempt counts, later or stale ones
+are ignored, so each result is recorded once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+TaskStateName = Literal["waiting", "ready", "dispatched", "done", "failed", "cancelled"]
+TERMINAL: frozenset[str] = frozenset({"done", "failed", "cancelled"})
+
+
+# --- events (stimuli) -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    id: str
+    op: str
+    deps: tuple[str, ...] = ()
+    cost_s: float = 0.001          # predicted run time, for the deadline
+    output_bytes: int = 0
+    is_output: bool = False        # fetched by the user: keep (and recompute if lost)
+
+
+@dataclass(frozen=True)
+class Event:
+    stimulus_id: str
+
+
+@dataclass(frozen=True)
+class SubmitJob(Event):
+    job: str
+    tasks: tuple[TaskSpec, ...]
+    now: float
+
+
+@dataclass(frozen=True)
+class TaskSucceeded(Event):
+    job: str
+    task: str
+    attempt: int
+    node: str
+    now: float
+
+
+@dataclass(frozen=True)
+class TaskErred(Event):
+    job: str
+    task: str
+    attempt: int
+    node: str
+    kind: Literal["user", "infra"]
+    message: str
+    now: float
+
+
+@dataclass(frozen=True)
+class Tick(Event):
+    """Time passes: deadlines are checked."""
+
+    now: float
+
+
+@dataclass(frozen=True)
+class NodeUp(Event):
+    node: str
+    slots: int
+    now: float
+
+
+@dataclass(frozen=True)
+class NodeDown(Event):
+    node: str
+    now: float
+
+
+@dataclass(frozen=True)
+class CancelJob(Event):
+    job: str
+    now: float
+
+
+# --- instructions -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Send:
+    """Send (or resend: same attempt) the task's packet to ``node``."""
+
+    job: str
+    task: str
+    attempt: int
+    node: str
+    deadline: float
+    pull_from: tuple[tuple[str, str], ...]  # (input task id, node holding it)
+    resend: bool = False
+
+
+@dataclass(frozen=True)
+class JobFinished:
+    job: str
+    state: Literal["done", "failed", "cancelled"]
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class Transitioned:
+    """For the event log and metadb (persisted in batches by the shell)."""
+
+    job: str
+    task: str
+    start: str
+    finish: str
+    attempt: int
+    node: str | None
+    stimulus_id: str
+    at: float
+
+
+Instruction = Send | JobFinished | Transitioned
+
+
+# --- state ----------------------------------------------------------------------------------
+
+
+@dataclass
+class TaskState:
+    job: str
+    spec: TaskSpec
+    state: TaskStateName = "waiting"
+    attempt: int = 0
+    node: str | None = None           # where it runs / its output lives
+    deadline: float = 0.0
+    sends: int = 0                    # transmissions of the current attempt
+    excluded: set[str] = field(default_factory=set)  # nodes that failed it (infra)
+    waiting_on: set[str] = field(default_factory=set)
+    dependents: set[str] = field(default_factory=set)
+    error: str | None = None
+    log: list[Transitioned] = field(default_factory=list)
+
+
+@dataclass
+class JobState:
+    id: str
+    tasks: dict[str, TaskState]
+    state: Literal["running", "done", "failed", "cancelled"] = "running"
+    remaining: int = 0
+
+
+@dataclass
+class NodeState:
+    name: str
+    slots: int
+    alive: bool = True
+    running: set[tuple[str, str]] = field(default_factory=set)  # (job, task)
+
+
+@dataclass(frozen=True)
+class Policy:
+    """Knobs of the dispatcher. The deadline of an attempt's send is
+    ``now + max(min_timeout_s, deadline_factor * cost_s)``; after ``max_sends`` sends of
+    one attempt without a reply, the task drifts to another node; after ``max_attempts``
+    attempts it fails."""
+
+    min_timeout_s: float = 0.5
+    deadline_factor: float = 10.0
+    max_sends: int = 3
+    max_attempts: int = 4
+
+
+Placer = Callable[[TaskState, Sequence[NodeState], "DispatchState"], NodeState | None]
+
+
+class InvalidTransition(RuntimeError):
+    pass
+
+
+class DispatchState:
+    """All jobs, tasks and nodes the dispatcher knows, and the rules that move them."""
+
+    def __init__(self, policy: Policy | None = None, placer: Placer | None = None) -> None:
+        self.policy = policy or Policy()
+        self.placer = placer or place_near_inputs
+        self.jobs: dict[str, JobState] = {}
+        self.nodes: dict[str, NodeState] = {}
+        self._ready: list[tuple[str, str]] = []  # FIFO of (job, task) awaiting a node
+
+    # --- entry point ---------------------------------------------------------------------
+
+    def handle(self, event: Event) -> list[Instruction]:
+        out: list[Instruction] = []
+        handler = _HANDLERS[type(event)]
+        handler(self, event, out)
+        self._schedule(event, out)
+        return out
+
+    # --- handlers ------------------------------------------------------------------------
+
+    def _on_submit(self, ev: SubmitJob, out: list[Instruction]) -> None:
+        if ev.job in self.jobs:
+            raise ValueError(f"job {ev.job!r} was already submitted")
+        tasks = {t.id: TaskState(ev.job, t) for t in ev.tasks}
+        for t in tasks.values():
+            for d in t.spec.deps:
+                if d not in tasks:
+                    raise ValueError(f"task {t.spec.id!r} depends on unknown task {d!r}")
+                tasks[d].dependents.add(t.spec.id)
+            t.waiting_on = set(t.spec.deps)
+        job = JobState(ev.job, tasks, remaining=len(tasks))
+        self.jobs[ev.job] = job
+        for t in tasks.values():
+            if not t.waiting_on:
+                self._move(t, "ready", ev.stimulus_id, ev.now, out)
+        if not tasks:
+            self._finish_job(job, "done", None, out)
+
+    def _on_success(self, ev: TaskSucceeded, out: list[Instruction]) -> None:
+        t = self._current(ev.job, ev.task, ev.attempt)
+        if t is None or t.state != "dispatched":
+            return  # a duplicate or stale reply: the result is recorded once
+        self._release_slot(t)
+        t.node = ev.node
+        self._move(t, "done", ev.stimulus_id, ev.now, out)
+        job = self.jobs[ev.job]
+        job.remaining -= 1
+        for d in t.dependents:
+            dep = job.tasks[d]
+            dep.waiting_on.discard(t.spec.id)
+            if dep.state == "waiting" and not dep.waiting_on:
+                self._move(dep, "ready", ev.stimulus_id, ev.now, out)
+        if job.remaining == 0 and job.state == "running":
+            self._finish_job(job, "done", None, out)
+
+    def _on_error(self, ev: TaskErred, out: list[Instruction]) -> None:
+        t = self._current(ev.job, ev.task, ev.attempt)
+        if t is None or t.state != "dispatched":
+            return
+        self._release_slot(t)
+        if ev.kind == "user":
+            t.error = ev.message
+            self._move(t, "failed", ev.stimulus_id, ev.now, out)
+            self._fail_job(self.jobs[ev.job], f"task {t.spec.id} ({t.spec.op}): {ev.message}",
+                           ev.stimulus_id, ev.now, out)
+        else:
+            t.excluded.add(ev.node)
+            self._drift(t, f"infra error on {ev.node}: {ev.message}", ev.stimulus_id, ev.now, out)
+
+    def _on_tick(self, ev: Tick, out: list[Instruction]) -> None:
+        for job in list(self.jobs.values()):
+            if job.state != "running":
+                continue
+            for t in job.tasks.values():
+                if t.state != "dispatched" or ev.now < t.deadline:
+                    continue
+                assert t.node is not None
+                if t.sends < self.policy.max_sends:
+                    # Lost packet or reply: retransmit with the same attempt id.
+                    t.sends += 1
+                    t.deadline = ev.now + self._timeout(t)
+                    out.append(Send(job.id, t.spec.id, t.attempt, t.node, t.deadline,
+                                    self._pull_from(t), resend=True))
+                else:
+                    self._release_slot(t)
+                    t.excluded.add(t.node)
+                    self._drift(t, f"no reply from {t.node} after {t.sends} sends",
+                                ev.stimulus_id, ev.now, out)
+
+    def _on_node_up(self, ev: NodeUp, out: list[Instruction]) -> None:
+        n = self.nodes.get(ev.node)
+        if n is None:
+            self.nodes[ev.node] = NodeState(ev.node, ev.slots)
+        else:
+            n.alive, n.slots = True, ev.slots
+
+    def _on_node_down(self, ev: NodeDown, out: list[Instruction]) -> None:
+        n = self.nodes.get(ev.node)
+        if n is None or not n.alive:
+            return
+        n.alive = False
+        for job in self.jobs.values():
+            if job.state != "running":
+                continue
+            for t in job.tasks.values():
+                if t.node != ev.node:
+                    continue
+                if t.state == "dispatched":
+                    self._release_slot(t)
+                    t.excluded.add(ev.node)
+                    self._drift(t, f"node {ev.node} lost", ev.stimulus_id, ev.now, out)
+                elif t.state == "done":
+                    self._lost_output(job, t, ev.stimulus_id, ev.now, out)
+
+    def _on_cancel(self, ev: CancelJob, out: list[Instruction]) -> None:
+        job = self.jobs.get(ev.job)
+        if job is None or job.state != "running":
+            return
+        for t in job.tasks.values():
+            if t.state not in TERMINAL:
+                self._release_slot(t)
+                self._move(t, "cancelled", ev.stimulus_id, ev.now, out)
+        self._finish_job(job, "cancelled", None, out)
+
+    # --- rules -----------------------------------------------------------------------------
+
+    def _drift(self, t: TaskState, why: str, stimulus_id: str, now: float,
+               out: list[Instruction]) -> None:
+        """Re-run ``t`` elsewhere with the next attempt, or fail the job if out of attempts."""
+        job = self.jobs[t.job]
+        if t.attempt + 1 >= self.policy.max_attempts:
+            t.error = f"{why}; gave up after {t.attempt + 1} attempts"
+            self._move(t, "failed", stimulus_id, now, out)
+            self._fail_job(job, f"task {t.spec.id} ({t.spec.op}): {t.error}", stimulus_id, now, out)
+            return
+        t.attempt += 1
+        t.node = None
+        missing = {d for d in t.spec.deps if not self._available(job.tasks[d])}
+        if missing:  # an input was lost too: wait for its recomputation
+            t.waiting_on = missing
+            self._move(t, "waiting", stimulus_id, now, out)
+        else:
+            self._move(t, "ready", stimulus_id, now, out)
+
+    def _lost_output(self, job: JobState, t: TaskState, stimulus_id: str, now: float,
+                     out: list[Instruction]) -> None:
+        """A done task's output died with its node: recompute it if anyone still needs it
+        (lineage), and likewise, recursively, its own inputs that died too."""
+        needed = t.spec.is_output or any(job.tasks[d].state != "done" for d in t.dependents)
+        if not needed:
+            return
+        t.node = None
+        t.attempt += 1
+        job.remaining += 1
+        for d in t.dependents:
+            dep = job.tasks[d]
+            if dep.state in ("waiting", "ready"):
+                dep.waiting_on.add(t.spec.id)
+                if dep.state == "ready":
+                    self._unready(dep, stimulus_id, now, out)
+        lost = [d for d in t.spec.deps if not self._available(job.tasks[d])]
+        t.waiting_on = set(lost)
+        self._move(t, "waiting" if lost else "ready", stimulus_id, now, out)
+        for d in lost:
+            if job.tasks[d].state == "done":
+                self._lost_output(job, job.tasks[d], stimulus_id, now, out)
+
+    def _available(self, t: TaskState) -> bool:
+        """Is ``t``'s output computed and held by a live node?"""
+        n = self.nodes.get(t.node or "")
+        return t.state == "done" and n is not None and n.alive
+
+    def _unready(self, t: TaskState, stimulus_id: str, now: float, out: list[Instruction]) -> None:
+        self._ready = [k for k in self._ready if k != (t.job, t.spec.id)]
+        self._move(t, "waiting", stimulus_id, now, out)
+
+    def _schedule(self, ev: Event, out: list[Instruction]) -> None:
+        """Place ready tasks on nodes with free slots, oldest first."""
+        now = getattr(ev, "now", 0.0)
+        if not self._ready:
+            return
+        alive = [n for n in self.nodes.values() if n.alive]
+        if not alive:
+            return
+        still: list[tuple[str, str]] = []
+        for key in self._ready:
+            job = self.jobs.get(key[0])
+            if job is None or job.state != "running":
+                continue
+            t = job.tasks[key[1]]
+            if t.state != "ready":
+                continue
+            free = [n for n in alive if len(n.running) < n.slots]
+            candidates = [n for n in free if n.name not in t.excluded]
+            if not candidates and all(n.name in t.excluded for n in alive):
+                candidates = free  # every live node failed it once: better retry than hang
+            node = self.placer(t, candidates, self) if candidates else None
+            if node is None:
+                still.append(key)
+                continue
+            t.node = node.name
+            t.sends = 1
+            t.deadline = now + self._timeout(t)
+            node.running.add(key)
+            self._move(t, "dispatched", ev.stimulus_id, now, out, queue=False)
+            out.append(Send(t.job, t.spec.id, t.attempt, node.name, t.deadline, self._pull_from(t)))
+        self._ready = still
+
+    # --- helpers -----------------------------------------------------------------------------
+
+    def _timeout(self, t: TaskState) -> float:
+        return max(self.policy.min_timeout_s, self.policy.deadline_factor * t.spec.cost_s)
+
+    def _pull_from(self, t: TaskState) -> tuple[tuple[str, str], ...]:
+        job = self.jobs[t.job]
+        return tuple((d, job.tasks[d].node or "") for d in t.spec.deps
+                     if job.tasks[d].node and job.tasks[d].node != t.node)
+
+    def _current(self, job: str, task: str, attempt: int) -> TaskState | None:
+        j = self.jobs.get(job)
+        if j is None or j.state != "running":
+            return None
+        t = j.tasks.get(task)
+        if t is None or t.attempt != attempt:
+            return None
+        return t
+
+    def _release_slot(self, t: TaskState) -> None:
+        if t.node and t.node in self.nodes:
+            self.nodes[t.node].running.discard((t.job, t.spec.id))
+
+    def _move(self, t: TaskState, finish: TaskStateName, stimulus_id: str, now: float,
+              out: list[Instruction], queue: bool = True) -> None:
+        start = t.state
+        if (start, finish) not in TRANSITIONS:
+            raise InvalidTransition(f"task {t.job}/{t.spec.id}: {start} -> {finish} is not allowed "
+                                    f"(stimulus {stimulus_id})")
+        t.state = finish
+        rec = Transitioned(t.job, t.spec.id, start, finish, t.attempt, t.node, stimulus_id, now)
+        t.log.append(rec)
+        out.append(rec)
+        if finish == "ready" and queue:
+            self._ready.append((t.job, t.spec.id))
+
+    def _fail_job(self, job: JobState, error: str, stimulus_id: str, now: float,
+                  out: list[Instruction]) -> None:
+        for t in job.tasks.values():
+            if t.state not in TERMINAL:
+                self._release_slot(t)
+                self._move(t, "cancelled", stimulus_id, now, out)
+        self._finish_job(job, "failed", error, out)
+
+    def _finish_job(self, job: JobState, state: Literal["done", "failed", "cancelled"],
+                    error: str | None, out: list[Instruction]) -> None:
+        job.state = state
+        out.append(JobFinished(job.id, state, error))
+
+    # --- checks ------------------------------------------------------------------------------
+
+    def validate_state(self) -> None:
+        """Assert the invariants (tests call this after every scenario)."""
+        for job in self.jobs.values():
+            not_done = sum(1 for t in job.tasks.values() if t.state != "done")
+            if job.state == "running":
+                assert job.remaining == not_done, (job.id, job.remaining, not_done)
+            for t in job.tasks.values():
+                if t.state == "dispatched":
+                    assert t.node is not None and (job.id, t.spec.id) in self.nodes[t.node].running
+                if t.state == "ready" and job.state == "running":
+                    assert (job.id, t.spec.id) in self._ready
+                if t.state == "waiting":
+                    assert t.waiting_on, f"{t.spec.id} waits on nothing"
+                for d in t.waiting_on:
+                    assert job.tasks[d].state != "done" or t.state in TERMINAL
+        for n in self.nodes.values():
+            for job_id, task_id in n.running:
+                assert self.jobs[job_id].tasks[task_id].state == "dispatched"
+            assert len(n.running) <= n.slots or not n.alive
+
+    def tasks_of(self, job: str) -> Iterable[TaskState]:
+        return self.jobs[job].tasks.values()
+
+
+TRANSITIONS: frozenset[tuple[str, str]] = frozenset({
+    ("waiting", "ready"), ("ready", "dispatched"), ("dispatched", "done"),
+    ("dispatched", "ready"), ("dispatched", "waiting"),  # drift
+    ("done", "ready"), ("done", "waiting"), ("ready", "waiting"),  # lineage recompute
+    ("waiting", "failed"), ("ready", "failed"), ("dispatched", "failed"),
+    ("waiting", "cancelled"), ("ready", "cancelled"), ("dispatched", "cancelled"),
+})
+
+_HANDLERS: dict[type, Callable[[DispatchState, Event, list[Instruction]], None]] = {
+    SubmitJob: DispatchState._on_submit,  # type: ignore[dict-item]
+    TaskSucceeded: DispatchState._on_success,  # type: ignore[dict-item]
+    TaskErred: DispatchState._on_error,  # type: ignore[dict-item]
+    Tick: DispatchState._on_tick,  # type: ignore[dict-item]
+    NodeUp: DispatchState._on_node_up,  # type: ignore[dict-item]
+    NodeDown: DispatchState._on_node_down,  # type: ignore[dict-item]
+    CancelJob: DispatchState._on_cancel,  # type: ignore[dict-item]
+}
+
+
+def place_near_inputs(t: TaskState, candidates: Sequence[NodeState], s: DispatchState) -> NodeState | None:
+    """Prefer the node already holding the most input bytes, then the least loaded."""
+    if not candidates:
+        return None
+    job = s.jobs[t.job]
+    local: dict[str, int] = {}
+    for d in t.spec.deps:
+        dep = job.tasks[d]
+        if dep.node:
+            local[dep.node] = local.get(dep.node, 0) + dep.spec.output_bytes
+    return max(candidates, key=lambda n: (local.get(n.name, 0), -len(n.running) / max(n.slots, 1),
+                                          n.name))
