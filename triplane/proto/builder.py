@@ -10,9 +10,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import numpy as np
+
 from triplane.proto import dtypes as dt
 from triplane.proto import optable
-from triplane.proto.ir import Graph, Node, TensorType
+from triplane.proto.ir import Graph, Node, TensorType, encode_data, fits_json
 
 
 class Ref:
@@ -106,7 +108,11 @@ class Builder:
 
     def const(self, value: float | int | bool, dtype: dt.DType | str,
               shape: tuple[int, ...] = ()) -> Ref:
-        return self.op("full", value=value, shape=tuple(shape), dtype=dt.dtype(dtype).name)
+        d = dt.dtype(dtype)
+        if isinstance(value, float) and not fits_json(value):  # NaN, inf, -0.0: inline bytes
+            c = self.op("constant", data=encode_data(np.array(value, d.np)), shape=(), dtype=d.name)
+            return c if not shape else self.op("broadcast_to", c, shape=tuple(shape))
+        return self.op("full", value=value, shape=tuple(shape), dtype=d.name)
 
     def lift(self, x: Any, like: Ref) -> Ref:
         """A Python scalar becomes a 0-d constant of ``like``'s dtype; a Ref passes."""

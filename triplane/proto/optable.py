@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from triplane.proto import dtypes as dt
-from triplane.proto.errors import AttrError, DTypeError, GraphError, UnknownOpError
+from triplane.proto.errors import AttrError, DTypeError, GraphError, ShapeError, UnknownOpError
 from triplane.proto.ir import Attrs, TensorType
 
 if TYPE_CHECKING:
@@ -247,7 +247,7 @@ def _load_builtins() -> None:
 
 def normalise_axis(axis: int, ndim: int, what: str = "axis") -> int:
     if not -max(ndim, 1) <= axis < max(ndim, 1):
-        raise GraphError(f"{what} {axis} is out of range for a {ndim}-d tensor")
+        raise ShapeError(f"{what} {axis} is out of range for a {ndim}-d tensor")
     return axis % max(ndim, 1)
 
 
@@ -256,7 +256,7 @@ def normalise_axes(axes: tuple[int, ...] | None, ndim: int) -> tuple[int, ...]:
         return tuple(range(ndim))
     out = tuple(sorted(normalise_axis(a, ndim) for a in axes)) if ndim else ()
     if len(set(out)) != len(out):
-        raise GraphError(f"repeated axis in {list(axes)}")
+        raise ShapeError(f"repeated axis in {list(axes)}")
     return out
 
 

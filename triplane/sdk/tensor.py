@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from triplane.proto import dtypes as dt
+from triplane.proto import ir as _ir
 from triplane.proto import optable
 from triplane.proto.errors import GraphError
 from triplane.proto.ir import Attrs, Graph, Node, TensorType
@@ -160,7 +161,7 @@ class Tensor:
         elif arr.dtype.kind in "UO":
             raise TypeError(f"cannot make a tensor from {arr.dtype} data")
         d = dt.dtype(arr.dtype)
-        arr = np.ascontiguousarray(arr)
+        arr = np.ascontiguousarray(arr).reshape(arr.shape)  # ascontiguousarray makes 0-d 1-d
         arr.flags.writeable = False
         t = cls("input", (), Attrs(), TensorType(arr.shape, d), value=arr)
         if requires_grad:
@@ -173,7 +174,7 @@ class Tensor:
         if arr.shape != self.shape:
             raise GraphError(f"assign: value of shape {list(arr.shape)} to a tensor of shape "
                              f"{list(self.shape)}")
-        arr = np.ascontiguousarray(arr.astype(self.dtype.np, copy=False))
+        arr = np.ascontiguousarray(arr.astype(self.dtype.np, copy=False)).reshape(self.shape)
         arr.flags.writeable = False
         self._op, self._inputs, self._attrs, self._value = "input", (), Attrs(), arr
         return self
@@ -371,6 +372,8 @@ def as_tensor(x: Any, like: Tensor | None = None) -> Tensor:
         return x
     if isinstance(x, (bool, int, float)):
         d = dt.scalar_dtype(x, like.dtype if like is not None else None)
+        if isinstance(x, float) and not _ir.fits_json(x):  # NaN, inf, -0.0: as inline bytes
+            return apply("constant", [], data=_ir.encode_data(np.array(x, d.np)), shape=(), dtype=d.name)
         return apply("full", [], value=x, shape=(), dtype=d.name)
     return Tensor.from_array(x)
 

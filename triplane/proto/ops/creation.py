@@ -7,12 +7,13 @@ values on any engine and for any tiling (see docs/concepts.md, "Random numbers")
 from __future__ import annotations
 
 import base64
+import math
 from collections.abc import Sequence
 
 from triplane.proto import dtypes as dt
-from triplane.proto.errors import AttrError
+from triplane.proto.errors import AttrError, LimitError
 from triplane.proto.ir import Attrs, TensorType
-from triplane.proto.optable import Attr, Cost, OpDef, register
+from triplane.proto.optable import Attr, Cost, CostFn, OpDef, register
 
 _SHAPE = Attr("shape")
 _DTYPE = Attr("dtype", "float32")
@@ -31,9 +32,13 @@ def _write(ins: Sequence[TensorType], out: TensorType, a: Attrs) -> Cost:
 
 
 def _check_number(v: object) -> str | None:
-    if isinstance(v, bool) or isinstance(v, (int, float)):
-        return None
-    return "must be a number or a boolean"
+    if not isinstance(v, (bool, int, float)):
+        return "must be a number or a boolean"
+    if isinstance(v, float) and not math.isfinite(v):
+        # JSON has no NaN or infinity: such fills travel as a 0-d 'constant' (inline
+        # bytes) broadcast to the shape, as the SDK and Builder.const make them.
+        return "must be finite (use a 0-d constant node for nan and infinities)"
+    return None
 
 
 register(OpDef(
@@ -62,3 +67,111 @@ register(OpDef(
     "full", "creation", 0, _declared,
     attrs={"value": Attr("any", check=_check_number), "shape": _SHAPE, "dtype": _DTYPE},
     cost=_write, doc="Every element set to one value (zeros, ones, scalars)."))
+
+
+# --- ranges -------------------------------------------------------------------------------
+
+# A range longer than this is surely a mistake (e.g. arange(0, 1e30)); the validator's
+# element limit applies later too, but the shape must be computable first.
+MAX_RANGE = 1 << 48
+
+
+def arange_length(start: float, stop: float, step: float) -> int:
+    """numpy.arange's element count: ceil((stop - start) / step), at least 0."""
+    n = math.ceil((stop - start) / step)
+    if n > MAX_RANGE:
+        raise LimitError(f"arange({start}, {stop}, {step}) has {n} elements, more than {MAX_RANGE}")
+    return max(0, n)
+
+
+def _finite(v: float) -> str | None:
+    return None if math.isfinite(v) else "must be finite"
+
+
+def _nonzero(v: float) -> str | None:
+    return _finite(v) or (None if v != 0 else "must not be zero")
+
+
+def _infer_arange(ins: Sequence[TensorType], a: Attrs) -> TensorType:
+    n = arange_length(a["start"], a["stop"], a["step"])
+    d = dt.dtype(a["dtype"])
+    if d.kind == "bool":
+        raise AttrError("arange cannot make bool tensors (dtype 'bool')")
+    return TensorType((n,), d)
+
+
+register(OpDef(
+    "arange", "creation", 0, _infer_arange,
+    attrs={"start": Attr("float", 0.0, check=_finite), "stop": Attr("float", check=_finite),
+           "step": Attr("float", 1.0, check=_nonzero), "dtype": Attr("dtype", "int64")},
+    cost=_write,
+    doc="numpy.arange: start + i * step for i < ceil((stop - start) / step), computed in "
+        "float64 then converted (exact for integers up to 2**53)."))
+
+
+def _non_negative(v: int) -> str | None:
+    return None if v >= 0 else "must be >= 0"
+
+
+def _infer_eye(ins: Sequence[TensorType], a: Attrs) -> TensorType:
+    m = a["n"] if a["m"] is None else a["m"]
+    return TensorType((a["n"], m), dt.dtype(a["dtype"]))
+
+
+register(OpDef(
+    "eye", "creation", 0, _infer_eye,
+    attrs={"n": Attr("int", check=_non_negative),
+           "m": Attr("int", None, check=_non_negative, nullable=True),
+           "k": Attr("int", 0), "dtype": _DTYPE},
+    cost=_write, doc="numpy.eye: n x m (m defaults to n), ones on diagonal k (k > 0: above)."))
+
+
+# --- random -------------------------------------------------------------------------------
+
+
+def _float_dtype(v: str) -> str | None:
+    return None if v in dt.FLOATS else "random ops make floating-point tensors"
+
+
+def _json_safe(v: int) -> str | None:
+    # Seeds and offsets travel as JSON numbers; beyond 2**53 the JS and Go SDKs would
+    # round them, and the same graph would hash differently.
+    return None if 0 <= v < 1 << 53 else "must be in [0, 2**53)"
+
+
+_RANDOM_COMMON = {
+    "shape": _SHAPE,
+    "dtype": Attr("dtype", "float32", check=_float_dtype),
+    "seed": Attr("int", check=_json_safe),
+    "offset": Attr("int", 0, check=_json_safe),
+}
+
+
+def _infer_uniform(ins: Sequence[TensorType], a: Attrs) -> TensorType:
+    if not a["low"] <= a["high"]:
+        raise AttrError(f"uniform needs low <= high, got low={a['low']} high={a['high']}")
+    return _declared(ins, a)
+
+
+def _random_cost(flops: float) -> CostFn:
+    def cost(ins: Sequence[TensorType], out: TensorType, a: Attrs) -> Cost:
+        return Cost(flops * out.size, float(out.nbytes))
+
+    return cost
+
+
+register(OpDef(
+    "uniform", "creation", 0, _infer_uniform,
+    attrs={**_RANDOM_COMMON, "low": Attr("float", 0.0, check=_finite),
+           "high": Attr("float", 1.0, check=_finite)},
+    cost=_random_cost(20), random=True,
+    doc="Uniform in [low, high): element i (row-major) is a function of (seed, offset + i) "
+        "alone (engines/op/numpy_kernels/random.py); rounding to a narrow dtype may give high."))
+
+register(OpDef(
+    "normal", "creation", 0, _declared,
+    attrs={**_RANDOM_COMMON, "mean": Attr("float", 0.0, check=_finite),
+           "std": Attr("float", 1.0, check=lambda v: _finite(v) or (None if v >= 0 else "must be >= 0"))},
+    cost=_random_cost(60), random=True,
+    doc="Normal(mean, std): element i is a function of (seed, offset + i) alone (Box-Muller "
+        "on two counter-based streams; see engines/op/numpy_kernels/random.py)."))

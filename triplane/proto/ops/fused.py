@@ -20,8 +20,8 @@ from triplane.proto.optable import Attr, Cost, OpDef, register
 def program_types(ins: Sequence[TensorType], a: Attrs) -> list[TensorType]:
     """The type of every step of a fused program (checking each step as its op would)."""
     program = a["program"]
-    if not program:
-        raise AttrError("attribute 'program' is empty")
+    if not isinstance(program, tuple) or not program:
+        raise AttrError(f"attribute 'program' must be a non-empty list of steps, got {program!r}")
     types: list[TensorType] = list(ins)
     for k, step in enumerate(program):
         if not (isinstance(step, tuple) and len(step) == 3 and isinstance(step[0], str)
@@ -32,7 +32,7 @@ def program_types(ins: Sequence[TensorType], a: Attrs) -> list[TensorType]:
         if not opdef.elementwise and op != "full":
             raise AttrError(f"program step {k}: {op} is not elementwise")
         for arg in args:
-            if not isinstance(arg, int) or not 0 <= arg < len(types):
+            if not isinstance(arg, int) or isinstance(arg, bool) or not 0 <= arg < len(types):
                 raise AttrError(f"program step {k}: argument {arg!r} names no earlier value")
         types.append(opdef.check([types[i] for i in args], opdef.normalise_attrs(attrs)))
     return types[len(ins):]

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import base64
+import math
 
 import numpy as np
 
 from triplane.engines.op.numpy_engine import kernel
+from triplane.engines.op.numpy_kernels import random
 
 
 @kernel("full")
@@ -24,3 +26,35 @@ def _constant(ins, a, out):
 def _input(ins, a, out):
     # Host data is bound by the runtime, never computed; reaching here is a runtime bug.
     raise LookupError(f"input tensor {a['tensor']!r} was not bound")
+
+
+@kernel("arange")
+def _arange(ins, a, out):
+    (n,) = out.shape
+    start, step = a["start"], a["step"]
+    if out.dtype.is_int and start.is_integer() and step.is_integer():
+        # exact integer arithmetic (float64 would round past 2**53)
+        return np.arange(int(start), int(start) + n * int(step), int(step), dtype=np.int64)[:n]
+    return start + step * np.arange(n, dtype=np.float64)
+
+
+@kernel("eye")
+def _eye(ins, a, out):
+    n, m = out.shape
+    return np.eye(n, m, a["k"], dtype=out.dtype.np)
+
+
+def _flat_count(out) -> int:
+    return math.prod(out.shape)
+
+
+@kernel("uniform")
+def _uniform(ins, a, out):
+    u = random.uniform01(a["seed"], _flat_count(out), a["offset"])
+    return (a["low"] + (a["high"] - a["low"]) * u).reshape(out.shape)
+
+
+@kernel("normal")
+def _normal(ins, a, out):
+    z = random.standard_normal(a["seed"], _flat_count(out), a["offset"])
+    return (a["mean"] + a["std"] * z).reshape(out.shape)

@@ -9,4 +9,9 @@ from triplane.engines.op.numpy_engine import kernel
 
 @kernel("matmul")
 def _matmul(ins, a, out):
-    return np.matmul(ins[0], ins[1])
+    x, y = ins
+    if x.dtype == np.float16:
+        # numpy's float16 matmul has no BLAS path; accumulate in float32 and round once,
+        # as half-precision hardware does.
+        return np.matmul(x.astype(np.float32), y.astype(np.float32))
+    return np.matmul(x, y)
