@@ -12,6 +12,7 @@ that checks a graph against the op table.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import math
@@ -23,6 +24,7 @@ import yaml
 
 from triplane.proto import dtypes as dt
 from triplane.proto.errors import GraphError, LimitError
+from triplane.proto.safeyaml import YamlRefused, bounded_load
 
 IR_VERSION = 1
 
@@ -57,7 +59,12 @@ class Attrs(Mapping[str, Any]):
 
     def __init__(self, items: Mapping[str, Any] | Iterable[tuple[str, Any]] = ()) -> None:
         src = items.items() if isinstance(items, Mapping) else items
-        self._d = {str(k): freeze(v) for k, v in src}
+        d: dict[str, Any] = {}
+        for k, v in src:
+            if not isinstance(k, str):
+                raise GraphError(f"attribute names are strings, got {type(k).__name__} {k!r}")
+            d[_text(k)] = freeze(v)
+        self._d = d
         self._h: int | None = None
 
     def __getitem__(self, key: str) -> Any:
@@ -93,12 +100,16 @@ EMPTY_ATTRS = Attrs()
 
 def freeze(v: Any) -> Any:
     """A hashable, canonical copy of an attribute value."""
-    if v is None or isinstance(v, (bool, str, Attrs)):
+    if v is None or isinstance(v, (bool, Attrs)):
         return v
+    if isinstance(v, str):
+        return _text(v)
     if isinstance(v, int):
         return int(v)
     if isinstance(v, float):
-        return float(v)
+        # The wire has no negative zero (canonical JSON writes -0.0 as 0), so neither does
+        # a graph: otherwise a graph and its round trip would differ.
+        return float(v) + 0.0
     if isinstance(v, (list, tuple)):
         return tuple(freeze(x) for x in v)
     if isinstance(v, Mapping):
@@ -109,6 +120,50 @@ def freeze(v: Any) -> Any:
     if callable(item) and getattr(v, "shape", None) == ():
         return freeze(item())
     raise GraphError(f"attribute value {v!r} of type {type(v).__name__} cannot go in a graph")
+
+
+def _text(s: str) -> str:
+    """``s`` if it is valid Unicode (no lone surrogates, which UTF-8 cannot carry)."""
+    if not s.isascii():
+        try:
+            s.encode("utf-8")
+        except UnicodeEncodeError:
+            raise GraphError(f"string {s!r} is not valid Unicode (lone surrogate)") from None
+    return s
+
+
+def _check_wire_value(v: Any, where: str) -> None:
+    """Reject what canonical JSON cannot carry anywhere in a (frozen) attribute value: NaN,
+    infinities and integers beyond 2**53, so a graph that parses can be hashed and sent."""
+    if isinstance(v, int) and not isinstance(v, bool):
+        if abs(v) > MAX_SAFE_INT:
+            raise GraphError(f"attribute {where} holds the integer {v}, beyond +-2**53")
+    elif isinstance(v, float):
+        if not math.isfinite(v):
+            raise GraphError(f"attribute {where} holds {v!r}; NaN and infinities cannot go in "
+                             "a graph document (use a 'constant' node)")
+    elif isinstance(v, tuple):
+        for x in v:
+            _check_wire_value(x, where)
+    elif isinstance(v, Attrs):
+        for k, x in v.items():
+            _check_wire_value(x, f"{where}.{k}")
+
+
+def fits_json(x: float) -> bool:
+    """Whether float ``x`` survives canonical JSON unchanged: not NaN, not infinite, not
+    -0.0 (written as 0). Scalars that do not fit travel as ``constant`` nodes instead."""
+    return math.isfinite(x) and not (x == 0 and math.copysign(1.0, x) < 0)
+
+
+def encode_data(value: Any) -> str:
+    """The ``data`` attribute of a ``constant`` node holding array ``value``: its
+    little-endian bytes in row-major order, base64."""
+    import numpy as np
+
+    arr = np.asarray(value)
+    arr = np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<"))
+    return base64.b64encode(arr.tobytes()).decode("ascii")
 
 
 def thaw(v: Any) -> Any:
@@ -187,13 +242,28 @@ class Graph:
     def topo_order(self) -> list[str]:
         """A topological order: inputs before their consumers, otherwise the stored order.
         Raises GraphError on a cycle or a dangling input."""
-        if "topo" in self._cache:
-            return self._cache["topo"]
+        if "topo" not in self._cache:
+            self._cache["topo"] = self._dfs(self.nodes)
+        return self._cache["topo"]
+
+    def dataflow_order(self) -> list[str]:
+        """A topological order that depends only on the graph's structure, not on node ids
+        or the order nodes were stored in: depth-first from the outputs (in order), each
+        node's inputs in order; nodes no output reads follow, started from in id order
+        (so only for them do ids matter). Canonical renaming (plan cache keys,
+        :meth:`structure_hash`) uses it."""
+        if "dataflow" not in self._cache:
+            self._cache["dataflow"] = self._dfs([*self.outputs, *sorted(self.nodes)])
+        return self._cache["dataflow"]
+
+    def _dfs(self, roots: Iterable[str]) -> list[str]:
         order: list[str] = []
         state: dict[str, int] = {}  # 1 = on the stack, 2 = done
-        for root in self.nodes:
+        for root in roots:
             if root in state:
                 continue
+            if root not in self.nodes:
+                raise GraphError(f"output {root!r} is not a node of the graph")
             stack: list[tuple[str, int]] = [(root, 0)]
             state[root] = 1
             while stack:
@@ -215,7 +285,6 @@ class Graph:
                     stack.pop()
                     state[nid] = 2
                     order.append(nid)
-        self._cache["topo"] = order
         return order
 
     def sorted(self) -> Graph:
@@ -234,14 +303,22 @@ class Graph:
 
     @classmethod
     def from_dict(cls, d: Any, *, max_nodes: int | None = None) -> Graph:
-        """Build a graph from its dict form, checking the structure (not the op table)."""
+        """Build a graph from its dict form, checking the structure (not the op table).
+        Anything malformed raises GraphError (never KeyError/TypeError)."""
+        try:
+            return cls._from_dict(d, max_nodes)
+        except RecursionError:
+            raise GraphError("graph document is nested too deeply") from None
+
+    @classmethod
+    def _from_dict(cls, d: Any, max_nodes: int | None) -> Graph:
         if not isinstance(d, Mapping):
             raise GraphError(f"a graph is a mapping with 'nodes' and 'outputs', got {type(d).__name__}")
         unknown = set(d) - {"version", "nodes", "outputs"}
         if unknown:
-            raise GraphError(f"unknown graph field(s) {sorted(unknown)}")
+            raise GraphError(f"unknown graph field(s) {sorted(map(str, unknown))}")
         version = d.get("version", IR_VERSION)
-        if version != IR_VERSION:
+        if not _is_int(version) or version != IR_VERSION:
             raise GraphError(f"unsupported graph version {version!r} (this build reads {IR_VERSION})")
         nodes_in = d.get("nodes")
         if not isinstance(nodes_in, Mapping):
@@ -251,10 +328,12 @@ class Graph:
             raise LimitError(f"graph has {len(nodes_in)} nodes, more than the limit of {limit}")
         nodes = {}
         for nid, nd in nodes_in.items():
-            nodes[str(nid)] = _node_from_dict(str(nid), nd)
+            if not isinstance(nid, str):
+                raise GraphError(f"node ids are strings, got {type(nid).__name__} {nid!r}")
+            nodes[_text(nid)] = _node_from_dict(nid, nd)
         outputs = d.get("outputs")
         if not isinstance(outputs, (list, tuple)) or not all(isinstance(o, str) for o in outputs):
-            raise GraphError("'outputs' must be a list of node ids")
+            raise GraphError(f"'outputs' must be a list of node ids, got {outputs!r}")
         for o in outputs:
             if o not in nodes:
                 raise GraphError(f"output {o!r} is not a node of the graph")
@@ -269,13 +348,20 @@ class Graph:
     @classmethod
     def from_json(cls, data: bytes | str, *, max_bytes: int | None = None,
                   max_nodes: int | None = None) -> Graph:
+        """Parse a JSON graph document (strict JSON: no NaN/Infinity, no duplicate keys)."""
         limit = max_bytes if max_bytes is not None else DEFAULT_MAX_GRAPH_BYTES
-        if len(data) > limit:
-            raise LimitError(f"graph document is {len(data)} bytes, more than the limit of {limit}")
+        size = len(data) if isinstance(data, (bytes, bytearray)) else len(data.encode("utf-8", "replace"))
+        if size > limit:
+            raise LimitError(f"graph document is {size} bytes, more than the limit of {limit}")
         try:
-            d = json.loads(data)
-        except (ValueError, UnicodeDecodeError) as e:
+            d = json.loads(data, parse_constant=_reject_constant, parse_int=_parse_int,
+                           object_pairs_hook=_no_duplicates)
+        except (ValueError, UnicodeDecodeError) as e:  # GraphError is a ValueError too
+            if isinstance(e, GraphError):
+                raise
             raise GraphError(f"graph is not valid JSON: {e}") from None
+        except RecursionError:
+            raise GraphError("graph document is nested too deeply") from None
         return cls.from_dict(d, max_nodes=max_nodes)
 
     def to_yaml(self) -> str:
@@ -283,13 +369,22 @@ class Graph:
 
     @classmethod
     def from_yaml(cls, text: str | bytes, *, max_bytes: int | None = None) -> Graph:
+        """Parse a YAML graph document with the safe loader. Aliases are refused: a graph
+        never needs them, and they let a small document expand exponentially."""
         limit = max_bytes if max_bytes is not None else DEFAULT_MAX_GRAPH_BYTES
         if len(text) > limit:
             raise LimitError(f"graph document is {len(text)} bytes, more than the limit of {limit}")
         try:
-            d = yaml.load(text, Loader=_YamlLoader)  # the safe loader (C where available)
+            d = bounded_load(text if isinstance(text, str) else text.decode("utf-8"),
+                             max_depth=MAX_YAML_DEPTH)
+        except YamlRefused as e:
+            raise GraphError(f"graph YAML {e}") from None
+        except UnicodeDecodeError as e:
+            raise GraphError(f"graph YAML is not UTF-8: {e.reason} at byte {e.start}") from None
         except yaml.YAMLError as e:
             raise GraphError(f"graph is not valid YAML: {e}") from None
+        except RecursionError:
+            raise GraphError("graph document is nested too deeply") from None
         return cls.from_dict(d)
 
     def hash(self) -> str:
@@ -301,7 +396,7 @@ class Graph:
         node ids: two training steps that differ only in parameter values share it, so a
         compiled plan is reused."""
         if "shash" not in self._cache:
-            order = self.topo_order()
+            order = self.dataflow_order()
             rename = {nid: f"n{i}" for i, nid in enumerate(order)}
             nodes = {}
             for nid in order:
@@ -316,6 +411,7 @@ class Graph:
 
 
 DEFAULT_MAX_NODES = 1_000_000
+MAX_YAML_DEPTH = 64  # a graph document nests 6 deep; fused programs a few more
 DEFAULT_MAX_GRAPH_BYTES = 256 * 1024 * 1024
 
 _NODE_FIELDS = {"op", "inputs", "attrs", "shape", "dtype"}
@@ -332,33 +428,68 @@ def _node_from_dict(nid: str, nd: Any) -> Node:
         raise GraphError("'op' must be a string", node=nid)
     inputs = nd.get("inputs", [])
     if not isinstance(inputs, (list, tuple)) or not all(isinstance(i, str) for i in inputs):
-        raise GraphError("'inputs' must be a list of node ids", node=nid, op=op)
+        raise GraphError(f"'inputs' must be a list of node ids, got {inputs!r}", node=nid, op=op)
     attrs = nd.get("attrs", {})
     if not isinstance(attrs, Mapping):
-        raise GraphError("'attrs' must be a mapping", node=nid, op=op)
+        raise GraphError(f"'attrs' must be a mapping, got {type(attrs).__name__}", node=nid, op=op)
     shape = nd.get("shape")
     if not isinstance(shape, (list, tuple)) or not all(
-            isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape):
+            _is_int(s) and 0 <= s <= MAX_SAFE_INT for s in shape):
         raise GraphError(f"'shape' must be a list of non-negative integers, got {shape!r}",
                          node=nid, op=op)
     dtype = nd.get("dtype")
-    if dtype not in dt.BY_NAME:
+    if not isinstance(dtype, str) or dtype not in dt.BY_NAME:
         raise GraphError(f"unknown dtype {dtype!r} (known: {sorted(dt.BY_NAME)})", node=nid, op=op)
     try:
+        _text(op)
         frozen = Attrs(attrs)
+        for k, v in frozen.items():
+            _check_wire_value(v, repr(k))
     except GraphError as e:
         raise e.at(node=nid, op=op) from None
-    return Node(op, tuple(inputs), frozen, tuple(shape), dtype)
+    return Node(op, tuple(_text(i) for i in inputs), frozen, tuple(shape), dtype)
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _reject_constant(name: str) -> Any:
+    raise GraphError(f"graph JSON holds {name}, which is not JSON (use a 'constant' node)")
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    d = dict(pairs)
+    if len(d) != len(pairs):
+        seen: set[str] = set()
+        dup = next(k for k, _ in pairs if k in seen or seen.add(k))  # type: ignore[func-returns-value]
+        raise GraphError(f"duplicate key {dup!r} in graph JSON")
+    return d
 
 
 # --- canonical JSON (RFC 8785 style) ---------------------------------------------------
 
 
+MAX_SAFE_INT = 2**53  # JSON numbers are doubles; integers are exact up to here
+
+
+def _parse_int(text: str) -> int | float:
+    # An integer literal beyond 2**53 can only be a double written in ECMAScript's plain
+    # form (1e20 is "100000000000000000000"): read it back as that double.
+    v = int(text)
+    return v if abs(v) <= MAX_SAFE_INT else float(text)
+
+
 def canonical_json(obj: Any) -> bytes:
     """Sorted keys, no insignificant whitespace, UTF-8, ECMAScript number formatting."""
     out: list[str] = []
-    _emit(obj, out)
-    return "".join(out).encode("utf-8")
+    try:
+        _emit(obj, out)
+        return "".join(out).encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise GraphError(f"string is not valid Unicode (lone surrogate): {e}") from None
+    except RecursionError:
+        raise GraphError("value is nested too deeply for canonical JSON") from None
 
 
 def _emit(v: Any, out: list[str]) -> None:
@@ -369,6 +500,9 @@ def _emit(v: Any, out: list[str]) -> None:
     elif v is False:
         out.append("false")
     elif isinstance(v, int):
+        if abs(v) > MAX_SAFE_INT:
+            raise GraphError(f"integer {v} is beyond +-2**53: not every SDK can represent it "
+                             "exactly (JSON numbers are doubles)")
         out.append(str(int(v)))
     elif isinstance(v, float):
         out.append(es_number(v))
@@ -428,4 +562,8 @@ def es_number(x: float) -> str:
 # --- YAML with the safe (C where available) loader -------------------------------------
 
 _YamlLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-_YamlDumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+
+
+class _YamlDumper(getattr(yaml, "CSafeDumper", yaml.SafeDumper)):  # type: ignore[misc]
+    def ignore_aliases(self, data: Any) -> bool:
+        return True  # from_yaml refuses aliases, so never write one

@@ -7,10 +7,12 @@ op and what is wrong.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
+from triplane.proto import dtypes as dt
 from triplane.proto import optable
-from triplane.proto.errors import GraphError, LimitError, ShapeError
+from triplane.proto.errors import DTypeError, GraphError, LimitError, ShapeError
 from triplane.proto.ir import Graph, Node, TensorType
 
 
@@ -29,7 +31,12 @@ DEFAULT_LIMITS = Limits()
 
 def validate(graph: Graph, limits: Limits = DEFAULT_LIMITS) -> Graph:
     """Check ``graph`` and return it with nodes in topological order and attributes
-    normalised by the op table (defaults filled in). Raises GraphError."""
+    normalised by the op table (defaults filled in).
+
+    Raises a GraphError subclass naming the node and op: UnknownOpError, AttrError,
+    ShapeError / DTypeError (inference fails, or disagrees with the declared type),
+    LimitError (nodes, elements per tensor, inline constant bytes, inputs per node), and
+    GraphError itself for dangling inputs, cycles, wrong arity and missing outputs."""
     if len(graph.nodes) > limits.max_nodes:
         raise LimitError(f"graph has {len(graph.nodes)} nodes, more than the limit of {limits.max_nodes}")
     if not graph.outputs:
@@ -55,6 +62,12 @@ def _check_node(node: Node, types: dict[str, TensorType], limits: Limits) -> Nod
     if len(node.inputs) > limits.max_inputs:
         raise LimitError(f"{len(node.inputs)} inputs, more than the limit of {limits.max_inputs}")
     attrs = opdef.normalise_attrs(node.attrs)
+    if node.op == "constant":
+        # Bound the inline data before inference decodes it.
+        declared = math.prod(attrs["shape"]) * dt.dtype(attrs["dtype"]).itemsize
+        if max(declared, len(attrs["data"]) * 3 // 4) > limits.max_constant_bytes:
+            raise LimitError(f"inline constant of {declared} bytes, more than the limit of "
+                             f"{limits.max_constant_bytes} (upload it as a tensor instead)")
     inferred = opdef.check([types[i] for i in node.inputs], attrs)
     if inferred.size > limits.max_elements:
         raise LimitError(f"tensor of shape {inferred.shape} has {inferred.size} elements, more than "
@@ -65,5 +78,5 @@ def _check_node(node: Node, types: dict[str, TensorType], limits: Limits) -> Nod
     if tuple(node.shape) != inferred.shape:
         raise ShapeError(f"declared shape {list(node.shape)} but the op gives {list(inferred.shape)}")
     if node.dtype != inferred.dtype.name:
-        raise GraphError(f"declared dtype {node.dtype} but the op gives {inferred.dtype.name}")
+        raise DTypeError(f"declared dtype {node.dtype} but the op gives {inferred.dtype.name}")
     return node if attrs == node.attrs else node.replace(attrs=attrs)

@@ -1,18 +1,23 @@
 """Constant folding: a node all of whose inputs are constants (``full`` or ``constant``
 nodes, or nodes folded before it) is computed now, on the reference engine, and replaced
-by its value: a ``full`` node when every element is the same, else a ``constant`` with
-inline data. Results larger than ``max_elements`` stay in the graph (folding them would
-bloat the plan with data), as do random ops (cheaper to make where they are used) and
-host inputs (their values are not part of the plan)."""
+by its value, under its own id: a ``full`` node when every element is the same (bit for
+bit), else a ``constant`` with inline data.
+
+Left alone: results larger than ``max_elements`` (folding them would bloat the plan with
+data), random ops (cheaper to make where they are used), host inputs (their values are
+not part of the plan), ops the reference engine has no kernel for, and nodes whose kernel
+fails (the error is the user's and surfaces, naming the node, when the plan runs).
+"""
 
 from __future__ import annotations
 
-import base64
+import math
 
 import numpy as np
 
 from triplane.proto import optable
-from triplane.proto.ir import Attrs, Graph, Node
+from triplane.proto.errors import KernelError
+from triplane.proto.ir import Attrs, Graph, Node, encode_data
 
 FOLDABLE_SOURCES = frozenset({"full", "constant"})
 MAX_FOLD_ELEMENTS = 4096
@@ -32,13 +37,18 @@ def fold_constants(graph: Graph, max_elements: int = MAX_FOLD_ELEMENTS) -> Graph
             if n.type.size <= max_elements:
                 values[nid] = engine.run(n.op, [], n.attrs, n.type)
             continue
+        opdef = optable.get(n.op)
         foldable = (n.inputs and all(i in values for i in n.inputs)
-                    and n.type.size <= max_elements and not optable.get(n.op).random
+                    and n.type.size <= max_elements and not opdef.random and not opdef.internal
                     and engine.supports(n.op))
         if not foldable:
             nodes[nid] = n
             continue
-        v = engine.run(n.op, [values[i] for i in n.inputs], n.attrs, n.type)
+        try:
+            v = engine.run(n.op, [values[i] for i in n.inputs], n.attrs, n.type)
+        except KernelError:
+            nodes[nid] = n
+            continue
         values[nid] = v
         nodes[nid] = constant_node(v, n)
         changed = True
@@ -48,12 +58,20 @@ def fold_constants(graph: Graph, max_elements: int = MAX_FOLD_ELEMENTS) -> Graph
 
 
 def constant_node(value: np.ndarray, like: Node) -> Node:
-    """The smallest node holding ``value``: ``full`` if uniform, else ``constant``."""
+    """The smallest node holding ``value``: ``full`` if every element has the same bits
+    and that value survives JSON (finite, not -0.0), else ``constant``."""
+    value = np.ascontiguousarray(value, dtype=like.type.dtype.np)
     flat = value.reshape(-1)
     base = {"shape": like.shape, "dtype": like.dtype}
-    if flat.size and like.type.dtype.name != "bfloat16" and np.all(flat == flat[0]) \
-            and not (flat.dtype.kind == "f" and np.isnan(flat[0])):
-        return Node("full", (), Attrs({"value": flat[0].item(), **base}), like.shape, like.dtype)
-    data = np.ascontiguousarray(value, dtype=value.dtype.newbyteorder("<")).tobytes()
-    return Node("constant", (), Attrs({"data": base64.b64encode(data).decode("ascii"), **base}),
-                like.shape, like.dtype)
+    if flat.size and _uniform(flat):
+        first = flat[0].item()
+        if not isinstance(first, float) or (math.isfinite(first) and not (
+                first == 0 and math.copysign(1.0, first) < 0)):
+            return Node("full", (), Attrs({"value": first, **base}), like.shape, like.dtype)
+    return Node("constant", (), Attrs({"data": encode_data(value), **base}), like.shape, like.dtype)
+
+
+def _uniform(flat: np.ndarray) -> bool:
+    # Bitwise, so 0.0 and -0.0 (equal as numbers) are told apart.
+    raw = flat.view(np.uint8).reshape(flat.size, flat.dtype.itemsize)
+    return bool(np.all(raw == raw[0]))

@@ -3,9 +3,14 @@
 A value joins its reader's group when the value is elementwise, read by that one node
 only, not a graph output, and of the reader's shape (or a 0-d ``full`` constant, which is
 copied into the program). Groups of two or more compute ops become a ``fused`` node that
-keeps the id of the group's last node, so readers and outputs need no rewiring. The
+keeps the id of the group's last node (its root), so readers and outputs need no
+rewiring. Values of other shapes (broadcast operands) are inputs of the fused node. The
 numpy engine then runs the program slice by slice: temporaries are the size of a slice,
 not of the tensor.
+
+Never fused: random ops (their values depend on the element's index in the whole
+tensor, which a slice does not know) and bfloat16 values (engines compute bfloat16 ops in
+float32 and round each result; a fused program would skip the rounding in between).
 """
 
 from __future__ import annotations
@@ -25,8 +30,11 @@ def fuse_elementwise(graph: Graph) -> Graph:
     table = optable.table()
 
     def elementwise(nid: str) -> bool:
-        op = graph.nodes[nid].op
-        return op in table and table[op].elementwise
+        n = graph.nodes[nid]
+        opdef = table.get(n.op)
+        return (opdef is not None and opdef.elementwise and not opdef.random
+                and n.dtype != "bfloat16"
+                and all(graph.nodes[i].dtype != "bfloat16" for i in n.inputs))
 
     # absorbed[v] = the node whose group v joins
     absorbed: dict[str, str] = {}
@@ -51,17 +59,23 @@ def fuse_elementwise(graph: Graph) -> Graph:
     for nid in order:
         if nid in absorbed or elementwise(nid):
             members.setdefault(root(nid), []).append(nid)
+    fused: dict[str, Node] = {}
+    for r, group in members.items():
+        computing = [m for m in group if not _is_scalar_const(graph.nodes[m])]
+        if len(computing) >= 2:
+            node = _fused_node(graph, group)
+            # A group reading nothing from outside is all constants (folding's job); a
+            # fused node needs at least one input.
+            if node.inputs:
+                fused[r] = node
     nodes: dict[str, Node] = {}
     for nid in order:
         r = root(nid)
-        group = members.get(r, [])
-        computing = [m for m in group if not _is_scalar_const(graph.nodes[m])]
-        if len(computing) < 2:
+        if r not in fused:
             nodes[nid] = graph.nodes[nid]
-            continue
-        if nid != r:
-            continue  # emitted with its root
-        nodes[nid] = _fused_node(graph, group)
+        elif nid == r:
+            nodes[nid] = fused[r]
+        # else: a member of a fused group, emitted with (as) its root
     if len(nodes) == len(graph.nodes):
         return graph
     return Graph({k: nodes[k] for k in order if k in nodes}, graph.outputs, graph.version)

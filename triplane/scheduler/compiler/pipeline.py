@@ -68,9 +68,10 @@ def compile_graph(graph: Graph, options: CompileOptions | None = None) -> Plan:
 def canonicalize(graph: Graph) -> tuple[Graph, dict[str, str], list[str]]:
     """Rename nodes to ``n0, n1, ...`` in topological order and input bindings to
     ``arg0, arg1, ...``. Returns the canonical graph, old id -> new id, and the host
-    tensor ids in argument order. Two programs that differ only in names and input
-    values canonicalise to the same graph (and so share a cached plan)."""
-    order = graph.topo_order()
+    tensor ids in argument order. Two programs that differ only in names, input values
+    and the order their nodes were recorded in canonicalise to the same graph (and so
+    share a cached plan): the numbering follows :meth:`Graph.dataflow_order`."""
+    order = graph.dataflow_order()
     rename = {nid: f"n{i}" for i, nid in enumerate(order)}
     args: list[str] = []
     nodes = {}

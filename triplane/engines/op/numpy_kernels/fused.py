@@ -35,9 +35,18 @@ def _fused(ins, a, out):
 
 def _run(program, step_types, values, shape):
     vals = list(values)
-    for (op, args, attrs), t in zip(program, step_types):
+    # Drop each value after its last reader, so a slice holds a few temporaries at a
+    # time rather than one per step.
+    last = {}
+    for k, (_, args, _) in enumerate(program):
+        for i in args:
+            last[i] = k
+    for k, ((op, args, attrs), t) in enumerate(zip(program, step_types)):
         out_t = TensorType(shape if t.shape else (), t.dtype)
         vals.append(KERNELS[op]([vals[i] for i in args], attrs, out_t))
+        for i in args:
+            if last[i] == k:
+                vals[i] = None
     return vals[-1]
 
 
