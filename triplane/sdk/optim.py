@@ -41,11 +41,11 @@ def add_pending_update(target: Tensor, new_value: Tensor) -> None:
     _PENDING.append((target, new_value))
 
 
-def flush_pending_updates(*extra: Tensor) -> None:
-    """Realize pending updates (and ``extra`` tensors) in one graph run and assign them."""
+def flush_pending_updates(*also: Tensor) -> None:
+    """Realize pending updates (and ``also``) in one graph run and assign them."""
     pending = list(_PENDING)
     _PENDING.clear()
-    realize(*extra, *(v for _, v in pending))
+    realize(*also, *(v for _, v in pending))
     for target, value in pending:
         target.assign(value.numpy())
 
@@ -83,9 +83,16 @@ class Optimizer:
         # A host input (not an attribute) so step-dependent values keep the graph's hash.
         return Tensor.from_array(np.asarray(value, dtype=like.dtype.np))
 
-    def step(self) -> None:
-        """Apply one update to every parameter with a gradient (one graph run)."""
+    def step(self, *also: Tensor) -> None:
+        """Apply one update to every parameter with a gradient, in one graph run.
+
+        Parameters are assigned in place, so a lazy tensor that reads them and is not
+        computed yet would see the NEW values afterwards. The step therefore also realizes
+        the gradients themselves and ``also`` (pass the loss: ``opt.step(loss)`` then
+        ``loss.item()`` reads the loss of this step, at no extra graph run).
+        """
         self.steps += 1
+        grads: list[Tensor] = []
         jobs: list[tuple[int, Tensor, dict[str, Tensor]]] = []
         for i, p in enumerate(self.params):
             if p.grad is None:
@@ -93,13 +100,15 @@ class Optimizer:
             g = p.grad
             if g.shape != p.shape:
                 raise ValueError(f"parameter {i}: gradient shape {list(g.shape)} != {list(p.shape)}")
+            grads.append(g)
             if g.dtype != p.dtype:
                 g = g.astype(p.dtype)
             new, state = self._update(i, p, g)
             jobs.append((i, new, state))
         pending = list(_PENDING)
         _PENDING.clear()
-        realize(*(t for _, new, st in jobs for t in (new, *st.values())), *(v for _, v in pending))
+        realize(*also, *grads, *(t for _, new, st in jobs for t in (new, *st.values())),
+                *(v for _, v in pending))
         for i, new, state in jobs:
             self.params[i].assign(new.numpy())
             self.state[i] = {k: _detached(v.numpy()) for k, v in state.items()}

@@ -1,0 +1,50 @@
+"""The ``triplane`` command, run as a real subprocess."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import re
+import subprocess
+import sys
+
+import triplane
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    # a wide terminal so rich never truncates table cells
+    env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1"}
+    return subprocess.run([sys.executable, "-m", "triplane.cli", *args], capture_output=True, text=True,
+                          timeout=120, env=env)
+
+
+def test_demo_exits_zero_and_its_loss_falls() -> None:
+    r = _run("demo", "--steps", "30", "--seed", "3")
+    assert r.returncode == 0, r.stderr
+    losses = [float(v) for v in re.findall(r"^step\s+\d+\s+loss\s+([0-9.eE+-]+)$", r.stdout, re.M)]
+    assert len(losses) == 30, r.stdout
+    assert losses[-1] < 0.5 * losses[0], losses
+    falls = sum(b < a for a, b in itertools.pairwise(losses))
+    assert falls >= 0.7 * (len(losses) - 1), losses
+
+
+def test_demo_is_reproducible_per_seed() -> None:
+    a, b = _run("demo", "--steps", "5", "--seed", "4"), _run("demo", "--steps", "5", "--seed", "4")
+    lines = [[ln for ln in r.stdout.splitlines() if ln.startswith("step")] for r in (a, b)]
+    assert lines[0] == lines[1] and len(lines[0]) == 5
+
+
+def test_ops_lists_the_op_table() -> None:
+    r = _run("ops")
+    assert r.returncode == 0, r.stderr
+    rows = {m.group(1): m.group(0) for m in re.finditer(r"^\W*(\w+)\s.*$", r.stdout, re.M)}
+    for name in ("matmul", "conv2d", "add", "sum"):
+        assert name in rows, r.stdout
+    assert re.search(r"\bmatmul\b.*\blinalg\b.*\byes\b", rows["matmul"])
+
+
+def test_version_and_bad_usage() -> None:
+    r = _run("version")
+    assert r.returncode == 0 and triplane.__version__ in r.stdout
+    bad = _run("demo", "--steps", "0")
+    assert bad.returncode != 0 and "steps" in (bad.stderr + bad.stdout)
