@@ -1,0 +1,150 @@
+"""BatchWriter: thousands of hot-path writes become a handful of commits, on both backends."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from triplane import metadb as mdb
+from triplane.metadb import BatchWriter, MetaDB, NewTask
+
+GRAPH = b'{"nodes":{"x":{"op":"input"}},"outputs":["x"],"version":1}'
+
+
+def make_job(db: MetaDB, n_tasks: int) -> str:
+    with db.transaction() as s:
+        job = mdb.create_job(s, graph_hash="h-batch", graph_json=GRAPH, fetch=["x"])
+        mdb.insert_tasks(s, job.id, [NewTask(f"t{i:05d}", "noop") for i in range(n_tasks)])
+    return job.id
+
+
+class CommitCounter:
+    def __init__(self, engine: sa.Engine) -> None:
+        self.count = 0
+        self.engine = engine
+        sa.event.listen(engine, "commit", self._on_commit)
+
+    def _on_commit(self, _conn: Any) -> None:
+        self.count += 1
+
+    def remove(self) -> None:
+        sa.event.remove(self.engine, "commit", self._on_commit)
+
+
+def test_5000_transitions_take_a_handful_of_commits(db: MetaDB, capsys: pytest.CaptureFixture[str]) -> None:
+    job = make_job(db, 1250)
+    counter = CommitCounter(db.engine)
+    t0 = time.perf_counter()
+    with BatchWriter(db, max_items=500, max_delay=0.05) as w:
+        for state in ("ready", "dispatched", "running", "done"):
+            for i in range(1250):
+                w.transition(job, f"t{i:05d}", state, attempt=0, node="n1", started_at=1.0 + i)
+        for i in range(0, 1250, 250):
+            w.job_progress(job, state="running", tasks_done=i)
+        w.flush()
+        stats = w.stats
+    elapsed = time.perf_counter() - t0
+    counter.remove()
+    with capsys.disabled():
+        print(f"\n[{db.dialect}] 5005 batched writes: {counter.count} commits, "
+              f"{5005 / elapsed:,.0f} writes/s")
+    # 5005 items at <= 500 per batch is >= 11 batches; the interval bound may split a few more.
+    assert 11 <= counter.count <= 20
+    assert stats.commits == counter.count and stats.items == 5005 and stats.failures == 0
+    with db.read() as s:
+        tasks = mdb.list_tasks(s, job)
+        j = mdb.get_job(s, job)
+    assert len(tasks) == 1250 and all(t.state == "done" and t.node == "n1" for t in tasks)
+    assert tasks[7].started_at == 8.0
+    assert (j.state, j.tasks_done) == ("running", 1000)
+
+
+def test_a_lone_write_is_committed_within_the_interval(db: MetaDB) -> None:
+    job = make_job(db, 1)
+    commits = CommitCounter(db.engine)
+    with BatchWriter(db, max_items=500, max_delay=0.05) as w:
+        w.transition(job, "t00000", "running")
+        w.event(job, "task.running", task_id="t00000", stimulus_id="s1", payload={"n": 1})
+        deadline = time.monotonic() + 5
+        while w.stats.items < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert w.stats.items == 2 and commits.count == 1  # one commit for both, without flush()
+    commits.remove()
+    with db.read() as s:
+        assert mdb.get_task(s, job, "t00000").state == "running"
+        assert [e.kind for e in mdb.list_events(s, job)] == ["task.running"]
+
+
+def test_bad_input_is_refused_at_once_and_queues_nothing(db: MetaDB) -> None:
+    job = make_job(db, 1)
+    with BatchWriter(db) as w:
+        with pytest.raises(mdb.UnknownJobError, match="j-missing"):
+            w.event("j-missing", "x")
+        with pytest.raises(mdb.UnknownTaskError, match="'t-missing'"):
+            w.transition(job, "t-missing", "running")
+        with pytest.raises(mdb.InvalidInputError, match="unknown state"):
+            w.transition(job, "t00000", "exploded")
+        with pytest.raises(mdb.PayloadTooLargeError):
+            w.event(job, "big", payload={"blob": "x" * 100_000})
+        assert w.flush() == 0
+    with pytest.raises(mdb.BatchWriteError, match="closed"):
+        w.event(job, "late")
+
+
+def test_a_failed_batch_is_kept_and_written_by_the_next_flush(db: MetaDB) -> None:
+    job = make_job(db, 1)
+    fail = {"armed": False}
+
+    def refuse(_conn: Any, _cursor: Any, statement: str, *_rest: Any) -> None:
+        if fail["armed"] and statement.lstrip().upper().startswith("INSERT INTO EVENTS"):
+            raise sa.exc.OperationalError(statement, {}, Exception("injected: database went away"))
+
+    sa.event.listen(db.engine, "before_cursor_execute", refuse)
+    try:
+        # A long interval so that only explicit flushes write.
+        with BatchWriter(db, max_items=500, max_delay=30) as w:
+            w.transition(job, "t00000", "done")
+            for i in range(3):
+                w.event(job, "tick", payload={"i": i})
+            fail["armed"] = True
+            with pytest.raises(mdb.BatchWriteError, match="injected"):
+                w.flush()
+            with db.read() as s:  # the failed batch rolled back as a whole
+                assert mdb.get_task(s, job, "t00000").state == "pending"
+                assert mdb.list_events(s, job) == []
+            fail["armed"] = False
+            assert w.flush() == 4
+            assert w.stats.failures == 1
+    finally:
+        sa.event.remove(db.engine, "before_cursor_execute", refuse)
+    with db.read() as s:
+        assert mdb.get_task(s, job, "t00000").state == "done"
+        assert [e.payload["i"] for e in mdb.list_events(s, job)] == [0, 1, 2]
+
+
+def test_two_threads_share_one_writer_without_loss(db: MetaDB) -> None:
+    job = make_job(db, 1)
+    errors: list[BaseException] = []
+
+    def produce(name: str, w: BatchWriter) -> None:
+        try:
+            for i in range(1000):
+                w.event(job, "tick", stimulus_id=f"{name}-{i}", payload={"w": name, "i": i})
+        except BaseException as exc:  # collected and asserted below
+            errors.append(exc)
+
+    with BatchWriter(db, max_items=200, max_delay=0.02) as w:
+        threads = [threading.Thread(target=produce, args=(n, w)) for n in ("a", "b")]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        assert not any(t.is_alive() for t in threads) and errors == []
+    with db.read() as s:
+        events = mdb.list_events(s, job, limit=5000)
+    for name in ("a", "b"):
+        assert [e.payload["i"] for e in events if e.payload["w"] == name] == list(range(1000))

@@ -1,0 +1,248 @@
+"""Batched writes for the dispatcher's hot path: task transitions, events, job progress.
+
+A job of thousands of tasks makes several writes per task (ready, dispatched, running, done,
+each with an event). One commit each would cap the scheduler at the database's commit rate
+(a few hundred per second on a disk-backed SQLite). ``BatchWriter`` queues them and a
+background thread writes them in one transaction per batch: when ``max_items`` are queued or
+the oldest has waited ``max_delay`` seconds, whichever comes first.
+
+Contract:
+- ``transition``/``event``/``job_progress`` validate at once (raising the errors of
+  ``errors.py``: unknown job or task, bad state, oversized payload) and never block on the
+  database; a queued item is therefore always writable.
+- Items are written in the order queued; transitions of the same task in one batch collapse
+  to their last values (the same result as applying them one by one).
+- ``flush()`` returns once everything queued before it is committed. If the database fails,
+  the batch stays queued (retried by the next flush) and ``flush()`` raises BatchWriteError.
+- At most ``max_pending`` items wait; past that (the database is down or too slow) the
+  queueing call raises BatchWriteError instead of growing memory without bound.
+- ``close()`` flushes and stops the thread; queueing afterwards raises BatchWriteError.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+
+from triplane.metadb import validate as v
+from triplane.metadb.db import MetaDB
+from triplane.metadb.errors import BatchWriteError, UnknownJobError, UnknownTaskError
+from triplane.metadb.models import Event, Job, Task
+from triplane.metadb.records import NewEvent
+from triplane.metadb.tasks import event_row, task_changes
+
+log = logging.getLogger(__name__)
+
+_TASK = 0
+_EVENT = 1
+_JOB = 2
+
+
+@dataclass
+class BatchStats:
+    """What a BatchWriter has done so far (read without a lock: values are approximate)."""
+
+    commits: int = 0
+    items: int = 0
+    failures: int = 0
+    last_error: str | None = None
+
+
+class BatchWriter:
+    """Queues hot-path writes and commits them in batches (see the module docstring)."""
+
+    def __init__(self, db: MetaDB, *, max_items: int = 500, max_delay: float = 0.05,
+                 max_pending: int = 200_000, retry_delay: float = 0.5) -> None:
+        if max_items < 1 or max_delay <= 0 or max_pending < max_items:
+            raise ValueError("need max_items >= 1, max_delay > 0 and max_pending >= max_items")
+        self._db = db
+        self._reader = db.engine.execution_options(triplane_readonly=True)
+        self.max_items = max_items
+        self.max_delay = max_delay
+        self.max_pending = max_pending
+        self.retry_delay = retry_delay
+        self.stats = BatchStats()
+        self._pending: list[tuple[int, Any, dict[str, Any]]] = []
+        self._first_at = 0.0
+        self._cond = threading.Condition()
+        self._flush_lock = threading.Lock()  # one batch in flight at a time keeps the order
+        self._closed = False
+        self._known_jobs: set[str] = set()
+        self._known_tasks: dict[str, set[str]] = {}
+        self._thread = threading.Thread(target=self._run, name="metadb-batch-writer", daemon=True)
+        self._thread.start()
+
+    # -- queueing (callers' threads) ---------------------------------------------------------
+
+    def transition(self, job_id: str, task_id: str, state: str, **fields: Any) -> None:
+        """Queue a task transition (``fields`` as ``tasks.transition_task``)."""
+        values = task_changes(state, fields)
+        self._check_task(job_id, task_id)
+        self._put(_TASK, (job_id, task_id), values)
+
+    def event(self, job_id: str, kind: str, *, task_id: str | None = None,
+              stimulus_id: str | None = None, at: float | None = None, payload: Any = None) -> None:
+        """Queue an event; ``at`` defaults to now (the time it was queued, not written)."""
+        row = event_row(NewEvent(job_id=job_id, kind=kind, task_id=task_id, stimulus_id=stimulus_id,
+                                 at=at, payload={} if payload is None else payload), time.time())
+        self._check_job(job_id)
+        self._put(_EVENT, None, row)
+
+    def job_progress(self, job_id: str, *, state: str | None = None, tasks_done: int | None = None,
+                     tasks_failed: int | None = None, error: str | None = None) -> None:
+        """Queue a job's state and/or progress counters (the last values queued win)."""
+        values: dict[str, Any] = {"updated_at": time.time()}
+        if state is not None:
+            values["state"] = v.check_state("state", state, v.JOB_STATES)
+        if tasks_done is not None:
+            values["tasks_done"] = v.check_count("tasks_done", tasks_done)
+        if tasks_failed is not None:
+            values["tasks_failed"] = v.check_count("tasks_failed", tasks_failed)
+        if error is not None:
+            values["error"] = v.clip_error(error)
+        self._check_job(job_id)
+        self._put(_JOB, job_id, values)
+
+    def _put(self, kind: int, key: Any, values: dict[str, Any]) -> None:
+        with self._cond:
+            if self._closed:
+                raise BatchWriteError("the batch writer is closed")
+            if len(self._pending) >= self.max_pending:
+                raise BatchWriteError(
+                    f"{len(self._pending)} writes are waiting for the database (limit "
+                    f"{self.max_pending}); last error: {self.stats.last_error}")
+            if not self._pending:
+                self._first_at = time.monotonic()
+            self._pending.append((kind, key, values))
+            if len(self._pending) == 1 or len(self._pending) >= self.max_items:
+                self._cond.notify()
+
+    # Known ids are cached so that validation costs one query per job, not one per item.
+    def _check_job(self, job_id: str) -> None:
+        if job_id in self._known_jobs:
+            return
+        v.check_id("job_id", job_id)
+        with self._reader.connect() as conn:
+            if conn.scalar(sa.select(Job.id).where(Job.id == job_id)) is None:
+                raise UnknownJobError(job_id)
+        self._known_jobs.add(job_id)
+
+    def _check_task(self, job_id: str, task_id: str) -> None:
+        known = self._known_tasks.get(job_id)
+        if known is not None and task_id in known:
+            return
+        self._check_job(job_id)
+        v.check_id("task_id", task_id)
+        with self._reader.connect() as conn:  # reload: tasks may have been inserted since
+            known = set(conn.scalars(sa.select(Task.task_id).where(Task.job_id == job_id)))
+        self._known_tasks[job_id] = known
+        if task_id not in known:
+            raise UnknownTaskError(job_id, task_id)
+
+    # -- writing (the background thread, or flush()'s caller) ---------------------------------
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._pending and not self._closed:
+                    self._cond.wait()
+                if self._closed:
+                    return  # close() does the final flush on its own thread
+                deadline = self._first_at + self.max_delay
+                while len(self._pending) < self.max_items and not self._closed:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        break
+                    self._cond.wait(remaining)
+            try:
+                self._drain()
+            except BatchWriteError:
+                # Already counted and logged; back off so a dead database is not hammered.
+                time.sleep(self.retry_delay)
+
+    def _drain(self) -> int:
+        """Write batches until nothing is queued; returns the number of items written."""
+        written = 0
+        with self._flush_lock:
+            while True:
+                with self._cond:
+                    batch = self._pending[: self.max_items]
+                    del self._pending[: self.max_items]
+                    if self._pending:
+                        self._first_at = time.monotonic()
+                if not batch:
+                    return written
+                try:
+                    self._write(batch)
+                except Exception as exc:
+                    with self._cond:
+                        self._pending[:0] = batch  # keep it, in order, for the next attempt
+                    self.stats.failures += 1
+                    self.stats.last_error = f"{type(exc).__name__}: {exc}"
+                    log.warning("metadb batch of %d writes failed (kept for retry): %s", len(batch), exc)
+                    raise BatchWriteError(f"writing a batch of {len(batch)} failed: {exc}") from exc
+                self.stats.commits += 1
+                self.stats.items += len(batch)
+                written += len(batch)
+
+    def _write(self, batch: list[tuple[int, Any, dict[str, Any]]]) -> None:
+        tasks: dict[tuple[str, str], dict[str, Any]] = {}
+        jobs: dict[str, dict[str, Any]] = {}
+        events: list[dict[str, Any]] = []
+        for kind, key, values in batch:
+            if kind == _TASK:
+                tasks.setdefault(key, {}).update(values)
+            elif kind == _JOB:
+                jobs.setdefault(key, {}).update(values)
+            else:
+                events.append(values)
+        with self._db.engine.begin() as conn:
+            for cols, rows in _by_columns(
+                    {"_job": k[0], "_task": k[1], **vals} for k, vals in tasks.items()).items():
+                conn.execute(sa.update(Task).where(
+                    Task.job_id == sa.bindparam("_job"), Task.task_id == sa.bindparam("_task"),
+                ).values({c: sa.bindparam(c) for c in cols}), rows)
+            for cols, rows in _by_columns({"_job": k, **vals} for k, vals in jobs.items()).items():
+                conn.execute(sa.update(Job).where(Job.id == sa.bindparam("_job"))
+                             .values({c: sa.bindparam(c) for c in cols}), rows)
+            if events:
+                conn.execute(sa.insert(Event), events)
+
+    def flush(self) -> int:
+        """Commit everything queued so far; returns the number of items this call wrote.
+        Raises BatchWriteError (items kept queued) if the database refuses."""
+        return self._drain()
+
+    def close(self) -> None:
+        """Flush, then stop. Raises BatchWriteError if the final flush fails; the writer is
+        closed either way (its unwritten items are lost, and the error says how many)."""
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+            self._cond.notify_all()
+        self._thread.join(timeout=10)
+        try:
+            self._drain()
+        except BatchWriteError as exc:
+            raise BatchWriteError(f"closed with {len(self._pending)} writes unwritten: {exc}") from exc
+
+    def __enter__(self) -> BatchWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _by_columns(rows: Any) -> dict[tuple[str, ...], list[dict[str, Any]]]:
+    """Rows grouped by the columns they set: one executemany statement per group."""
+    groups: dict[tuple[str, ...], list[dict[str, Any]]] = defaultdict(list)
+    for row in rows:
+        groups[tuple(sorted(k for k in row if not k.startswith("_")))].append(row)
+    return groups

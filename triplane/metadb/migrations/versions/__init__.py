@@ -1,0 +1,1 @@
+"""Revision files, oldest first by their ``down_revision`` chain."""

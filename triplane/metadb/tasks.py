@@ -1,0 +1,254 @@
+"""Repository functions for tasks, tiles, events and restart recovery.
+
+Same contract as ``jobs.py``: each function takes an open ``Session``, validates input before
+any SQL, raises the errors of ``errors.py``, and leaves rollback to the caller's transaction.
+For the dispatcher's hot path use ``BatchWriter`` (``batch.py``), which writes the same
+changes in one transaction per batch.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Iterable
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+from triplane.metadb import validate as v
+from triplane.metadb.errors import ConflictError, InvalidInputError, UnknownJobError, UnknownTaskError
+from triplane.metadb.jobs import upsert_insert
+from triplane.metadb.models import Event, Job, Task, Tile
+from triplane.metadb.records import (
+    EventInfo,
+    JobInfo,
+    NewEvent,
+    NewTask,
+    ResumeJob,
+    TaskInfo,
+    TileInfo,
+    TileLocation,
+)
+
+TASK_FIELDS = ("attempt", "node", "queued_at", "started_at", "finished_at", "predicted_s",
+               "actual_s", "error_kind", "error_message")
+
+
+def task_changes(state: str, fields: dict[str, Any]) -> dict[str, Any]:
+    """The checked column values of a task transition to ``state`` plus ``fields``.
+
+    Fields not given are left as stored. Unknown field names, bad types and unknown states
+    raise InvalidInputError; error messages are clipped to MAX_ERROR_CHARS.
+    """
+    unknown = sorted(set(fields) - set(TASK_FIELDS))
+    if unknown:
+        raise InvalidInputError(f"unknown task fields {unknown} (known: {list(TASK_FIELDS)})")
+    out: dict[str, Any] = {"state": v.check_state("state", state, v.TASK_STATES)}
+    for name, value in fields.items():
+        if name == "attempt":
+            out[name] = v.check_count(name, value)
+        elif name == "node":
+            out[name] = v.check_optional_id(name, value)
+        elif name == "error_kind":
+            out[name] = None if value is None else v.check_state(name, value, v.ERROR_KINDS)
+        elif name == "error_message":
+            out[name] = v.clip_error(value)
+        else:
+            out[name] = v.check_time(name, value)
+    return out
+
+
+def require_jobs(session: Session, job_ids: Iterable[str]) -> None:
+    """Raise UnknownJobError for the first of ``job_ids`` that does not exist."""
+    wanted = {v.check_id("job_id", j) for j in job_ids}
+    if not wanted:
+        return
+    found = set(session.scalars(sa.select(Job.id).where(Job.id.in_(wanted))))
+    missing = sorted(wanted - found)
+    if missing:
+        raise UnknownJobError(missing[0])
+
+
+def insert_tasks(session: Session, job_id: str, tasks: Iterable[NewTask]) -> int:
+    """Insert a job's tasks in one statement and add their number to ``tasks_total``.
+
+    A task id repeated in ``tasks`` or already stored raises ConflictError (nothing inserted).
+    """
+    require_jobs(session, [job_id])
+    rows: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for t in tasks:
+        if not isinstance(t, NewTask):
+            raise InvalidInputError(f"tasks must be NewTask records, got {type(t).__name__}")
+        tid = v.check_id("task_id", t.task_id)
+        if tid in seen:
+            raise ConflictError(f"task id {tid!r} appears twice")
+        seen.add(tid)
+        rows.append({"job_id": job_id, "task_id": tid, "op": v.check_id("op", t.op),
+                     "state": v.check_state("state", t.state, v.TASK_STATES), "attempt": 0,
+                     "node": v.check_optional_id("node", t.node),
+                     "predicted_s": v.check_time("predicted_s", t.predicted_s)})
+    if not rows:
+        return 0
+    clash = session.scalars(sa.select(Task.task_id).where(
+        Task.job_id == job_id, Task.task_id.in_(seen)).limit(1)).first()
+    if clash is not None:
+        raise ConflictError(f"task {clash!r} of job {job_id!r} already exists")
+    session.execute(sa.insert(Task), rows)
+    session.execute(sa.update(Job).where(Job.id == job_id).values(
+        tasks_total=Job.tasks_total + len(rows), updated_at=time.time()))
+    return len(rows)
+
+
+def get_task(session: Session, job_id: str, task_id: str) -> TaskInfo:
+    row = session.get(Task, (v.check_id("job_id", job_id), v.check_id("task_id", task_id)),
+                      populate_existing=True)
+    if row is None:
+        require_jobs(session, [job_id])
+        raise UnknownTaskError(job_id, task_id)
+    return TaskInfo.of(row)
+
+
+def list_tasks(session: Session, job_id: str, *, states: Iterable[str] | None = None) -> list[TaskInfo]:
+    """A job's tasks by task id; UnknownJobError for an unknown job."""
+    require_jobs(session, [job_id])
+    q = sa.select(Task).where(Task.job_id == job_id).order_by(Task.task_id)
+    if states is not None:
+        q = q.where(Task.state.in_([v.check_state("states", s, v.TASK_STATES) for s in states]))
+    return [TaskInfo.of(r) for r in session.scalars(q.execution_options(populate_existing=True))]
+
+
+def transition_task(session: Session, job_id: str, task_id: str, state: str, *,
+                    expect: str | None = None, **fields: Any) -> TaskInfo:
+    """Move a task to ``state``, setting any of TASK_FIELDS; returns the stored task.
+
+    With ``expect`` the change happens only if the task is in that state (compare-and-set),
+    else ConflictError — e.g. a late reply of attempt 0 must not overwrite attempt 1's state.
+    Unknown job or task raise UnknownJobError / UnknownTaskError.
+    """
+    v.check_id("job_id", job_id)
+    v.check_id("task_id", task_id)
+    values = task_changes(state, fields)
+    q = sa.update(Task).where(Task.job_id == job_id, Task.task_id == task_id)
+    if expect is not None:
+        q = q.where(Task.state == v.check_state("expect", expect, v.TASK_STATES))
+    if session.execute(q.values(**values)).rowcount == 0:
+        current = get_task(session, job_id, task_id)  # raises if it does not exist
+        raise ConflictError(f"task {task_id!r} of job {job_id!r} is {current.state!r}, not {expect!r}")
+    return get_task(session, job_id, task_id)
+
+
+def _tile_row(job_id: str, t: TileLocation, now: float) -> dict[str, Any]:
+    if not isinstance(t, TileLocation):
+        raise InvalidInputError(f"tiles must be TileLocation records, got {type(t).__name__}")
+    index = v.check_ints("index", t.index)
+    return {"job_id": job_id, "tensor": v.check_id("tensor", t.tensor), "index": index,
+            "index_key": ".".join(map(str, index)), "shape": v.check_ints("shape", t.shape),
+            "dtype": v.check_id("dtype", t.dtype), "nbytes": v.check_count("nbytes", t.nbytes),
+            "node": v.check_optional_id("node", t.node),
+            "memory_engine": v.check_optional_id("memory_engine", t.memory_engine),
+            "state": v.check_state("state", t.state, v.TILE_STATES), "updated_at": now}
+
+
+def record_tiles(session: Session, job_id: str, tiles: Iterable[TileLocation],
+                 *, now: float | None = None) -> int:
+    """Upsert tile locations of a job by (tensor, index); returns how many were written.
+
+    A tile recorded again (moved, recomputed on another node, freed) replaces its row.
+    """
+    require_jobs(session, [job_id])
+    t = time.time() if now is None else now
+    by_key = {}
+    for tile in tiles:
+        row = _tile_row(job_id, tile, t)
+        by_key[(row["tensor"], row["index_key"])] = row  # the last report of a tile wins
+    if not by_key:
+        return 0
+    stmt = upsert_insert(session, Tile)
+    stmt = stmt.on_conflict_do_update(
+        index_elements=["job_id", "tensor", "index_key"],
+        set_={c: stmt.excluded[c] for c in
+              ("shape", "dtype", "nbytes", "node", "memory_engine", "state", "updated_at")})
+    session.execute(stmt, list(by_key.values()))
+    return len(by_key)
+
+
+def list_tiles(session: Session, job_id: str, tensor: str) -> list[TileInfo]:
+    """The tiles of one tensor of a job, in index order; UnknownJobError for an unknown job."""
+    require_jobs(session, [job_id])
+    rows = session.scalars(sa.select(Tile).where(
+        Tile.job_id == job_id, Tile.tensor == v.check_id("tensor", tensor)
+    ).execution_options(populate_existing=True))
+    return sorted((TileInfo.of(r) for r in rows), key=lambda t: t.index)
+
+
+def mark_node_tiles_lost(session: Session, node: str, *, now: float | None = None) -> int:
+    """Mark every present tile on ``node`` as lost (its node died); returns how many."""
+    result = session.execute(sa.update(Tile).where(
+        Tile.node == v.check_id("node", node), Tile.state == "present",
+    ).values(state="lost", updated_at=time.time() if now is None else now))
+    return int(result.rowcount)
+
+
+def event_row(e: NewEvent, now: float) -> dict[str, Any]:
+    """The checked column values of an event; PayloadTooLargeError past MAX_PAYLOAD_BYTES."""
+    if not isinstance(e, NewEvent):
+        raise InvalidInputError(f"events must be NewEvent records, got {type(e).__name__}")
+    v.json_size("event payload", e.payload, v.MAX_PAYLOAD_BYTES)
+    at = v.check_time("at", e.at)
+    return {"job_id": v.check_id("job_id", e.job_id), "task_id": v.check_optional_id("task_id", e.task_id),
+            "kind": _kind(e.kind),
+            "stimulus_id": v.check_optional_id("stimulus_id", e.stimulus_id),
+            "at": now if at is None else at, "payload": e.payload}
+
+
+def _kind(kind: object) -> str:
+    v.check_id("kind", kind)
+    assert isinstance(kind, str)
+    if len(kind) > 64:
+        raise InvalidInputError(f"event kind is {len(kind)} characters long (at most 64)")
+    return kind
+
+
+def add_events(session: Session, events: Iterable[NewEvent], *, now: float | None = None) -> int:
+    """Append events in one statement; UnknownJobError if any names an unknown job."""
+    t = time.time() if now is None else now
+    rows = [event_row(e, t) for e in events]
+    if not rows:
+        return 0
+    require_jobs(session, {r["job_id"] for r in rows})
+    session.execute(sa.insert(Event), rows)
+    return len(rows)
+
+
+def list_events(session: Session, job_id: str, *, task_id: str | None = None, after_id: int = 0,
+                limit: int = 1000) -> list[EventInfo]:
+    """A job's events in the order they were written (by id), those with id > ``after_id``,
+    at most ``limit`` — page with ``after_id=last.id``."""
+    require_jobs(session, [job_id])
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 100_000:
+        raise InvalidInputError(f"limit must be an int in 1..100000, got {limit!r}")
+    q = sa.select(Event).where(Event.job_id == job_id, Event.id > v.check_count("after_id", after_id))
+    if task_id is not None:
+        q = q.where(Event.task_id == v.check_id("task_id", task_id))
+    return [EventInfo.of(r) for r in session.scalars(q.order_by(Event.id).limit(limit))]
+
+
+def jobs_to_resume(session: Session) -> list[ResumeJob]:
+    """Every job not in a terminal state, oldest first, with all of its tasks (by task id).
+
+    A restarted scheduler calls this once: tasks "dispatched" or "running" may or may not have
+    finished on their executor, so it re-dispatches them (results are deduplicated by task id).
+    """
+    jobs = list(session.scalars(sa.select(Job).where(
+        Job.state.not_in(sorted(v.TERMINAL_JOB_STATES))).order_by(Job.created_at, Job.id)))
+    if not jobs:
+        return []
+    tasks: dict[str, list[TaskInfo]] = defaultdict(list)
+    ids = [j.id for j in jobs]
+    for chunk in range(0, len(ids), 500):  # bound the IN list (SQLite caps bound parameters)
+        q = sa.select(Task).where(Task.job_id.in_(ids[chunk:chunk + 500])).order_by(Task.job_id, Task.task_id)
+        for row in session.scalars(q):
+            tasks[row.job_id].append(TaskInfo.of(row))
+    return [ResumeJob(JobInfo.of(j), tuple(tasks[j.id])) for j in jobs]
