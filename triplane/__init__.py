@@ -1,26 +1,148 @@
 """triplane: run deep-learning compute graphs on a cluster (or in this process).
 
-``import triplane as tp``; see docs/quickstart.md.
+``import triplane as tp``: tensors and their functions are here (numpy-like names);
+``tp.nn`` (modules and ``tp.nn.functional``), ``tp.optim`` and ``tp.data`` hold the
+training kit. See docs/quickstart.md. The names below are the public surface; a test
+pins them.
 """
 
 from triplane.proto.dtypes import (
-    DType, bfloat16, bool_, float16, float32, float64, int8, int16, int32, int64, uint8,
+    DType,
+    bfloat16,
+    bool_,
+    float16,
+    float32,
+    float64,
+    int8,
+    int16,
+    int32,
+    int64,
+    uint8,
 )
-from triplane.sdk.autograd import backward, grad
-from triplane.sdk.elementwise import *  # noqa: F403
-from triplane.sdk.elementwise import __all__ as _ew_all
-from triplane.sdk.linalg import *  # noqa: F403
-from triplane.sdk.linalg import __all__ as _la_all
-from triplane.sdk.reduce import *  # noqa: F403
-from triplane.sdk.reduce import __all__ as _rd_all
-from triplane.sdk.shape import *  # noqa: F403
-from triplane.sdk.shape import __all__ as _sh_all
-from triplane.sdk.tensor import Tensor, realize
+from triplane.proto.errors import (
+    DTypeError,
+    GraphError,
+    KernelError,
+    NotDifferentiableError,
+    ShapeError,
+    TriplaneError,
+)
+from triplane.sdk import data, nn, optim
+from triplane.sdk.autograd import (
+    backward,
+    grad,
+)
+from triplane.sdk.creation import (
+    arange,
+    eye,
+    full,
+    full_like,
+    manual_seed,
+    normal,
+    ones,
+    ones_like,
+    rand,
+    randn,
+    tensor,
+    uniform,
+    zeros,
+    zeros_like,
+)
+from triplane.sdk.custom import (
+    register_op,
+)
+from triplane.sdk.elementwise import (
+    abs,
+    add,
+    cast,
+    ceil,
+    cos,
+    div,
+    eq,
+    erf,
+    exp,
+    floor,
+    ge,
+    gelu,
+    gt,
+    le,
+    log,
+    logical_and,
+    logical_not,
+    logical_or,
+    lt,
+    maximum,
+    minimum,
+    mul,
+    ne,
+    neg,
+    pow,
+    reciprocal,
+    relu,
+    rsqrt,
+    sigmoid,
+    sign,
+    silu,
+    sin,
+    sqrt,
+    square,
+    sub,
+    tan,
+    tanh,
+    where,
+)
+from triplane.sdk.linalg import (
+    matmul,
+)
+from triplane.sdk.reduce import (
+    argmax,
+    argmin,
+    logsumexp,
+    max,
+    mean,
+    min,
+    prod,
+    sum,
+    var,
+)
+from triplane.sdk.shape import (
+    TensorIndexError,
+    broadcast_to,
+    concat,
+    concatenate,
+    expand_dims,
+    flip,
+    gather,
+    getitem,
+    index_select,
+    pad,
+    permute,
+    reshape,
+    slice,
+    split,
+    squeeze,
+    stack,
+    transpose,
+    unsqueeze,
+)
+from triplane.sdk.tensor import (
+    Tensor,
+    realize,
+)
 
 __version__ = "0.1.0"
 
-__all__ = sorted({
-    "DType", "Tensor", "__version__", "backward", "bfloat16", "bool_", "float16", "float32",
-    "float64", "grad", "int8", "int16", "int32", "int64", "realize", "uint8",
-    *_ew_all, *_la_all, *_rd_all, *_sh_all,
-})
+__all__ = [
+    "DType", "DTypeError", "GraphError", "KernelError", "NotDifferentiableError", "ShapeError",
+    "Tensor", "TensorIndexError", "TriplaneError", "__version__", "abs", "add", "arange", "argmax",
+    "argmin", "backward", "bfloat16", "bool_", "broadcast_to", "cast", "ceil", "concat", "concatenate",
+    "cos", "data", "div", "eq", "erf", "exp", "expand_dims", "eye", "flip", "float16", "float32",
+    "float64", "floor", "full", "full_like", "gather", "ge", "gelu", "getitem", "grad", "gt",
+    "index_select", "int16", "int32", "int64", "int8", "le", "log", "logical_and", "logical_not",
+    "logical_or", "logsumexp", "lt", "manual_seed", "matmul", "max", "maximum", "mean", "min",
+    "minimum", "mul", "ne", "neg", "nn", "normal", "ones", "ones_like", "optim", "pad", "permute",
+    "pow", "prod", "rand", "randn", "realize", "reciprocal", "register_op", "relu", "reshape", "rsqrt",
+    "sigmoid", "sign", "silu", "sin", "slice", "split", "sqrt", "square", "squeeze", "stack", "sub",
+    "sum", "tan", "tanh", "tensor", "transpose", "uint8", "uniform", "unsqueeze", "var", "where",
+    "zeros", "zeros_like"
+]

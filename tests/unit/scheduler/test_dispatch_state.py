@@ -135,7 +135,8 @@ def test_node_loss_drifts_running_tasks_and_recomputes_lost_outputs() -> None:
     s.handle(NodeDown(sid(), "n2", 0.0))  # everything starts on n1
     out = s.handle(SubmitJob(sid(), "j", chain(3), 0.0))
     t0 = sends(out)[0]
-    t1 = sends(ok(s, t0))[0]
+    (t1,) = sends(ok(s, t0))
+    assert t1.task == "t1" and t1.node == "n1"
     s.handle(NodeUp(sid(), "n2", 1, 1.0))
     # n1 dies while t1 runs: t1 must re-run on n2, and t0's output (on n1) is recomputed first.
     out = s.handle(NodeDown(sid(), "n1", 2.0))
@@ -192,8 +193,9 @@ def test_random_chaos_always_ends_in_a_final_state(seed: int) -> None:
     rnd = random.Random(seed)
     s = cluster("n0", "n1", "n2", slots=2, policy=Policy(min_timeout_s=1.0, max_sends=2, max_attempts=50))
     n = rnd.randint(1, 12)
-    tasks = tuple(TaskSpec(f"t{i}", "op", tuple(f"t{d}" for d in rnd.sample(range(i), rnd.randint(0, min(i, 3)))),
-                           output_bytes=rnd.randint(1, 100), is_output=i == n - 1) for i in range(n))
+    deps = [tuple(f"t{d}" for d in rnd.sample(range(i), rnd.randint(0, min(i, 3)))) for i in range(n)]
+    tasks = tuple(TaskSpec(f"t{i}", "op", deps[i], output_bytes=rnd.randint(1, 100), is_output=i == n - 1)
+                  for i in range(n))
     inflight: list[Send] = sends(s.handle(SubmitJob(sid(), "j", tasks, 0.0)))
     now, done = 0.0, []
     for _ in range(2000):
