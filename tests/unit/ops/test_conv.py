@@ -18,14 +18,6 @@ from triplane.testing import TOLERANCE, assert_close, check_grad
 FLOATS = ["float64", "float32", "float16", "bfloat16"]
 
 
-@pytest.fixture
-def seed() -> int:
-    return int(np.random.SeedSequence().entropy % 2**63)
-
-
-@pytest.fixture
-def rng(seed: int) -> np.random.Generator:
-    return np.random.default_rng(seed)
 
 
 def tol(dtype: str) -> tuple[float, float]:

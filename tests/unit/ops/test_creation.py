@@ -20,11 +20,6 @@ from triplane.testing import TOLERANCE, assert_close
 FLOATS = ["float16", "bfloat16", "float32", "float64"]
 
 
-@pytest.fixture
-def seed() -> int:
-    """A fresh seed per test, reported in assertion messages so a failure replays."""
-    return int(np.random.SeedSequence().entropy) % (1 << 53)
-
 
 def make(op: str, **attrs: object) -> np.ndarray:
     return apply(op, [], **attrs).numpy()

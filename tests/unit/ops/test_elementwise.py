@@ -28,11 +28,6 @@ BINARY_SHAPES = [((), ()), ((4,), ()), ((), (3, 2)), ((2, 3), (3,)), ((2, 1, 4),
                  ((0, 3), (1, 3)), ((4, 1), (0,)), ((3, 4), (3, 4))]
 
 
-@pytest.fixture
-def seed() -> int:
-    """A fresh seed per test, reported in every assertion message so a failure replays."""
-    return int(np.random.SeedSequence().entropy) % (1 << 63)
-
 
 _erf64 = np.vectorize(math.erf, otypes=[np.float64])
 

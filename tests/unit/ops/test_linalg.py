@@ -14,17 +14,6 @@ from triplane.proto.errors import DTypeError, ShapeError
 from triplane.sdk.tensor import Tensor, apply
 from triplane.testing import assert_close, check_grad, random_array
 
-
-@pytest.fixture
-def seed() -> int:
-    return int(np.random.SeedSequence().entropy % (1 << 63))
-
-
-@pytest.fixture
-def rng(seed: int) -> np.random.Generator:
-    return np.random.default_rng(seed)
-
-
 SHAPES: list[tuple[tuple[int, ...], tuple[int, ...]]] = [
     ((4,), (4, 3)),           # vector @ matrix
     ((3, 4), (4,)),           # matrix @ vector

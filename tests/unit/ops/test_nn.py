@@ -21,14 +21,6 @@ FLOATS = ["float64", "float32", "float16", "bfloat16"]
 T = Tensor.from_array
 
 
-@pytest.fixture
-def seed() -> int:
-    return int(np.random.SeedSequence().entropy % 2**63)
-
-
-@pytest.fixture
-def rng(seed: int) -> np.random.Generator:
-    return np.random.default_rng(seed)
 
 
 def tol(dtype: str) -> tuple[float, float]:

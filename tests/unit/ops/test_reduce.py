@@ -18,16 +18,6 @@ from triplane.sdk.tensor import Tensor, apply
 from triplane.testing import TOLERANCE, assert_close, check_grad, random_array
 
 
-@pytest.fixture
-def seed() -> int:
-    return int(np.random.SeedSequence().entropy % (1 << 63))
-
-
-@pytest.fixture
-def rng(seed: int) -> np.random.Generator:
-    return np.random.default_rng(seed)
-
-
 def _lse(x: np.ndarray, axis: object, keepdims: bool) -> np.ndarray:
     m = np.max(x, axis=axis, keepdims=True) if x.size else np.zeros((1,) * x.ndim)
     s = np.log(np.sum(np.exp(x - m), axis=axis, keepdims=True)) + m

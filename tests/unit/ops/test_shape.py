@@ -21,14 +21,6 @@ from triplane.testing import assert_close, check_grad, random_array
 DTYPES = ["float32", "bfloat16", "float64", "int32", "uint8", "bool"]
 
 
-@pytest.fixture
-def seed() -> int:
-    return int(np.random.SeedSequence().entropy % (1 << 63))
-
-
-@pytest.fixture
-def rng(seed: int) -> np.random.Generator:
-    return np.random.default_rng(seed)
 
 
 def T(a: Any) -> Tensor:
