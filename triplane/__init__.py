@@ -132,6 +132,14 @@ from triplane.sdk.tensor import (
 
 __version__ = "0.1.0"
 
+# ``import triplane.nn`` / ``from triplane.nn import functional as F`` name the SDK's
+# modules, as ``torch.nn`` does: one module object under two names, no copy.
+import sys as _sys
+
+for _name, _mod in (("nn", nn), ("nn.functional", nn.functional), ("optim", optim), ("data", data)):
+    _sys.modules[f"{__name__}.{_name}"] = _mod
+del _sys, _name, _mod
+
 __all__ = [
     "DType", "DTypeError", "GraphError", "KernelError", "NotDifferentiableError", "ShapeError",
     "Tensor", "TensorIndexError", "TriplaneError", "__version__", "abs", "add", "arange", "argmax",
