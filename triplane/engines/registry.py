@@ -9,6 +9,7 @@ from triplane.proto.errors import TriplaneError
 
 _BUILTIN_OP = {
     "numpy": "triplane.engines.op.numpy_engine:NumpyEngine",
+    "cupy": "triplane.engines.op.cupy_engine:CupyEngine",
 }
 
 _cache: dict[str, Any] = {}

@@ -1,0 +1,222 @@
+"""The op-engine conformance kit: run it against your engine.
+
+The numpy engine is the oracle. :data:`CASES` holds at least one case per op of the
+table (built-in ops; user ops bring their own); :func:`check_op_engine` runs every case
+the engine supports on fresh random inputs, on the engine and on numpy, and reports each
+disagreement. A vendor's test suite can reuse the pytest mixin::
+
+    from triplane.engines.testing import OpEngineConformance
+
+    class TestMyEngine(OpEngineConformance):
+        @pytest.fixture
+        def op_engine(self):
+            return MyEngine()
+
+An engine may convert inputs to its own array type and return its own array type; the
+kit converts results with ``numpy.asarray`` (cupy: ``.get()``) before comparing.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from triplane.proto import dtypes as dt
+from triplane.proto import optable
+from triplane.proto.ir import Attrs, TensorType
+
+__all__ = ["CASES", "Case", "Mismatch", "OpEngineConformance", "check_op_engine"]
+
+# An input spec: (kind, shape[, high]); kind f = float in [-2, 2), p = positive float in
+# [0.5, 2), i = integer in [0, high), b = bool. Float inputs take the case's float dtype.
+Spec = tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class Case:
+    op: str
+    inputs: tuple[Spec, ...] = ()
+    attrs: dict[str, Any] = field(default_factory=dict)
+    rtol: float = 1e-5
+    atol: float = 1e-6
+
+
+def _c(op: str, *inputs: Spec, rtol: float = 1e-5, atol: float = 1e-6, **attrs: Any) -> Case:
+    return Case(op, tuple(inputs), attrs, rtol, atol)
+
+
+def _const_data() -> str:
+    return base64.b64encode(np.arange(6, dtype="<f4").tobytes()).decode()
+
+
+_UNARY_ANY = ["neg", "abs", "sign", "square", "relu", "floor", "ceil", "sin", "cos", "tanh",
+              "sigmoid", "gelu", "silu", "erf", "exp"]
+_UNARY_POS = ["log", "sqrt", "rsqrt", "reciprocal", "tan"]
+_BINARY = ["add", "sub", "mul", "maximum", "minimum", "eq", "ne", "lt", "le", "gt", "ge"]
+
+CASES: list[Case] = [
+    # creation
+    _c("full", value=1.5, shape=(2, 3), dtype="float32"),
+    _c("constant", data=_const_data(), shape=(2, 3), dtype="float32"),
+    _c("arange", start=1.0, stop=10.0, step=2.0, dtype="int64"),
+    _c("eye", n=3, m=4, k=1, dtype="float32"),
+    _c("uniform", shape=(5, 7), dtype="float32", seed=3, low=-1.0, high=2.0),
+    _c("normal", shape=(4, 6), dtype="float32", seed=5, mean=1.0, std=0.5),
+    # elementwise
+    *[_c(op, ("f", (3, 4))) for op in _UNARY_ANY],
+    *[_c(op, ("p", (3, 4))) for op in _UNARY_POS],
+    *[_c(op, ("f", (3, 4)), ("f", (1, 4))) for op in _BINARY],
+    _c("div", ("f", (3, 4)), ("p", (3, 1))),
+    _c("pow", ("p", (3, 4)), ("f", (3, 4))),
+    _c("cast", ("f", (3, 4)), dtype="float64"),
+    _c("where", ("b", (3, 4)), ("f", (3, 4)), ("f", (3, 1))),
+    _c("logical_and", ("b", (5,)), ("b", (5,))),
+    _c("logical_or", ("b", (5,)), ("b", (5,))),
+    _c("logical_not", ("b", (5,))),
+    _c("fused", ("f", (64, 33)), ("f", (1, 33)),
+       program=[["mul", [0, 1], {}], ["exp", [2], {}], ["sub", [3, 0], {}]]),
+    # reductions
+    *[_c(op, ("f", (3, 4, 5)), axes=[0, 2], keepdims=kd)
+      for op in ("sum", "mean", "max", "min", "prod", "logsumexp") for kd in (False, True)],
+    _c("var", ("f", (6, 5)), axes=[1], ddof=1),
+    _c("argmax", ("f", (4, 5)), axis=1),
+    _c("argmin", ("f", (4, 5)), axis=0, keepdims=True),
+    # linear algebra
+    _c("matmul", ("f", (2, 1, 3, 4)), ("f", (5, 4, 2)), rtol=1e-4, atol=1e-5),
+    _c("matmul", ("f", (7,)), ("f", (7, 3)), rtol=1e-4, atol=1e-5),
+    # shape
+    _c("reshape", ("f", (3, 4)), shape=(2, 6)),
+    _c("transpose", ("f", (2, 3, 4)), perm=[2, 0, 1]),
+    _c("broadcast_to", ("f", (3, 1)), shape=(2, 3, 4)),
+    _c("squeeze", ("f", (3, 1, 4)), axes=[1]),
+    _c("unsqueeze", ("f", (3, 4)), axes=[0, 2]),
+    _c("concat", ("f", (2, 3)), ("f", (4, 3)), axis=0),
+    _c("stack", ("f", (2, 3)), ("f", (2, 3)), axis=1),
+    _c("slice", ("f", (6, 7)), starts=[1, 0], stops=[5, 7], steps=[2, 3]),
+    _c("unslice", ("f", (2, 3)), shape=(6, 7), starts=[1, 0], stops=[5, 7], steps=[2, 3]),
+    _c("gather", ("f", (5, 3)), ("i", (4,), 5), axis=0),
+    _c("scatter_add", ("f", (4, 3)), ("i", (4,), 5), axis=0, size=5),
+    _c("pad", ("f", (2, 3)), pads=[[1, 0], [2, 1]], value=0.5),
+    _c("flip", ("f", (3, 4)), axes=[1]),
+    # nn
+    _c("softmax", ("f", (3, 5)), axis=-1),
+    _c("log_softmax", ("f", (3, 5)), axis=0),
+    _c("cross_entropy", ("f", (4, 5)), ("i", (4,), 5)),
+    _c("cross_entropy_grad", ("f", (4, 5)), ("i", (4,), 5), ("f", ())),
+    _c("mse_loss", ("f", (4, 5)), ("f", (4, 5))),
+    _c("conv2d", ("f", (2, 4, 7, 7)), ("f", (6, 2, 3, 3)), stride=[2, 1], padding=[1, 1],
+       dilation=[1, 2], groups=2, rtol=1e-4, atol=1e-5),
+    _c("conv2d_grad_input", ("f", (2, 6, 4, 5)), ("f", (6, 2, 3, 3)), stride=[2, 1],
+       padding=[1, 1], dilation=[1, 2], groups=2, input_shape=(2, 4, 7, 7), rtol=1e-4, atol=1e-5),
+    _c("conv2d_grad_weight", ("f", (2, 4, 7, 7)), ("f", (2, 6, 4, 5)), stride=[2, 1],
+       padding=[1, 1], dilation=[1, 2], groups=2, weight_shape=(6, 2, 3, 3), rtol=1e-4, atol=1e-5),
+    _c("max_pool2d", ("f", (2, 3, 6, 6)), kernel=[2, 2], stride=[2, 2]),
+    _c("max_pool2d_grad", ("f", (2, 3, 6, 6)), ("f", (2, 3, 3, 3)), kernel=[2, 2], stride=[2, 2]),
+    _c("avg_pool2d", ("f", (2, 3, 6, 6)), kernel=[3, 3], stride=[1, 1], padding=[1, 1]),
+    _c("avg_pool2d_grad", ("f", (2, 3, 6, 6)), kernel=[3, 3], stride=[1, 1], padding=[1, 1],
+       input_shape=(2, 3, 6, 6)),
+    _c("embedding", ("f", (10, 4)), ("i", (3, 2), 10)),
+    _c("embedding_grad", ("i", (3, 2), 10), ("f", (3, 2, 4)), num_embeddings=10),
+    _c("dropout", ("f", (8, 9)), p=0.25, seed=11, training=True),
+    _c("layer_norm", ("f", (3, 4, 5)), ("f", (4, 5)), ("f", (4, 5)), normalized_ndim=2),
+    _c("batch_norm", ("f", (4, 3, 2, 2)), ("f", (3,)), ("f", (3,)), ("f", (3,)), ("p", (3,)),
+       training=True),
+    _c("batch_norm", ("f", (4, 3, 2, 2)), ("f", (3,)), ("f", (3,)), ("f", (3,)), ("p", (3,)),
+       training=False),
+    _c("one_hot", ("i", (2, 3), 4), num_classes=4),
+]
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    case: Case
+    dtype: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.case.op} ({self.dtype}, attrs {self.case.attrs}): {self.message}"
+
+
+def _make(spec: Spec, float_dtype: str, rng: np.random.Generator) -> np.ndarray:
+    kind, shape = spec[0], tuple(spec[1])
+    if kind == "f":
+        return rng.uniform(-2, 2, size=shape).astype(float_dtype)
+    if kind == "p":
+        return rng.uniform(0.5, 2, size=shape).astype(float_dtype)
+    if kind == "i":
+        return rng.integers(0, spec[2], size=shape).astype(np.int64)
+    if kind == "b":
+        return rng.random(shape) < 0.5
+    raise ValueError(f"unknown input kind {kind!r}")
+
+
+def _to_host(x: Any) -> np.ndarray:
+    get = getattr(x, "get", None)  # cupy arrays
+    return np.asarray(get() if callable(get) else x)
+
+
+def check_op_engine(engine: Any, *, cases: Iterable[Case] = CASES,
+                    float_dtypes: Sequence[str] = ("float32", "float64"),
+                    rng: np.random.Generator | None = None,
+                    to_engine: Callable[[np.ndarray], Any] = lambda a: a) -> list[Mismatch]:
+    """Run every case ``engine`` supports and return the disagreements with numpy (empty
+    when the engine conforms). ``to_engine`` converts inputs to the engine's arrays."""
+    from triplane.engines.registry import get_op_engine
+
+    reference = get_op_engine("numpy")
+    rng = rng or np.random.default_rng()
+    problems: list[Mismatch] = []
+    for case in cases:
+        opdef = optable.get(case.op)
+        for fd in float_dtypes:
+            attrs = dict(case.attrs)
+            if "dtype" in attrs and attrs["dtype"] in dt.FLOATS and case.op not in ("cast", "constant"):
+                attrs["dtype"] = fd
+            xs = [_make(s, fd, rng) for s in case.inputs]
+            a = opdef.normalise_attrs(attrs)
+            out = opdef.check([TensorType(x.shape, dt.dtype(x.dtype)) for x in xs], a)
+            if not engine.supports(case.op, [x.dtype.name for x in xs]):
+                continue
+            want = reference.run(case.op, xs, Attrs(a), out)
+            try:
+                got = _to_host(engine.run(case.op, [to_engine(x) for x in xs], Attrs(a), out))
+            except Exception as e:  # the kit reports, it does not stop at the first failure
+                problems.append(Mismatch(case, fd, f"raised {type(e).__name__}: {e}"))
+                continue
+            if got.shape != want.shape or got.dtype != want.dtype:
+                problems.append(Mismatch(case, fd, f"gave {got.dtype}{list(got.shape)}, numpy gives "
+                                                   f"{want.dtype}{list(want.shape)}"))
+                continue
+            if want.dtype.kind in "fc":
+                ok = np.allclose(got, want, rtol=case.rtol, atol=case.atol, equal_nan=True)
+            else:
+                ok = np.array_equal(got, want)
+            if not ok:
+                err = np.max(np.abs(got.astype(np.float64) - want.astype(np.float64)))
+                problems.append(Mismatch(case, fd, f"values differ from numpy (max abs error {err:g})"))
+    return problems
+
+
+class OpEngineConformance:
+    """A pytest mixin: subclass it and provide an ``op_engine`` fixture."""
+
+    def test_every_supported_op_matches_numpy(self, op_engine: Any) -> None:
+        problems = check_op_engine(op_engine)
+        assert not problems, "\n".join(map(str, problems))
+
+    def test_declares_what_it_supports(self, op_engine: Any) -> None:
+        assert isinstance(op_engine.name, str) and op_engine.name
+        assert isinstance(op_engine.supports("matmul", ["float32", "float32"]), bool)
+
+    def test_benchmark_reports_figures(self, op_engine: Any) -> None:
+        figures = op_engine.benchmark()
+        assert figures["matmul_gflops"] > 0 and figures["elementwise_gbps"] > 0
+
+
+def covered_ops() -> set[str]:
+    return {c.op for c in CASES}
+
