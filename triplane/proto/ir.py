@@ -67,6 +67,15 @@ class Attrs(Mapping[str, Any]):
         self._d = d
         self._h: int | None = None
 
+    @classmethod
+    def frozen(cls, d: dict[str, Any]) -> Attrs:
+        """Wrap ``d`` whose keys are str and values already frozen (the op table's
+        normalised values are), skipping the per-value copy."""
+        a = cls.__new__(cls)
+        a._d = d
+        a._h = None
+        return a
+
     def __getitem__(self, key: str) -> Any:
         return self._d[key]
 
@@ -185,7 +194,7 @@ class Node:
 
     @property
     def type(self) -> TensorType:
-        return TensorType(self.shape, dt.dtype(self.dtype))
+        return TensorType(self.shape, dt.BY_NAME[self.dtype])
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"op": self.op, "shape": list(self.shape), "dtype": self.dtype}
@@ -482,6 +491,13 @@ def _parse_int(text: str) -> int | float:
 
 def canonical_json(obj: Any) -> bytes:
     """Sorted keys, no insignificant whitespace, UTF-8, ECMAScript number formatting."""
+    try:
+        # Fast path: where every float prints the same in Python and ECMAScript and no key
+        # sorts differently by UTF-16 units, the C json encoder writes the canonical bytes.
+        return json.dumps(_jsonable(obj), sort_keys=True, separators=(",", ":"),
+                          ensure_ascii=False, allow_nan=False).encode("utf-8")
+    except (_SlowPath, UnicodeEncodeError, ValueError, RecursionError):
+        pass
     out: list[str] = []
     try:
         _emit(obj, out)
@@ -490,6 +506,40 @@ def canonical_json(obj: Any) -> bytes:
         raise GraphError(f"string is not valid Unicode (lone surrogate): {e}") from None
     except RecursionError:
         raise GraphError("value is nested too deeply for canonical JSON") from None
+
+
+class _SlowPath(Exception):
+    pass
+
+
+def _jsonable(v: Any) -> Any:
+    """``v`` with integral floats as ints (ECMAScript prints 2.0 as 2); raises _SlowPath
+    for anything the C encoder would write differently from the canonical form."""
+    t = type(v)
+    if t is str or v is None or t is bool:
+        return v
+    if t is int:
+        if -MAX_SAFE_INT <= v <= MAX_SAFE_INT:
+            return v
+        raise _SlowPath
+    if t is float:
+        if v.is_integer():  # ES prints 2.0 as 2; beyond 2**53 it pads shortest digits with 0s
+            if abs(v) <= 2.0**53:
+                return int(v)
+            raise _SlowPath
+        if "e" in repr(v) or v != v:  # exponent forms differ; NaN/inf raise on the slow path
+            raise _SlowPath
+        return v
+    if t is dict or isinstance(v, Mapping):
+        out = {}
+        for k, x in v.items():
+            if type(k) is not str or (k and max(k) >= "\ud800"):  # UTF-16 order differs there
+                raise _SlowPath
+            out[k] = _jsonable(x)
+        return out
+    if t is list or t is tuple:
+        return [_jsonable(x) for x in v]
+    raise _SlowPath
 
 
 def _emit(v: Any, out: list[str]) -> None:

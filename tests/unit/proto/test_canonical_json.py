@@ -153,3 +153,19 @@ def test_string_escapes_follow_json_stringify() -> None:
 def test_lone_surrogate_is_a_graph_error() -> None:
     with pytest.raises(GraphError, match="surrogate"):
         canonical_json(["\ud800"])
+
+
+_json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**53), 2**53)
+    | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4),
+    max_leaves=20)
+
+
+@given(_json_values)
+def test_fast_encoder_writes_what_the_reference_encoder_writes(value: object) -> None:
+    from triplane.proto.ir import _emit
+
+    out: list[str] = []
+    _emit(value, out)
+    assert canonical_json(value) == "".join(out).encode("utf-8")

@@ -28,24 +28,35 @@ def fold_constants(graph: Graph, max_elements: int = MAX_FOLD_ELEMENTS) -> Graph
 
     engine = get_op_engine("numpy")
     values: dict[str, np.ndarray] = {}
+    small_sources: set[str] = set()  # computed only when a reader folds (most never do)
     nodes: dict[str, Node] = {}
     changed = False
+
+    def known(i: str) -> bool:
+        return i in values or i in small_sources
+
+    def value(i: str) -> np.ndarray:
+        if i not in values:
+            src = graph.nodes[i]
+            values[i] = engine.run(src.op, [], src.attrs, src.type)
+        return values[i]
+
     for nid in graph.topo_order():
         n = graph.nodes[nid]
         if n.op in FOLDABLE_SOURCES:
             nodes[nid] = n
             if n.type.size <= max_elements:
-                values[nid] = engine.run(n.op, [], n.attrs, n.type)
+                small_sources.add(nid)
             continue
         opdef = optable.get(n.op)
-        foldable = (n.inputs and all(i in values for i in n.inputs)
+        foldable = (n.inputs and all(known(i) for i in n.inputs)
                     and n.type.size <= max_elements and not opdef.random and not opdef.internal
                     and engine.supports(n.op))
         if not foldable:
             nodes[nid] = n
             continue
         try:
-            v = engine.run(n.op, [values[i] for i in n.inputs], n.attrs, n.type)
+            v = engine.run(n.op, [value(i) for i in n.inputs], n.attrs, n.type)
         except KernelError:
             nodes[nid] = n
             continue
