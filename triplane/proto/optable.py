@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from triplane.proto import dtypes as dt
 from triplane.proto.errors import AttrError, DTypeError, GraphError, ShapeError, UnknownOpError
-from triplane.proto.ir import Attrs, TensorType
+from triplane.proto.ir import Attrs, TensorType, freeze
 
 if TYPE_CHECKING:
     from triplane.proto.builder import Builder, Ref
@@ -138,6 +138,21 @@ def default_cost(ins: Sequence[TensorType], out: TensorType, attrs: Attrs) -> Co
 
 
 @dataclass(frozen=True)
+class SplitDecl:
+    """How an op may be split into tiles, declared next to its inference and cost.
+
+    ``kind`` names a split rule that the tiling pass implements
+    (triplane/scheduler/compiler/tiling/rules.py lists the kinds; docs/tiling.md explains
+    them). ``combine`` is the binary op that sums partial results when the op is split
+    along a contracted axis (matmul's K, a reduction's reduced axes): "add", "mul",
+    "maximum" or "minimum"; None means the op is never split that way.
+    """
+
+    kind: str
+    combine: str | None = None
+
+
+@dataclass(frozen=True)
 class OpDef:
     """One op of the table.
 
@@ -147,6 +162,8 @@ class OpDef:
     never carry a gradient (indices, labels) so asking for them is an error.
     ``elementwise`` ops may be fused into one pass; ``random`` ops are pure functions of
     their seed (so tiles of them can be made anywhere); ``source`` ops take no inputs.
+    ``split`` says how the tiling pass may cut the op into tiles (None: never; the op runs
+    whole, as one tile).
     """
 
     name: str
@@ -161,6 +178,7 @@ class OpDef:
     elementwise: bool = False
     random: bool = False
     internal: bool = False
+    split: SplitDecl | None = None
     doc: str = ""
 
     @property
@@ -176,12 +194,14 @@ class OpDef:
         out: dict[str, Any] = {}
         for name, spec in self.attrs.items():
             if name in attrs:
-                out[name] = spec.normalise(name, attrs[name])
+                v = spec.normalise(name, attrs[name])
+                # Coerced kinds come back frozen (tuples, scalars); "any" passes values through.
+                out[name] = freeze(v) if spec.kind == "any" else v
             elif spec.default is REQUIRED:
                 raise AttrError(f"missing required attribute {name!r}", op=self.name)
             else:
-                out[name] = spec.default
-        return Attrs(out)
+                out[name] = freeze(spec.default)
+        return Attrs.frozen(out)
 
     def check(self, ins: Sequence[TensorType], attrs: Attrs) -> TensorType:
         """Arity and dtype checks, then inference. Attrs must be normalised already."""

@@ -11,9 +11,9 @@ import math
 from collections.abc import Sequence
 
 from triplane.proto import dtypes as dt
-from triplane.proto.errors import AttrError, LimitError
+from triplane.proto.errors import AttrError, LimitError, ShapeError
 from triplane.proto.ir import Attrs, TensorType
-from triplane.proto.optable import Attr, Cost, CostFn, OpDef, register
+from triplane.proto.optable import Attr, Cost, CostFn, OpDef, SplitDecl, register
 
 _SHAPE = Attr("shape")
 _DTYPE = Attr("dtype", "float32")
@@ -44,7 +44,7 @@ def _check_number(v: object) -> str | None:
 register(OpDef(
     "input", "creation", 0, _declared,
     attrs={"tensor": Attr("str"), "shape": _SHAPE, "dtype": _DTYPE},
-    cost=_free, doc="Host data uploaded beforehand, referenced by tensor id."))
+    cost=_free, split=SplitDecl("input"), doc="Host data uploaded beforehand, referenced by tensor id."))
 
 
 def _infer_constant(ins: Sequence[TensorType], a: Attrs) -> TensorType:
@@ -66,7 +66,7 @@ register(OpDef(
 register(OpDef(
     "full", "creation", 0, _declared,
     attrs={"value": Attr("any", check=_check_number), "shape": _SHAPE, "dtype": _DTYPE},
-    cost=_write, doc="Every element set to one value (zeros, ones, scalars)."))
+    cost=_write, split=SplitDecl("full"), doc="Every element set to one value (zeros, ones, scalars)."))
 
 
 # --- ranges -------------------------------------------------------------------------------
@@ -123,7 +123,8 @@ register(OpDef(
     attrs={"n": Attr("int", check=_non_negative),
            "m": Attr("int", None, check=_non_negative, nullable=True),
            "k": Attr("int", 0), "dtype": _DTYPE},
-    cost=_write, doc="numpy.eye: n x m (m defaults to n), ones on diagonal k (k > 0: above)."))
+    cost=_write, split=SplitDecl("eye"),
+    doc="numpy.eye: n x m (m defaults to n), ones on diagonal k (k > 0: above)."))
 
 
 # --- random -------------------------------------------------------------------------------
@@ -139,18 +140,47 @@ def _json_safe(v: int) -> str | None:
     return None if 0 <= v < 1 << 53 else "must be in [0, 2**53)"
 
 
+# A random tensor may be made a region at a time (a tile): the node then holds the box
+# ``start .. start + shape`` of the tensor of shape ``full_shape`` that the same seed makes,
+# bit for bit. Null (the default) means the node is the whole tensor.
+REGION_ATTRS = {
+    "full_shape": Attr("shape", None, nullable=True),
+    "start": Attr("ints", None, nullable=True),
+}
+
+
+def check_region(shape: tuple[int, ...], a: Attrs) -> None:
+    """Raise unless ``full_shape``/``start`` are both null, or describe a box of
+    ``full_shape`` of size ``shape`` (the node's shape)."""
+    full, start = a["full_shape"], a["start"]
+    if full is None and start is None:
+        return
+    if full is None or start is None:
+        raise AttrError("attributes 'full_shape' and 'start' go together (both null, or both set)")
+    if not len(full) == len(start) == len(shape) or any(
+            s < 0 or s + n > f for s, n, f in zip(start, shape, full)):
+        raise ShapeError(f"a region of shape {tuple(shape)} at start {list(start)} does not fit "
+                         f"full_shape {list(full)}")
+
+
 _RANDOM_COMMON = {
     "shape": _SHAPE,
     "dtype": Attr("dtype", "float32", check=_float_dtype),
     "seed": Attr("int", check=_json_safe),
     "offset": Attr("int", 0, check=_json_safe),
+    **REGION_ATTRS,
 }
+
+
+def _infer_random(ins: Sequence[TensorType], a: Attrs) -> TensorType:
+    check_region(tuple(a["shape"]), a)
+    return _declared(ins, a)
 
 
 def _infer_uniform(ins: Sequence[TensorType], a: Attrs) -> TensorType:
     if not a["low"] <= a["high"]:
         raise AttrError(f"uniform needs low <= high, got low={a['low']} high={a['high']}")
-    return _declared(ins, a)
+    return _infer_random(ins, a)
 
 
 def _random_cost(flops: float) -> CostFn:
@@ -164,14 +194,16 @@ register(OpDef(
     "uniform", "creation", 0, _infer_uniform,
     attrs={**_RANDOM_COMMON, "low": Attr("float", 0.0, check=_finite),
            "high": Attr("float", 1.0, check=_finite)},
-    cost=_random_cost(20), random=True,
+    cost=_random_cost(20), random=True, split=SplitDecl("random"),
     doc="Uniform in [low, high): element i (row-major) is a function of (seed, offset + i) "
-        "alone (engines/op/numpy_kernels/random.py); rounding to a narrow dtype may give high."))
+        "alone (engines/op/numpy_kernels/random.py); rounding to a narrow dtype may give high. "
+        "With full_shape/start the node is that region of the full tensor."))
 
 register(OpDef(
-    "normal", "creation", 0, _declared,
+    "normal", "creation", 0, _infer_random,
     attrs={**_RANDOM_COMMON, "mean": Attr("float", 0.0, check=_finite),
            "std": Attr("float", 1.0, check=lambda v: _finite(v) or (None if v >= 0 else "must be >= 0"))},
-    cost=_random_cost(60), random=True,
+    cost=_random_cost(60), random=True, split=SplitDecl("random"),
     doc="Normal(mean, std): element i is a function of (seed, offset + i) alone (Box-Muller "
-        "on two counter-based streams; see engines/op/numpy_kernels/random.py)."))
+        "on two counter-based streams; see engines/op/numpy_kernels/random.py). With "
+        "full_shape/start the node is that region of the full tensor."))

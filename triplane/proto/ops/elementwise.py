@@ -35,12 +35,15 @@ from triplane.proto.optable import (
     GradCtx,
     GradRule,
     OpDef,
+    SplitDecl,
     broadcast_shapes,
     elementwise_cost,
     register,
 )
 
 BOOL = frozenset({"bool"})
+# Elementwise ops split along any dimension; a broadcast (size-1) input dim is read whole.
+SPLIT = SplitDecl("elementwise")
 
 
 def _same(ins: Sequence[TensorType], a: Attrs) -> TensorType:
@@ -50,7 +53,7 @@ def _same(ins: Sequence[TensorType], a: Attrs) -> TensorType:
 def unary(name: str, grad: GradRule | None, *, dtypes: frozenset[str] = dt.FLOATS,
           flops: float = 1.0, doc: str = "") -> OpDef:
     return register(OpDef(name, "elementwise", 1, _same, dtypes=dtypes, grad=grad,
-                          cost=elementwise_cost(flops), elementwise=True, doc=doc))
+                          cost=elementwise_cost(flops), elementwise=True, split=SPLIT, doc=doc))
 
 
 def _broadcast(ins: Sequence[TensorType], out_dtype: dt.DType | None = None) -> TensorType:
@@ -67,7 +70,7 @@ def binary(name: str, grad: GradRule | None, *, dtypes: frozenset[str] = dt.NUME
         return _broadcast(ins, dt.bool_ if predicate else None)
 
     return register(OpDef(name, "elementwise", 2, infer, dtypes=dtypes, grad=grad,
-                          cost=elementwise_cost(flops), elementwise=True, doc=doc))
+                          cost=elementwise_cost(flops), elementwise=True, split=SPLIT, doc=doc))
 
 
 # --- gradient rules ---------------------------------------------------------------------
@@ -220,7 +223,7 @@ def _infer_where(ins: Sequence[TensorType], a: Attrs) -> TensorType:
 
 
 register(OpDef("where", "elementwise", 3, _infer_where, grad=_g_where, nograd_inputs=frozenset({0}),
-               cost=elementwise_cost(1), elementwise=True,
+               cost=elementwise_cost(1), elementwise=True, split=SPLIT,
                doc="cond ? x : y elementwise, all three broadcast (numpy.where)"))
 
 
@@ -241,5 +244,5 @@ def _cast_grad_allowed(b: Builder, n: GradCtx, g: Ref) -> list[Ref | None]:
 
 
 register(OpDef("cast", "elementwise", 1, _infer_cast, attrs={"dtype": Attr("dtype")},
-               grad=_cast_grad_allowed, cost=elementwise_cost(0), elementwise=True,
+               grad=_cast_grad_allowed, cost=elementwise_cost(0), elementwise=True, split=SPLIT,
                doc="Convert to another dtype (numpy's astype: floats to ints truncate)."))

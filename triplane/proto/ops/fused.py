@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from triplane.proto import optable
 from triplane.proto.errors import AttrError, ShapeError
 from triplane.proto.ir import Attrs, TensorType
-from triplane.proto.optable import Attr, Cost, OpDef, register
+from triplane.proto.optable import Attr, Cost, OpDef, SplitDecl, register
 
 
 def program_types(ins: Sequence[TensorType], a: Attrs) -> list[TensorType]:
@@ -55,4 +55,5 @@ def _cost(ins: Sequence[TensorType], out: TensorType, a: Attrs) -> Cost:
 
 
 register(OpDef("fused", "fused", None, _infer, attrs={"program": Attr("any")}, cost=_cost,
-               internal=True, doc="A fused chain of elementwise ops (see the module doc)."))
+               internal=True, split=SplitDecl("elementwise"),
+               doc="A fused chain of elementwise ops (see the module doc)."))

@@ -8,7 +8,7 @@ from triplane.proto import dtypes as dt
 from triplane.proto.builder import Builder, Ref
 from triplane.proto.errors import DTypeError, ShapeError
 from triplane.proto.ir import Attrs, TensorType
-from triplane.proto.optable import Cost, GradCtx, OpDef, broadcast_shapes, register
+from triplane.proto.optable import Cost, GradCtx, OpDef, SplitDecl, broadcast_shapes, register
 
 
 def _infer_matmul(ins: Sequence[TensorType], a: Attrs) -> TensorType:
@@ -60,4 +60,5 @@ def _g_matmul(b: Builder, n: GradCtx, g: Ref) -> list[Ref | None]:
 
 
 register(OpDef("matmul", "linalg", 2, _infer_matmul, dtypes=dt.NUMERIC, grad=_g_matmul,
-               cost=_matmul_cost, doc="numpy.matmul: batched, batch dimensions broadcast."))
+               cost=_matmul_cost, split=SplitDecl("matmul", "add"),
+               doc="numpy.matmul: batched, batch dimensions broadcast."))

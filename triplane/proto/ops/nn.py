@@ -17,7 +17,17 @@ from triplane.proto import dtypes as dt
 from triplane.proto.builder import Builder, Ref
 from triplane.proto.errors import AttrError, DTypeError, ShapeError
 from triplane.proto.ir import Attrs, TensorType
-from triplane.proto.optable import Attr, Cost, CostFn, GradCtx, OpDef, broadcast_shapes, register
+from triplane.proto.ops.creation import REGION_ATTRS, check_region
+from triplane.proto.optable import (
+    Attr,
+    Cost,
+    CostFn,
+    GradCtx,
+    OpDef,
+    SplitDecl,
+    broadcast_shapes,
+    register,
+)
 
 _INDEX_DTYPES = dt.INTS
 _FLOAT_OR_INDEX = dt.FLOATS | dt.INTS
@@ -79,10 +89,11 @@ def _g_log_softmax(b: Builder, n: GradCtx, g: Ref) -> list[Ref | None]:
 
 
 _AXIS = {"axis": Attr("int", -1)}
+_ROWS = SplitDecl("softmax")  # along every axis but the normalised one
 register(OpDef("softmax", "nn", 1, _infer_softmax, attrs=_AXIS, dtypes=dt.FLOATS, grad=_g_softmax,
-               cost=_cost_per_element(5), doc="exp(x) / sum(exp(x)) along axis (max-shifted)."))
+               cost=_cost_per_element(5), split=_ROWS, doc="exp(x) / sum(exp(x)) along axis (max-shifted)."))
 register(OpDef("log_softmax", "nn", 1, _infer_softmax, attrs=_AXIS, dtypes=dt.FLOATS,
-               grad=_g_log_softmax, cost=_cost_per_element(5),
+               grad=_g_log_softmax, cost=_cost_per_element(5), split=_ROWS,
                doc="x - logsumexp(x) along axis (max-shifted)."))
 
 
@@ -132,7 +143,7 @@ def _infer_ce_grad(ins: Sequence[TensorType], a: Attrs) -> TensorType:
 
 register(OpDef(
     "cross_entropy", "nn", 2, _infer_ce, attrs=_CE_ATTRS, dtypes=_FLOAT_OR_INDEX, grad=_g_ce,
-    nograd_inputs=frozenset({1}), cost=_cost_per_element(6),
+    nograd_inputs=frozenset({1}), cost=_cost_per_element(6), split=SplitDecl("cross_entropy", "add"),
     doc="Softmax cross entropy of logits (C,)/(N, C)/(N, C, d...) with integer labels "
         "(the shape of logits without axis 1). 'mean' divides by the count of labels "
         "that are not ignore_index. A label outside [0, C) fails the kernel (user error)."))
@@ -158,7 +169,7 @@ def _g_mse(b: Builder, n: GradCtx, g: Ref) -> list[Ref | None]:
 
 
 register(OpDef("mse_loss", "nn", 2, _infer_mse, attrs={"reduction": _REDUCTION}, dtypes=dt.FLOATS,
-               grad=_g_mse, cost=_cost_per_element(3),
+               grad=_g_mse, cost=_cost_per_element(3), split=SplitDecl("mse_loss", "add"),
                doc="(x - y)^2 (operands broadcast), reduced by 'mean', 'sum' or 'none'."))
 
 
@@ -249,8 +260,8 @@ def _infer_conv_grad_weight(ins: Sequence[TensorType], a: Attrs) -> TensorType:
 
 
 register(OpDef("conv2d", "nn", 2, _infer_conv2d, attrs=_CONV_ATTRS, dtypes=dt.FLOATS, grad=_g_conv2d,
-               cost=_conv_cost, doc="2-d cross-correlation, NCHW, weight (O, C/groups, kH, kW); "
-                                    "no bias (the SDK adds it)."))
+               cost=_conv_cost, split=SplitDecl("conv2d"),
+               doc="2-d cross-correlation, NCHW, weight (O, C/groups, kH, kW); no bias (the SDK adds it)."))
 register(OpDef("conv2d_grad_input", "nn", 2, _infer_conv_grad_input,
                attrs={**_CONV_ATTRS, "input_shape": Attr("shape")}, dtypes=dt.FLOATS,
                cost=_conv_grad_input_cost, internal=True, doc="d conv2d / d input: inputs (g, weight)."))
@@ -313,10 +324,10 @@ def _pool_cost(ins: Sequence[TensorType], out: TensorType, a: Attrs) -> Cost:
 
 
 register(OpDef("max_pool2d", "nn", 1, _infer_pool, attrs=_POOL_ATTRS, dtypes=dt.FLOATS,
-               grad=_g_max_pool, cost=_pool_cost,
+               grad=_g_max_pool, cost=_pool_cost, split=SplitDecl("pool"),
                doc="Max over kH x kW windows, NCHW; padding counts as -inf; stride null = kernel."))
 register(OpDef("avg_pool2d", "nn", 1, _infer_pool, attrs=_POOL_ATTRS, dtypes=dt.FLOATS,
-               grad=_g_avg_pool, cost=_pool_cost,
+               grad=_g_avg_pool, cost=_pool_cost, split=SplitDecl("pool"),
                doc="Mean over kH x kW windows, NCHW; padding counts as zeros in the mean "
                    "(torch's count_include_pad=True); stride null = kernel."))
 register(OpDef("max_pool2d_grad", "nn", 2, _infer_max_pool_grad, attrs=_POOL_ATTRS, dtypes=dt.FLOATS,
@@ -354,7 +365,7 @@ def _infer_embedding_grad(ins: Sequence[TensorType], a: Attrs) -> TensorType:
 
 
 register(OpDef("embedding", "nn", 2, _infer_embedding, dtypes=_FLOAT_OR_INDEX, grad=_g_embedding,
-               nograd_inputs=frozenset({1}), cost=_cost_per_element(0),
+               nograd_inputs=frozenset({1}), cost=_cost_per_element(0), split=SplitDecl("embedding"),
                doc="Rows of weight (V, D) picked by integer indices of any shape -> (*idx, D). "
                    "An index outside [0, V) fails the kernel (user error)."))
 register(OpDef("embedding_grad", "nn", 2, _infer_embedding_grad,
@@ -371,7 +382,7 @@ def _infer_one_hot(ins: Sequence[TensorType], a: Attrs) -> TensorType:
 register(OpDef("one_hot", "nn", 1, _infer_one_hot, dtypes=_INDEX_DTYPES,
                attrs={"num_classes": Attr("int", check=lambda v: None if v >= 1 else "must be >= 1"),
                       "dtype": Attr("dtype", "float32")},
-               cost=_cost_per_element(1),
+               cost=_cost_per_element(1), split=SplitDecl("one_hot"),
                doc="(*idx, num_classes): 1 at each index, 0 elsewhere. An index outside "
                    "[0, num_classes) fails the kernel (user error)."))
 
@@ -390,12 +401,19 @@ def _g_dropout(b: Builder, n: GradCtx, g: Ref) -> list[Ref | None]:
     return [b.op("dropout", g, **n.attrs)]
 
 
-register(OpDef("dropout", "nn", 1, lambda ins, a: ins[0], dtypes=dt.FLOATS, grad=_g_dropout,
+def _infer_dropout(ins: Sequence[TensorType], a: Attrs) -> TensorType:
+    check_region(ins[0].shape, a)
+    return ins[0]
+
+
+register(OpDef("dropout", "nn", 1, _infer_dropout, dtypes=dt.FLOATS, grad=_g_dropout,
                attrs={"p": Attr("float", 0.5, check=_dropout_p), "seed": Attr("int", check=_seed_ok),
-                      "training": Attr("bool", True)},
-               cost=_cost_per_element(2),
+                      "training": Attr("bool", True), **REGION_ATTRS},
+               cost=_cost_per_element(2), split=SplitDecl("dropout"),
                doc="In training, element i (row-major) is kept when uniform01(seed, i) >= p and "
-                   "scaled by 1/(1-p); identity when training is false or p == 0."))
+                   "scaled by 1/(1-p); identity when training is false or p == 0. With "
+                   "full_shape/start the input is that region of the full tensor and the mask "
+                   "is the full mask's region."))
 
 
 # --- normalisation ------------------------------------------------------------------------------
@@ -448,6 +466,7 @@ def _g_layer_norm(b: Builder, n: GradCtx, g: Ref) -> list[Ref | None]:
 _EPS = Attr("float", 1e-5, check=lambda v: None if v > 0 else "must be > 0")
 register(OpDef("layer_norm", "nn", 3, _infer_layer_norm, dtypes=dt.FLOATS, grad=_g_layer_norm,
                attrs={"normalized_ndim": Attr("int", 1), "eps": _EPS}, cost=_cost_per_element(8),
+               split=SplitDecl("layer_norm"),
                doc="Inputs (x, weight, bias): normalise over the last normalized_ndim axes "
                    "(biased variance), then * weight + bias."))
 
@@ -484,7 +503,7 @@ def _g_batch_norm(b: Builder, n: GradCtx, g: Ref) -> list[Ref | None]:
 register(OpDef(
     "batch_norm", "nn", 5, _infer_batch_norm, dtypes=dt.FLOATS, grad=_g_batch_norm,
     attrs={"training": Attr("bool", False), "eps": _EPS}, nograd_inputs=frozenset({3, 4}),
-    cost=_cost_per_element(8),
+    cost=_cost_per_element(8), split=SplitDecl("batch_norm"),
     doc="Inputs (x (N, C, ...), weight, bias, running_mean, running_var), each (C,). In "
         "training, normalise with the batch statistics over every axis but 1 (biased "
         "variance; the running inputs are ignored); else with the running ones. Updating "

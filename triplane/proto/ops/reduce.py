@@ -44,6 +44,7 @@ from triplane.proto.optable import (
     GradRule,
     InferFn,
     OpDef,
+    SplitDecl,
     normalise_axes,
     normalise_axis,
     register,
@@ -87,8 +88,9 @@ def _need_elements(name: str, x: TensorType, axes: tuple[int, ...]) -> None:
 
 def reduction(name: str, grad: GradRule | None, *, dtypes: frozenset[str] = dt.NUMERIC,
               nonempty: bool = False, flops: float = 1.0, extra: dict[str, Attr] | None = None,
-              doc: str = "") -> OpDef:
-    """Register a value reduction. ``nonempty`` ops reject a reduction over nothing."""
+              combine: str | None = None, doc: str = "") -> OpDef:
+    """Register a value reduction. ``nonempty`` ops reject a reduction over nothing.
+    ``combine`` is the op that merges partial reductions (None: split only along kept axes)."""
 
     def infer(ins: Sequence[TensorType], a: Attrs) -> TensorType:
         x = ins[0]
@@ -98,7 +100,8 @@ def reduction(name: str, grad: GradRule | None, *, dtypes: frozenset[str] = dt.N
         return TensorType(shape, x.dtype)
 
     return register(OpDef(name, "reduce", 1, infer, attrs={**REDUCE_ATTRS, **(extra or {})},
-                          dtypes=dtypes, grad=grad, cost=_reduce_cost(flops), doc=doc))
+                          dtypes=dtypes, grad=grad, cost=_reduce_cost(flops),
+                          split=SplitDecl("reduce", combine), doc=doc))
 
 
 def keep(b: Builder, r: Ref, x: Ref, a: Attrs) -> Ref:
@@ -169,13 +172,14 @@ def _g_logsumexp(b: Builder, n: GradCtx, g: Ref) -> list[Ref | None]:
 
 # --- the ops -------------------------------------------------------------------------------
 
-reduction("sum", _g_sum, doc="Sum over axes (all when axes is null); 0 over nothing.")
-reduction("prod", _g_prod, doc="Product over axes; 1 over nothing.")
-reduction("max", _g_extremum, dtypes=dt.EVERY, nonempty=True,
+reduction("sum", _g_sum, combine="add", doc="Sum over axes (all when axes is null); 0 over nothing.")
+reduction("prod", _g_prod, combine="mul", doc="Product over axes; 1 over nothing.")
+reduction("max", _g_extremum, dtypes=dt.EVERY, nonempty=True, combine="maximum",
           doc="Maximum over axes (nan propagates); ties share the gradient equally.")
-reduction("min", _g_extremum, dtypes=dt.EVERY, nonempty=True,
+reduction("min", _g_extremum, dtypes=dt.EVERY, nonempty=True, combine="minimum",
           doc="Minimum over axes (nan propagates); ties share the gradient equally.")
-reduction("mean", _g_mean, dtypes=dt.FLOATS, flops=1.0, doc="Mean over axes; nan over nothing.")
+reduction("mean", _g_mean, dtypes=dt.FLOATS, flops=1.0, combine="add",
+          doc="Mean over axes; nan over nothing.")
 reduction("logsumexp", _g_logsumexp, dtypes=dt.FLOATS, flops=10.0,
           doc="log(sum(exp(x))) computed stably (max subtracted first); -inf over nothing.")
 
@@ -195,7 +199,7 @@ def _infer_var(ins: Sequence[TensorType], a: Attrs) -> TensorType:
 
 register(OpDef("var", "reduce", 1, _infer_var,
                attrs={**REDUCE_ATTRS, "ddof": Attr("int", 0, check=_check_ddof)},
-               dtypes=dt.FLOATS, grad=_g_var, cost=_reduce_cost(3.0),
+               dtypes=dt.FLOATS, grad=_g_var, cost=_reduce_cost(3.0), split=SplitDecl("reduce"),
                doc="Variance over axes: sum((x - mean)^2) / (N - ddof)."))
 
 
@@ -223,5 +227,5 @@ def _infer_arg(name: str) -> InferFn:
 
 for _name in ("argmax", "argmin"):
     register(OpDef(_name, "reduce", 1, _infer_arg(_name), attrs=ARG_ATTRS, dtypes=dt.EVERY,
-                   grad=None, cost=_reduce_cost(1.0),
+                   grad=None, cost=_reduce_cost(1.0), split=SplitDecl("argreduce"),
                    doc=f"int64 index of the first {_name[3:]}imum along axis (flattened when null)."))

@@ -20,7 +20,16 @@ from triplane.proto import dtypes as dt
 from triplane.proto.builder import Builder, Ref
 from triplane.proto.errors import DTypeError, ShapeError
 from triplane.proto.ir import Attrs, TensorType
-from triplane.proto.optable import Attr, Cost, GradCtx, OpDef, normalise_axes, normalise_axis, register
+from triplane.proto.optable import (
+    Attr,
+    Cost,
+    GradCtx,
+    OpDef,
+    SplitDecl,
+    normalise_axes,
+    normalise_axis,
+    register,
+)
 
 
 def _move_cost(ins: Sequence[TensorType], out: TensorType, a: Attrs) -> Cost:
@@ -28,9 +37,12 @@ def _move_cost(ins: Sequence[TensorType], out: TensorType, a: Attrs) -> Cost:
 
 
 def _shape_op(name: str, infer: Any, attrs: dict[str, Attr], grad: Any, doc: str, *,
-              arity: int | None = 1, internal: bool = False, nograd: frozenset[int] = frozenset()) -> OpDef:
+              arity: int | None = 1, internal: bool = False, nograd: frozenset[int] = frozenset(),
+              split: bool = True) -> OpDef:
+    # Each shape op's split rule maps tile indices through the op (kind = the op's name).
     return register(OpDef(name, "shape", arity, infer, attrs=attrs, grad=grad, cost=_move_cost,
-                          internal=internal, nograd_inputs=nograd, doc=doc))
+                          internal=internal, nograd_inputs=nograd,
+                          split=SplitDecl(name) if split else None, doc=doc))
 
 
 def _back_to(b: Builder, g: Ref, x: Ref) -> Ref:
@@ -245,7 +257,7 @@ def _g_unslice(b: Builder, n: GradCtx, g: Ref) -> list[Ref | None]:
 
 _shape_op("unslice", _infer_unslice, {"shape": Attr("shape"), **_SLICE_ATTRS}, _g_unslice,
           "Zeros of shape with the input written at the slice positions (slice's adjoint).",
-          internal=True)
+          internal=True, split=False)
 
 
 # --- gather and its adjoint -------------------------------------------------------------------
@@ -296,7 +308,8 @@ def _g_scatter_add(b: Builder, n: GradCtx, g: Ref) -> list[Ref | None]:
 
 _shape_op("scatter_add", _infer_scatter_add, {"axis": Attr("int"), "size": Attr("int", check=_check_size)},
           _g_scatter_add, "Zeros with dim `size` at axis, values added at the indexed positions "
-          "(gather's adjoint; axis is non-negative).", arity=2, internal=True, nograd=frozenset({1}))
+          "(gather's adjoint; axis is non-negative).", arity=2, internal=True, nograd=frozenset({1}),
+          split=False)
 
 
 # --- pad, flip --------------------------------------------------------------------------------

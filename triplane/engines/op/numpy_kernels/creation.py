@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-import math
 
 import numpy as np
 
@@ -44,17 +43,23 @@ def _eye(ins, a, out):
     return np.eye(n, m, a["k"], dtype=out.dtype.np)
 
 
-def _flat_count(out) -> int:
-    return math.prod(out.shape)
+def _draw(a, shape, contiguous, at):
+    """Random numbers for the node's elements: the region full_shape/start when set (a
+    tile of a larger random tensor), else the whole tensor from ``offset``."""
+    where = random.region_index(tuple(shape), a.get("full_shape"), a.get("start"), a["offset"])
+    if isinstance(where, tuple):
+        first, count = where
+        return contiguous(a["seed"], count, first).reshape(shape)
+    return at(a["seed"], where)
 
 
 @kernel("uniform")
 def _uniform(ins, a, out):
-    u = random.uniform01(a["seed"], _flat_count(out), a["offset"])
-    return (a["low"] + (a["high"] - a["low"]) * u).reshape(out.shape)
+    u = _draw(a, out.shape, random.uniform01, random.uniform01_at)
+    return a["low"] + (a["high"] - a["low"]) * u
 
 
 @kernel("normal")
 def _normal(ins, a, out):
-    z = random.standard_normal(a["seed"], _flat_count(out), a["offset"])
-    return (a["mean"] + a["std"] * z).reshape(out.shape)
+    z = _draw(a, out.shape, random.standard_normal, random.standard_normal_at)
+    return a["mean"] + a["std"] * z

@@ -12,7 +12,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from triplane.engines.op.numpy_engine import kernel
-from triplane.engines.op.numpy_kernels.random import uniform01
+from triplane.engines.op.numpy_kernels.random import region_index, uniform01, uniform01_at
 from triplane.proto.errors import KernelError
 
 
@@ -273,7 +273,11 @@ def _dropout(ins, a, out):
     p = a["p"]
     if not a["training"] or p == 0.0:
         return x
-    keep = uniform01(a["seed"], x.size).reshape(x.shape) >= p
+    # A tile (full_shape/start set) draws the same mask as its region of the whole tensor.
+    where = region_index(x.shape, a.get("full_shape"), a.get("start"))
+    u = uniform01(a["seed"], where[1], where[0]).reshape(x.shape) if isinstance(where, tuple) \
+        else uniform01_at(a["seed"], where)
+    keep = u >= p
     return np.where(keep, _work(x) * (1.0 / (1.0 - p)), 0.0).astype(_work(x).dtype)
 
 

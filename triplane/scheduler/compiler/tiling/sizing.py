@@ -1,0 +1,139 @@
+"""Tile sizes from what the cluster reports.
+
+:class:`ClusterFigures` condenses the registry (per node: memory capacity and free bytes,
+op-engine GFLOP/s and GB/s; the network's bandwidth and latency) into the few numbers
+the tiling pass needs; :func:`plan_sizes` turns them into :class:`TileSizes`:
+
+* **memory (hard)**: a task's inputs plus its output must fit ``headroom`` of the
+  smallest node's memory (default half: the rest holds tiles kept for other tasks), so
+  ``max_task_bytes = headroom * min(free memory)``. A tensor larger than any one node is
+  therefore always cut; a graph whose peak (the memory plan's, tensors freed after their
+  last reader) exceeds the cluster's total memory is refused with a LimitError naming the
+  tensor and the limit.
+* **compute vs communication (soft)**: a task is cut further for parallelism only while
+  its predicted compute time stays at least ``ratio`` (10) times its predicted
+  communication time: ``latency`` per input plus the bytes of every input but its
+  largest (placement runs a task where its largest input lives) over the bandwidth.
+  Compute time is the roofline ``max(flops / GFLOP/s, bytes / GB/s)`` of the slowest node.
+* **parallelism**: large ops are cut into at least ``tasks_per_executor`` (2) tasks per
+  executor, so every executor is busy, as far as the ratio allows.
+* **tiny graphs**: a graph whose tensors total at most ``unsplit_bytes`` is not cut at all.
+
+``explicit`` fixes the cut of chosen nodes (tests; a user's hint): node id -> axis name ->
+tile extent (an int; the last tile takes the remainder) or the interior boundaries (a
+tuple). Axis names are the split rule's: ``d<i>`` for output dimension i, ``m``/``n``/``k``
+for matmul, ``r<i>`` for a reduced input axis i (see docs/tiling.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["ClusterFigures", "NodeFigures", "TileSizes", "plan_sizes"]
+
+MiB = 1 << 20
+
+
+@dataclass(frozen=True)
+class NodeFigures:
+    """One executor node: memory bytes (capacity and free) of the engine its op engine
+    computes on, and that op engine's measured matmul GFLOP/s and elementwise GB/s."""
+
+    name: str
+    memory_bytes: int
+    gflops: float
+    gbps: float
+    free_bytes: int | None = None
+
+    @property
+    def usable_bytes(self) -> int:
+        return self.memory_bytes if self.free_bytes is None else min(self.memory_bytes, self.free_bytes)
+
+
+@dataclass(frozen=True)
+class ClusterFigures:
+    """The executors and the network between them (bandwidth GB/s, latency µs)."""
+
+    nodes: tuple[NodeFigures, ...]
+    bandwidth_gbps: float = 1.0
+    latency_us: float = 200.0
+
+    def __post_init__(self) -> None:
+        if not self.nodes:
+            raise ValueError("a cluster needs at least one executor node")
+
+    @classmethod
+    def uniform(cls, count: int, memory_bytes: int, *, gflops: float = 50.0, gbps: float = 10.0,
+                bandwidth_gbps: float = 1.0, latency_us: float = 200.0) -> ClusterFigures:
+        """``count`` identical nodes (tests, simple clusters)."""
+        return cls(tuple(NodeFigures(f"n{i}", memory_bytes, gflops, gbps) for i in range(count)),
+                   bandwidth_gbps, latency_us)
+
+    @classmethod
+    def from_nodes(cls, nodes: Iterable[Any]) -> ClusterFigures:
+        """From placement's per-node figures (``triplane.scheduler.compiler.costmodel.
+        NodeFigures``: name, gflops, gbps, memory_capacity, memory_free, bandwidth_gbps,
+        latency_us); the network is the slowest link of any node."""
+        ns = list(nodes)
+        if not ns:
+            raise ValueError("a cluster needs at least one executor node")
+        return cls(tuple(NodeFigures(n.name, int(n.memory_capacity), float(n.gflops), float(n.gbps),
+                                     getattr(n, "memory_free", None)) for n in ns),
+                   min(float(n.bandwidth_gbps) for n in ns), max(float(n.latency_us) for n in ns))
+
+
+@dataclass(frozen=True)
+class TileSizes:
+    """What the tiling pass obeys (see the module doc). The default cuts nothing and
+    limits nothing, unless ``explicit`` asks."""
+
+    max_task_bytes: int = 1 << 62
+    total_bytes: int = 1 << 62
+    min_tasks: int = 1
+    unsplit_bytes: int = 0
+    ratio: float = 10.0
+    gflops: float = 50.0
+    gbps: float = 10.0
+    bandwidth_gbps: float = 1.0
+    latency_s: float = 200e-6
+    explicit: Mapping[str, Mapping[str, int | Sequence[int]]] = field(default_factory=dict)
+
+    def compute_s(self, flops: float, nbytes: float) -> float:
+        return max(flops / (self.gflops * 1e9), nbytes / (self.gbps * 1e9))
+
+    def comm_s(self, in_bytes: Sequence[int]) -> float:
+        if not in_bytes:
+            return 0.0
+        moved = sum(in_bytes) - max(in_bytes)
+        return self.latency_s * len(in_bytes) + moved / (self.bandwidth_gbps * 1e9)
+
+
+def plan_sizes(figures: ClusterFigures, *, headroom: float = 0.5, ratio: float = 10.0,
+               tasks_per_executor: int = 2, unsplit_bytes: int = 4 * MiB,
+               explicit: Mapping[str, Mapping[str, int | Sequence[int]]] | None = None) -> TileSizes:
+    """Tile sizes for ``figures`` (see the module doc for each rule)."""
+    if not 0 < headroom <= 1:
+        raise ValueError(f"headroom must be in (0, 1], got {headroom}")
+    usable = [n.usable_bytes for n in figures.nodes]
+    return TileSizes(
+        max_task_bytes=int(min(usable) * headroom),
+        total_bytes=sum(usable),
+        min_tasks=max(1, tasks_per_executor * len(figures.nodes)),
+        unsplit_bytes=unsplit_bytes,
+        ratio=ratio,
+        gflops=min(n.gflops for n in figures.nodes),
+        gbps=min(n.gbps for n in figures.nodes),
+        bandwidth_gbps=figures.bandwidth_gbps,
+        latency_s=figures.latency_us * 1e-6,
+        explicit=dict(explicit or {}),
+    )
+
+
+def format_bytes(n: float) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", MiB), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.4g} {unit}"
+    return f"{int(n)} B"
+
