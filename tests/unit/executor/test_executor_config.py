@@ -1,0 +1,53 @@
+"""Memory sizes, the cluster secret and the token, as the executor CLI reads them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from triplane.executor.config import format_size, load_secret, load_token, parse_size
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("768MiB", 768 * 2**20), ("8GiB", 8 * 2**30), ("1.5G", 1_500_000_000), ("4096", 4096),
+    ("64mib", 64 * 2**20), ("2 KiB", 2048), ("1k", 1000), ("10B", 10), (".5GiB", 2**29), ("1Ti", 2**40),
+])
+def test_parse_size_accepts_binary_and_decimal_units(text: str, expected: int) -> None:
+    assert parse_size(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "GiB", "12XB", "-1GiB", "1e9", "0", "0.1", "1.2.3G", "8 GiB extra"])
+def test_parse_size_refuses_with_a_message_naming_the_input(text: str) -> None:
+    with pytest.raises(ValueError, match="memory size") as err:
+        parse_size(text)
+    assert repr(text) in str(err.value)
+
+
+def test_format_size() -> None:
+    assert format_size(768 * 2**20) == "768.0 MiB"
+    assert format_size(12) == "12 B"
+
+
+def test_secret_from_file_then_environment(tmp_path: Path) -> None:
+    f = tmp_path / "secret"
+    f.write_bytes(b"  file-secret-0123456789\n")
+    assert load_secret(f, env={"TRIPLANE_SECRET": "env-secret-0123456789"}) == b"file-secret-0123456789"
+    assert load_secret(None, env={"TRIPLANE_SECRET": "env-secret-0123456789"}) == b"env-secret-0123456789"
+
+
+def test_secret_missing_short_or_unreadable(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="no cluster secret"):
+        load_secret(None, env={})
+    with pytest.raises(ValueError, match="at least 16"):
+        load_secret(None, env={"TRIPLANE_SECRET": "short"})
+    with pytest.raises(ValueError, match="cannot read the secret file"):
+        load_secret(tmp_path / "absent", env={})
+
+
+def test_token(tmp_path: Path) -> None:
+    f = tmp_path / "token"
+    f.write_text("tok-1\n")
+    assert load_token(f, env={"TRIPLANE_TOKEN": "tok-2"}) == "tok-1"
+    assert load_token(None, env={"TRIPLANE_TOKEN": "tok-2"}) == "tok-2"
+    assert load_token(None, env={}) is None

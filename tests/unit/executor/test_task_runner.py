@@ -1,0 +1,147 @@
+"""Running one task: results, error kinds, capacity, pulls (pure: a fake puller, no sockets)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+
+from triplane.engines import get_op_engine
+from triplane.engines.memory.host import HostMemoryEngine
+from triplane.executor.tasks import MAX_MESSAGE_CHARS, TaskRunner
+from triplane.proto.errors import KernelError
+from triplane.proto.packet import Reply, TaskPacket
+
+
+class Peers:
+    """A fake of the data-port pull: tiles by (node, tile); anything else raises."""
+
+    def __init__(self, tiles: dict[tuple[str, str], np.ndarray]) -> None:
+        self.tiles = tiles
+        self.calls: list[tuple[str, str]] = []
+
+    async def __call__(self, node: str, tile: str) -> np.ndarray:
+        self.calls.append((node, tile))
+        if (node, tile) not in self.tiles:
+            raise ConnectionError(f"no such tile: {tile}")
+        return self.tiles[(node, tile)]
+
+
+def run(runner: TaskRunner, task: TaskPacket, **kw: Any) -> Reply:
+    async def go() -> Reply:
+        return await runner.run(task, time.time(), **kw)
+
+    return asyncio.run(asyncio.wait_for(go(), 10))
+
+
+def make(capacity: int = 1 << 20, peers: Peers | None = None, engine: Any = None,
+         **kw: Any) -> tuple[TaskRunner, HostMemoryEngine]:
+    store = HostMemoryEngine(capacity)
+    runner = TaskRunner(engine or get_op_engine("numpy"), store, peers or Peers({}), node="me", **kw)
+    return runner, store
+
+
+def t(task_id: str, op: str, ins: tuple[str, ...], out: str = "o", pull: dict | None = None,
+      attrs: dict | None = None) -> TaskPacket:
+    return TaskPacket(task_id, op, ins, (out,), time.time() + 30, pull or {}, attrs or {})
+
+
+def test_ok_result_is_stored_and_described() -> None:
+    runner, store = make()
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    store.put("x", x)
+    reply = run(runner, t("j.n1.a0", "matmul", ("x", "x"), "y"))
+    assert not reply.ok and reply.error.kind == "user"  # (2,3) @ (2,3): inferred here, refused
+    store.put("w", np.ones((3, 2), np.float32))
+    reply = run(runner, t("j.n2.a0", "matmul", ("x", "w"), "y"))
+    assert reply.ok and reply.error is None
+    assert reply.outputs[0] == ("y", (2, 2), "float32", 16)
+    np.testing.assert_array_equal(store.get("y"), x @ np.ones((3, 2), np.float32))
+    assert reply.timings.queued <= reply.timings.start <= reply.timings.end
+
+
+def test_inputs_named_in_from_are_pulled_once_and_not_kept() -> None:
+    x = np.full((2, 2), 3.0, np.float32)
+    peers = Peers({("n2", "x"): x})
+    runner, store = make(peers=peers)
+    reply = run(runner, t("j.n1.a0", "add", ("x", "x"), "y", pull={"x": "n2"}))
+    assert reply.ok, reply.error
+    assert peers.calls == [("n2", "x")] and "x" not in store
+    np.testing.assert_array_equal(store.get("y"), x + x)
+    assert runner.stats["pulled_bytes"] == x.nbytes
+
+
+def test_pull_failure_and_missing_local_input_are_infra_errors() -> None:
+    runner, _ = make()
+    reply = run(runner, t("j.n1.a0", "neg", ("x",), pull={"x": "n2"}))
+    assert not reply.ok and reply.error.kind == "infra"
+    assert "pulling input x from node n2 failed" in reply.error.message and reply.outputs == ()
+    reply = run(runner, t("j.n2.a0", "neg", ("z",)))
+    assert reply.error.kind == "infra" and "input tile z is not held on node me" in reply.error.message
+
+
+def test_kernel_error_is_a_user_error() -> None:
+    runner, store = make()
+    store.put("x", np.ones(4, np.float32))
+    store.put("i", np.array([7], np.int64))
+    reply = run(runner, t("j.n1.a0", "gather", ("x", "i")))
+    assert reply.error.kind == "user" and "out of range" in reply.error.message
+    assert "o" not in store and store.free() == store.capacity() - 16 - 8  # reservation released
+
+
+@pytest.mark.parametrize(("op", "attrs", "message"), [
+    ("no_such_op", {}, "unknown op"),
+    ("neg", {"bogus": 1}, "bogus"),
+])
+def test_bad_op_or_attrs_are_user_errors(op: str, attrs: dict, message: str) -> None:
+    runner, store = make()
+    store.put("x", np.ones(2, np.float32))
+    reply = run(runner, t("j.n1.a0", op, ("x",), attrs=attrs))
+    assert reply.error.kind == "user" and message in reply.error.message
+
+
+def test_memory_full_is_infra_and_leaves_nothing_behind() -> None:
+    runner, store = make(capacity=1000)
+    reply = run(runner, t("j.n1.a0", "full", (), attrs={"value": 1.0, "shape": [1000]}))
+    assert reply.error.kind == "infra" and reply.error.message.startswith("memory full")
+    assert store.used() == 0 and store.free() == 1000
+
+
+class Crashing:
+    name, device = "crashy", "cpu"
+
+    def __init__(self, exc: Exception) -> None:
+        self.exc = exc
+
+    def supports(self, op: str, dtypes: Any = ()) -> bool:
+        return op != "matmul"
+
+    def run(self, *a: Any) -> Any:
+        raise self.exc
+
+
+def test_engine_crash_is_infra_and_a_long_message_is_clipped() -> None:
+    runner, store = make(engine=Crashing(RuntimeError("x" * 5000)))
+    store.put("x", np.ones(2, np.float32))
+    reply = run(runner, t("j.n1.a0", "neg", ("x",)))
+    assert reply.error.kind == "infra" and "crashed: RuntimeError" in reply.error.message
+    assert len(reply.error.message) <= MAX_MESSAGE_CHARS
+    runner, store = make(engine=Crashing(KernelError("no kernel", kind="infra")))
+    store.put("x", np.ones(2, np.float32))
+    assert run(runner, t("j.n2.a0", "neg", ("x",))).error.kind == "infra"
+    reply = run(runner, t("j.n3.a0", "matmul", ("x", "x")))
+    assert reply.error.kind == "infra" and "does not support" in reply.error.message
+
+
+def test_big_kernels_go_to_the_worker_thread_and_are_announced() -> None:
+    runner, store = make(capacity=64 << 20, inline_bytes=1024)
+    store.put("x", np.ones((256, 256), np.float32))
+    slow: list[str] = []
+    reply = run(runner, t("j.n1.a0", "neg", ("x",)), on_slow=slow.append)
+    assert reply.ok and slow == ["j.n1.a0"]
+    store.put("s", np.ones(4, np.float32))
+    reply = run(runner, t("j.n2.a0", "neg", ("s",), "s2"), on_slow=slow.append)
+    assert reply.ok and slow == ["j.n1.a0"]  # tiny: ran inline, no ack needed

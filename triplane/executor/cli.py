@@ -1,0 +1,147 @@
+"""``triplane executor``: run one executor until SIGTERM/SIGINT.
+
+``executor_command`` is a plain function with typer-compatible parameters; the ``triplane``
+CLI mounts it, and ``python -m triplane.executor`` runs it on its own. Bad options (memory
+size, secret, drop probability, registry URL) exit with status 2 and a one-line message;
+a registry that cannot be reached at start exits with status 1. On SIGTERM or SIGINT the
+node deregisters at once (its lease is revoked) and closes its sockets; on SIGKILL its
+lease expires and the registry forgets it within the TTL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from triplane.executor.config import load_secret, load_token, parse_size
+
+__all__ = ["executor_command", "main"]
+
+log = logging.getLogger("triplane.executor")
+
+_LEVELS = ("debug", "info", "warning", "error")
+
+
+class _Usage(Exception):
+    pass
+
+
+def _connect(url: str, token: str | None):
+    from triplane.registry import connect_registry
+
+    if token is not None and url.startswith(("http://", "https://")):
+        if "token" in inspect.signature(connect_registry).parameters:
+            return connect_registry(url, token=token)  # type: ignore[call-arg]
+        os.environ["TRIPLANE_TOKEN"] = token  # the served registry's client reads it
+    return connect_registry(url)
+
+
+async def _serve(registry: str, engines: list[str], memory_bytes: int, host: str, name: str | None,
+                 secret: bytes, token: str | None, drop_udp: float, fault_seed: int) -> int:
+    from triplane.executor.daemon import Executor
+    from triplane.registry import RegistryUnavailable
+
+    try:
+        backend = _connect(registry, token)
+    except ValueError as e:
+        raise _Usage(str(e)) from None
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    executor = Executor(backend, secret, memory_bytes=memory_bytes, engines=engines, host=host, name=name,
+                        drop_udp=drop_udp, fault_seed=fault_seed)
+    try:
+        await executor.start()
+    except RegistryUnavailable as e:
+        log.error("cannot register with %s: %s", registry, e)
+        with contextlib.suppress(Exception):
+            await backend.close()
+        return 1
+    try:
+        await stop.wait()
+        log.info("executor %s: shutting down", executor.name)
+    finally:
+        await executor.stop()
+        with contextlib.suppress(Exception):
+            await backend.close()
+    return 0
+
+
+def executor_command(
+    registry: Annotated[str, typer.Option(help="registry URL: etcd://HOST:PORT or http://SCHEDULER")],
+    engines: Annotated[str, typer.Option(help="op engines, comma-separated")] = "numpy",
+    memory: Annotated[str, typer.Option(help="host memory for tiles, e.g. 768MiB, 8GiB, 1.5G")] = "8GiB",
+    host: Annotated[str, typer.Option(help="address to listen on and publish")] = "127.0.0.1",
+    name: Annotated[str | None, typer.Option(help="node id (default: <host>-<pid>)")] = None,
+    secret_file: Annotated[Path | None, typer.Option(help="cluster secret; else $TRIPLANE_SECRET")] = None,
+    token_file: Annotated[Path | None, typer.Option(help="API token for an http:// registry")] = None,
+    drop_udp: Annotated[float, typer.Option(help="drop each datagram with this probability")] = 0.0,
+    fault_seed: Annotated[int, typer.Option(help="seed of the fault injection")] = 0,
+    log_level: Annotated[str, typer.Option(help="debug, info, warning or error")] = "info",
+) -> None:
+    """Run an executor: register with REGISTRY, serve task packets and tiles until stopped."""
+    code = run_executor(registry, engines=engines, memory=memory, host=host, name=name,
+                        secret_file=secret_file, token_file=token_file, drop_udp=drop_udp,
+                        fault_seed=fault_seed, log_level=log_level)
+    if code:
+        raise SystemExit(code)
+
+
+def run_executor(registry: str, *, engines: str = "numpy", memory: str = "8GiB", host: str = "127.0.0.1",
+                 name: str | None = None, secret_file: Path | None = None, token_file: Path | None = None,
+                 drop_udp: float = 0.0, fault_seed: int = 0, log_level: str = "info") -> int:
+    """``executor_command`` returning its exit status instead of raising ``SystemExit``."""
+    try:
+        if log_level.lower() not in _LEVELS:
+            raise _Usage(f"bad log level {log_level!r} (one of {', '.join(_LEVELS)})")
+        logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
+                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        memory_bytes = parse_size(memory)
+        secret = load_secret(secret_file)
+        token = load_token(token_file)
+        if not 0.0 <= drop_udp < 1.0:
+            raise _Usage(f"--drop-udp must be a probability in [0, 1), got {drop_udp}")
+        engine_names = [e.strip() for e in engines.split(",") if e.strip()]
+        if not engine_names:
+            raise _Usage("--engines names no engine (e.g. --engines numpy)")
+        from triplane.engines.registry import UnknownEngineError, get_op_engine
+
+        for e in engine_names:
+            try:
+                get_op_engine(e)
+            except UnknownEngineError as err:
+                raise _Usage(str(err)) from None
+    except (ValueError, _Usage) as e:
+        print(f"triplane executor: {e}", file=sys.stderr)
+        return 2
+    try:
+        import uvloop  # optional: a faster event loop for the packet path
+
+        runner = uvloop.run
+    except ImportError:
+        runner = asyncio.run
+    try:
+        return runner(_serve(registry, engine_names, memory_bytes, host, name, secret, token,
+                             drop_udp, fault_seed))
+    except _Usage as e:
+        print(f"triplane executor: {e}", file=sys.stderr)
+        return 2
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m triplane.executor``: the same options as ``triplane executor``."""
+    import typer
+
+    app = typer.Typer(add_completion=False)
+    app.command()(executor_command)
+    app(args=argv, prog_name="triplane executor")

@@ -1,0 +1,88 @@
+"""Executor settings from the command line: memory sizes, the cluster secret, the API token.
+
+Every parse error is a ``ValueError`` whose message says what was given and what is
+accepted, so the CLI can print it as is.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+__all__ = ["MIN_SECRET_BYTES", "format_size", "load_secret", "load_token", "parse_size"]
+
+MIN_SECRET_BYTES = 16
+
+_UNITS = {
+    "": 1, "b": 1,
+    "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
+    "t": 1000**4, "tb": 1000**4,
+    "ki": 1024, "kib": 1024, "mi": 1024**2, "mib": 1024**2, "gi": 1024**3, "gib": 1024**3,
+    "ti": 1024**4, "tib": 1024**4,
+}
+_SIZE = re.compile(r"\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([A-Za-z]*)\s*")
+
+
+def parse_size(text: str) -> int:
+    """``"768MiB"`` -> 805306368, ``"8GiB"``, ``"1.5G"`` (decimal: 1.5e9), ``"4096"`` (bytes).
+
+    Binary units (KiB, MiB, GiB, TiB; also Ki, Mi, ...) are powers of 1024; decimal ones
+    (K/KB, M/MB, G/GB, T/TB) powers of 1000; case-insensitive. The result must be at least
+    one byte. ``ValueError`` for anything else.
+    """
+    m = _SIZE.fullmatch(text) if isinstance(text, str) else None
+    unit = m.group(2).lower() if m else ""
+    if m is None or unit not in _UNITS:
+        raise ValueError(f"bad memory size {text!r}: expected a number and an optional unit, like "
+                         f"'768MiB', '8GiB', '1.5G' or '4096' (units: B, K, M, G, T and KiB, MiB, GiB, TiB)")
+    value = int(float(m.group(1)) * _UNITS[unit])
+    if value < 1:
+        raise ValueError(f"bad memory size {text!r}: must be at least one byte")
+    return value
+
+
+def format_size(n: int) -> str:
+    """A human reading of ``n`` bytes: ``805306368`` -> ``"768.0 MiB"``."""
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024:
+            return f"{size:.0f} B" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} TiB"
+
+
+def _read_file(path: Path, what: str) -> bytes:
+    try:
+        data = Path(path).read_bytes()
+    except OSError as e:
+        raise ValueError(f"cannot read the {what} file {str(path)!r}: {e.strerror or e}") from None
+    return data.strip()
+
+
+def load_secret(secret_file: Path | None = None, env: dict[str, str] | None = None) -> bytes:
+    """The cluster secret: ``secret_file``'s contents (surrounding whitespace stripped), else
+    ``$TRIPLANE_SECRET``. ``ValueError`` if neither is given or it is shorter than 16 bytes."""
+    env = os.environ if env is None else env
+    if secret_file is not None:
+        secret = _read_file(secret_file, "secret")
+        source = f"secret file {str(secret_file)!r}"
+    elif env.get("TRIPLANE_SECRET"):
+        secret = env["TRIPLANE_SECRET"].strip().encode("utf-8")
+        source = "$TRIPLANE_SECRET"
+    else:
+        raise ValueError("no cluster secret: pass --secret-file or set TRIPLANE_SECRET "
+                         "(the same secret on every process of the cluster)")
+    if len(secret) < MIN_SECRET_BYTES:
+        raise ValueError(f"the cluster secret from {source} is {len(secret)} bytes; "
+                         f"at least {MIN_SECRET_BYTES} are needed")
+    return secret
+
+
+def load_token(token_file: Path | None = None, env: dict[str, str] | None = None) -> str | None:
+    """The API token (for an ``http://`` registry served by the scheduler): ``token_file``'s
+    contents, else ``$TRIPLANE_TOKEN``, else None."""
+    env = os.environ if env is None else env
+    if token_file is not None:
+        return _read_file(token_file, "token").decode("utf-8", "replace")
+    return env.get("TRIPLANE_TOKEN") or None

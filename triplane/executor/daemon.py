@@ -1,0 +1,268 @@
+"""The executor daemon: one node of the compute plane (docs/runtime.md, "Task execution").
+
+``Executor.start()`` measures its engines (a short benchmark), starts the data port and
+the packet server, and registers the node with its engines under a lease
+(``triplane.registry.register_node``). While it runs it refreshes the memory engine's free
+bytes and publishes its counters under ``stats/<node>`` (same lease) when they change.
+``stop()`` deregisters at once (revokes the lease) and closes every socket; a process
+killed without ``stop()`` vanishes from the registry when its lease expires.
+
+Peers are found through the registry: ``nodes/<node>`` for executors, ``scheduler/data``
+(``{"address", "data_port"}``) for node ``scheduler``; looked-up addresses are cached for
+a couple of seconds and looked up again when a pull fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import re
+import socket
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+import triplane
+from triplane.engines import get_op_engine
+from triplane.engines.memory.host import HostMemoryEngine
+from triplane.executor.dataport import DataClient, DataPortError, DataServer
+from triplane.executor.intake import Intake
+from triplane.executor.server import PacketServer
+from triplane.executor.tasks import TaskRunner
+from triplane.proto import dtypes as dt
+from triplane.proto import optable
+from triplane.registry import (
+    Binding,
+    MemoryEngineInfo,
+    NetworkEngineInfo,
+    NodeInfo,
+    NodeRegistration,
+    OpEngineInfo,
+    RegistryBackend,
+    RegistryError,
+    list_nodes,
+    register_node,
+)
+
+__all__ = ["SCHEDULER_DATA_KEY", "Executor", "default_node_name"]
+
+log = logging.getLogger(__name__)
+
+SCHEDULER_DATA_KEY = "scheduler/data"
+_PEER_TTL_S = 2.0
+
+
+def default_node_name() -> str:
+    """``<host>-<pid>``, restricted to characters valid in packet ids and registry keys."""
+    host = re.sub(r"[^A-Za-z0-9_-]", "-", socket.gethostname().split(".")[0])[:40] or "node"
+    return f"{host}-{os.getpid()}"
+
+
+class _Engines:
+    """Several op engines as one: an op runs on the first engine that supports it."""
+
+    def __init__(self, engines: Sequence[Any]) -> None:
+        self.engines = list(engines)
+        self.name = "+".join(e.name for e in self.engines)
+
+    def supports(self, op: str, dtypes: Sequence[str] = ()) -> bool:
+        return any(e.supports(op, dtypes) for e in self.engines)
+
+    def run(self, op: str, inputs: Sequence[np.ndarray], attrs: Any, out: Any) -> np.ndarray:
+        dtypes = [dt.dtype(a.dtype).name for a in inputs]
+        engine = next(e for e in self.engines if e.supports(op, dtypes))
+        return engine.run(op, inputs, attrs, out)
+
+
+class Executor:
+    """One executor node. Use ``await start()``, then ``await stop()`` (or ``async with``)."""
+
+    def __init__(self, registry: RegistryBackend, secret: bytes, *, memory_bytes: int,
+                 engines: Sequence[str] = ("numpy",), host: str = "127.0.0.1", name: str | None = None,
+                 drop_udp: float = 0.0, fault_seed: int = 0, workers: int = 1, ttl_s: float = 5.0,
+                 stats_interval_s: float = 1.0, benchmark_size: int = 256) -> None:
+        self.registry = registry
+        self.secret = secret
+        self.name = name or default_node_name()
+        self.host = host
+        self.ttl_s = ttl_s
+        self.stats_interval_s = stats_interval_s
+        self.benchmark_size = benchmark_size
+        if not engines:
+            raise ValueError("at least one op engine is needed")
+        self.op_engines = [get_op_engine(e) for e in engines]
+        self.store = HostMemoryEngine(memory_bytes)
+        self.client = DataClient(secret)
+        self.data = DataServer(self.store, secret, host=host)
+        self.intake = Intake(secret)
+        self.runner = TaskRunner(_Engines(self.op_engines), self.store, self._pull, node=self.name,
+                                 workers=workers)
+        self.packets = PacketServer(self.intake, self.runner, host=host, drop_udp=drop_udp,
+                                    fault_seed=fault_seed)
+        self.registration: NodeRegistration | None = None
+        self.started_at = 0.0
+        self._peers: dict[str, tuple[str, int, float]] = {}
+        self._background: asyncio.Task[None] | None = None
+        self._published: tuple[int, str] = (-1, "")
+
+    # --- lifecycle -----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Benchmark, listen, register. Raises ``RegistryUnavailable`` if the registry cannot
+        be reached (after closing what it opened)."""
+        self.started_at = time.time()
+        figures = [self._benchmark(e) for e in self.op_engines]
+        await self.data.start()
+        try:
+            await self.packets.start()
+            net = await self._measure_network()
+            self.registration = await register_node(
+                self.registry, self._node_info(),
+                op_engines=[self._op_info(e, f) for e, f in zip(self.op_engines, figures)],
+                memory_engines=[self._memory_info()],
+                network_engines=[NetworkEngineInfo(self.name, p, p, *net) for p in ("udp", "tcp")],
+                bindings=[Binding(self.name, e.name, self.store.name) for e in self.op_engines],
+                ttl_s=self.ttl_s)
+        except BaseException:
+            await self.packets.close()
+            await self.data.close()
+            raise
+        self._background = asyncio.get_running_loop().create_task(self._publish_loop(), name="executor-stats")
+        log.info("executor %s ready: packets udp+tcp %s:%d, data port %d, memory %d bytes, engines %s",
+                 self.name, self.host, self.packets.port, self.data.port, self.store.capacity(),
+                 [e.name for e in self.op_engines])
+
+    async def stop(self) -> None:
+        """Deregister now (revoke the lease), then close the servers. Never raises."""
+        if self._background is not None:
+            self._background.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._background
+        if self.registration is not None:
+            with contextlib.suppress(Exception):
+                await self.registration.close()
+        await self.packets.close()
+        await self.data.close()
+        await self.client.close()
+        self.runner.close()
+        log.info("executor %s stopped: %s", self.name, json.dumps(self.stats()["drops"]))
+
+    async def __aenter__(self) -> Executor:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    def stats(self) -> dict[str, Any]:
+        """Counters: packet drops by reason, tasks, data-port requests, memory."""
+        return {"node": self.name, **self.packets.stats(), "data_port": dict(self.data.stats),
+                "memory": {"capacity": self.store.capacity(), "used": self.store.used(),
+                           "tiles": len(self.store)}}
+
+    # --- registry records ------------------------------------------------------------------
+
+    def _node_info(self) -> NodeInfo:
+        return NodeInfo(self.name, self.host, self.packets.port, self.packets.port, self.data.port,
+                        triplane.__version__, self.started_at, os.getpid())
+
+    def _memory_info(self) -> MemoryEngineInfo:
+        return MemoryEngineInfo(self.name, self.store.name, self.store.kind, self.store.capacity(),
+                                self.store.free())
+
+    def _benchmark(self, engine: Any) -> dict[str, float]:
+        try:
+            return dict(engine.benchmark(size=self.benchmark_size))
+        except TypeError:  # an engine whose benchmark takes no size
+            return dict(engine.benchmark())
+
+    def _op_info(self, engine: Any, figures: dict[str, float]) -> OpEngineInfo:
+        ops = tuple(op for op in optable.names() if engine.supports(op))
+        dtypes = tuple(sorted(dt.BY_NAME))
+        return OpEngineInfo(self.name, engine.name, engine.name, getattr(engine, "device", "cpu"), ops,
+                            dtypes, float(figures.get("matmul_gflops", 0.0)),
+                            float(figures.get("elementwise_gbps", 0.0)))
+
+    async def _measure_network(self) -> tuple[float, float]:
+        """(GB/s, µs): a 4 MiB round trip and the best of a few small requests through our own
+        data port -- loopback figures, a floor for what peers will see."""
+        try:
+            probe = np.zeros(1 << 20, dtype=np.float32)
+            t = time.perf_counter()
+            await self.client.put(self.host, self.data.port, "_probe", probe)
+            await self.client.get(self.host, self.data.port, "_probe")
+            gbps = 2 * probe.nbytes / max(time.perf_counter() - t, 1e-9) / 1e9
+            best = float("inf")
+            for _ in range(5):
+                t = time.perf_counter()
+                await self.client.stat(self.host, self.data.port, "_probe")
+                best = min(best, time.perf_counter() - t)
+            await self.client.delete(self.host, self.data.port, ["_probe"])
+            return gbps, best * 1e6
+        except DataPortError as e:
+            log.warning("network self-measurement failed: %s", e)
+            return 0.0, 0.0
+
+    async def _publish_loop(self) -> None:
+        """Refresh free bytes and ``stats/<node>`` when they change (cheap: one put each)."""
+        while True:
+            await asyncio.sleep(self.stats_interval_s)
+            reg = self.registration
+            if reg is None:
+                continue
+            try:
+                free = self.store.free()
+                stats = json.dumps(self.stats(), sort_keys=True, separators=(",", ":"))
+                if free != self._published[0]:
+                    await reg.put(self._memory_info())
+                if stats != self._published[1]:
+                    await self.registry.put(f"stats/{self.name}", stats.encode(), lease=reg.lease)
+                self._published = (free, stats)
+            except RegistryError as e:  # lease being renewed or registry down: next round
+                log.debug("stats publish failed: %s", e)
+            if any(self.intake.counters.as_dict().values()):
+                log.debug("packet drops: %s", self.intake.counters.as_dict())
+
+    # --- pulling inputs ---------------------------------------------------------------------
+
+    async def _resolve(self, node: str, fresh: bool) -> tuple[str, int]:
+        now = time.monotonic()
+        hit = self._peers.get(node)
+        if hit is not None and not fresh and now - hit[2] < _PEER_TTL_S:
+            return hit[0], hit[1]
+        if node == "scheduler":
+            entry = await self.registry.get(SCHEDULER_DATA_KEY)
+            if entry is None:
+                raise DataPortError(f"the registry has no {SCHEDULER_DATA_KEY!r} (is a scheduler running?)")
+            try:
+                d = json.loads(entry.value)
+                addr, port = str(d["address"]), int(d["data_port"])
+            except (ValueError, KeyError, TypeError) as e:
+                raise DataPortError(f"malformed {SCHEDULER_DATA_KEY!r} in the registry: {e}") from None
+            self._peers[node] = (addr, port, now)
+            return addr, port
+        for info in await list_nodes(self.registry):
+            self._peers[info.node] = (info.address, info.data_port, now)
+        if node not in self._peers or self._peers[node][2] != now:
+            self._peers.pop(node, None)
+            raise DataPortError(f"node {node} is not in the registry (dead?)")
+        return self._peers[node][0], self._peers[node][1]
+
+    async def _pull(self, node: str, tile: str) -> np.ndarray:
+        """``tile`` from ``node``'s data port; one retry with a fresh address if the first try
+        fails for a reason other than the tile being absent."""
+        try:
+            addr, port = await self._resolve(node, fresh=False)
+            return await self.client.get(addr, port, tile)
+        except DataPortError as e:
+            if e.missing:
+                raise
+        except RegistryError as e:
+            raise DataPortError(f"registry unavailable while resolving node {node}: {e}") from None
+        addr, port = await self._resolve(node, fresh=True)
+        return await self.client.get(addr, port, tile)
