@@ -3,6 +3,7 @@
     memory://            a private in-memory store (embedded mode, tests)
     memory://NAME        a process-wide named in-memory store: every connect with NAME shares it
     etcd://HOST[:PORT][/PREFIX/]   etcd v3 (port 2379 by default); a path sets the key prefix
+    http[s]://HOST:PORT  the registry a scheduler serves (``token=`` or $TRIPLANE_TOKEN)
 
 A ``prefix`` argument overrides the URL's. Schemes come from a dict of built-ins, then from
 the ``triplane.registry.backends`` entry-point group (a callable ``(url, prefix) -> backend``),
@@ -11,6 +12,7 @@ so a vendor can add one; an unknown scheme lists the known ones.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from importlib.metadata import entry_points
 from urllib.parse import SplitResult, urlsplit
@@ -48,7 +50,14 @@ def _etcd(url: SplitResult, prefix: str | None) -> RegistryBackend:
     return EtcdBackend(url.hostname, port, prefix=prefix or path_prefix or DEFAULT_PREFIX)
 
 
-_BUILTIN: dict[str, Factory] = {"memory": _memory, "etcd": _etcd}
+def _http(url: SplitResult, prefix: str | None, token: str | None = None) -> RegistryBackend:
+    from triplane.registry.http import HttpBackend  # httpx is optional: import on use
+
+    token = token if token is not None else os.environ.get("TRIPLANE_TOKEN", "").strip()
+    return HttpBackend(url.geturl(), token or "", prefix=prefix or "")
+
+
+_BUILTIN: dict[str, Factory] = {"memory": _memory, "etcd": _etcd, "http": _http, "https": _http}
 
 
 def _plugins() -> dict[str, Factory]:
@@ -60,8 +69,11 @@ def known_schemes() -> list[str]:
     return sorted({*_BUILTIN, *(ep.name for ep in entry_points(group="triplane.registry.backends"))})
 
 
-def connect_registry(url: str, *, prefix: str | None = None) -> RegistryBackend:
+def connect_registry(url: str, *, prefix: str | None = None, token: str | None = None) -> RegistryBackend:
     """A backend for ``url``. Raises ``ValueError`` for a malformed or unknown URL.
+
+    ``token`` is the API token for ``http(s)://`` (default ``$TRIPLANE_TOKEN``); other
+    schemes ignore it, so a caller may always pass the token it has.
 
     Connecting is lazy for etcd: a server that is down shows up as
     :class:`~triplane.registry.backend.RegistryUnavailable` on the first call.
@@ -76,4 +88,6 @@ def connect_registry(url: str, *, prefix: str | None = None) -> RegistryBackend:
     factory = _BUILTIN.get(scheme) or _plugins().get(scheme)
     if factory is None:
         raise ValueError(f"unknown registry scheme {scheme!r} in {url!r} (known schemes: {known_schemes()})")
+    if factory is _http:
+        return _http(parts, prefix, token)
     return factory(parts, prefix)

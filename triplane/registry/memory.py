@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -47,7 +48,9 @@ class MemoryStore:
         self.revision = 0
         self._data: dict[str, Entry] = {}
         self._leases: dict[int, _Lease] = {}
-        self._lease_ids = itertools.count(0x7A11_0000)
+        # A random base, as etcd's lease ids are: a restarted store must not hand out the
+        # ids of the leases its clients still hold (a stale keep-alive would revive them).
+        self._lease_ids = itertools.count(secrets.randbits(40) << 16 | 1)
         self._watchers: set[_MemoryWatch] = set()
         self._reaper: asyncio.Task[None] | None = None
         self._wake: asyncio.Event | None = None

@@ -108,7 +108,7 @@ def test_connect_registry_etcd_urls() -> None:
 
 
 @pytest.mark.parametrize("url, message", [
-    ("redis://x", "known schemes: \\['etcd', 'memory'"),
+    ("redis://x", "known schemes: \\['etcd', 'http', 'https', 'memory'"),
     ("127.0.0.1:2379", "SCHEME://"),
     ("etcd://127.0.0.1:notaport", "bad port"),
     ("etcd://:2379", "names no host"),
