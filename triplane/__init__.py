@@ -105,6 +105,9 @@ from triplane.sdk.reduce import (
     sum,
     var,
 )
+from triplane.sdk.remote import (
+    connect,
+)
 from triplane.sdk.shape import (
     TensorIndexError,
     broadcast_to,
@@ -144,7 +147,7 @@ __all__ = [
     "DType", "DTypeError", "GraphError", "KernelError", "NotDifferentiableError", "ShapeError",
     "Tensor", "TensorIndexError", "TriplaneError", "__version__", "abs", "add", "arange", "argmax",
     "argmin", "backward", "bfloat16", "bool_", "broadcast_to", "cast", "ceil", "concat", "concatenate",
-    "cos", "data", "div", "eq", "erf", "exp", "expand_dims", "eye", "flip", "float16", "float32",
+    "connect", "cos", "data", "div", "eq", "erf", "exp", "expand_dims", "eye", "flip", "float16", "float32",
     "float64", "floor", "full", "full_like", "gather", "ge", "gelu", "getitem", "grad", "gt",
     "index_select", "int16", "int32", "int64", "int8", "le", "log", "logical_and", "logical_not",
     "logical_or", "logsumexp", "lt", "manual_seed", "matmul", "max", "maximum", "mean", "min",

@@ -1,13 +1,20 @@
 """The ``triplane`` command.
 
-    triplane demo [--steps N] [--seed S]   train a tiny MLP, printing the falling loss
+    triplane demo [--steps N] [--seed S]   train a tiny MLP on a temporary local cluster of two
+                                          executors (``--embedded``: in this process)
+    triplane up [--executors N] ...       start a local cluster in the background (docs/cluster.md)
+    triplane status [--json]              its nodes and recent jobs
+    triplane down                         stop it
+    triplane scheduler / executor ...     run one scheduler / executor process (docs/runtime.md)
     triplane ops                          the op table: name, group, gradient, dtypes
     triplane version                      the installed version
 """
 
 from __future__ import annotations
 
+import json
 import time
+from pathlib import Path
 
 import typer
 from rich.console import Console
@@ -55,15 +62,166 @@ def _dtypes_text(dtypes: frozenset[str]) -> str:
 
 @app.command()
 def demo(steps: int = typer.Option(40, min=1, max=10_000, help="gradient-descent steps"),
-         seed: int = typer.Option(0, help="seed of the data and the initial weights")) -> None:
-    """Fit a tiny MLP (4 -> 32 -> 1) with SGD, printing step and loss."""
+         seed: int = typer.Option(0, help="seed of the data and the initial weights"),
+         embedded: bool = typer.Option(False, "--embedded", help="run in this process, no cluster"),
+         executors: int = typer.Option(2, min=1, max=16, help="executors of the temporary cluster")) -> None:
+    """Fit a tiny MLP (4 -> 32 -> 1) with SGD, printing step and loss.
+
+    By default the steps run on a temporary local cluster (a scheduler and two executors
+    on loopback, in a throw-away run directory) that is torn down at the end."""
     from triplane.demo import run_demo
 
-    console.print(f"[bold]triplane demo[/bold]: MLP 4-32-1, SGD(momentum=0.9), {steps} steps, seed {seed}")
+    where = "in this process" if embedded else f"on a local cluster of {executors} executors"
+    console.print(f"[bold]triplane demo[/bold]: MLP 4-32-1, SGD(momentum=0.9), {steps} steps, seed {seed}, "
+                  f"{where}")
+
+    def show(i: int, v: float) -> None:
+        console.print(f"step {i:4d}  loss {v:.6f}")
+
     t0 = time.perf_counter()
-    losses = run_demo(steps, seed, on_step=lambda i, v: console.print(f"step {i:4d}  loss {v:.6f}"))
+    if embedded:
+        losses = run_demo(steps, seed, on_step=show)
+    else:
+        losses = _demo_on_cluster(steps, seed, executors, show)
     dt = time.perf_counter() - t0
     console.print(f"loss {losses[0]:.6f} -> {losses[-1]:.6f} in {dt:.2f}s")
+
+
+def _demo_on_cluster(steps: int, seed: int, executors: int, show: object) -> list[float]:
+    import tempfile
+
+    from triplane.demo import run_demo
+    from triplane.launcher import ClusterConfig, LaunchError, LocalCluster
+    from triplane.sdk.remote import RemoteSession
+    from triplane.sdk.session import use_session
+
+    with tempfile.TemporaryDirectory(prefix="triplane-demo-") as home:
+        try:
+            cluster = LocalCluster(home, ClusterConfig(executors=executors, memory="256MiB",
+                                                       log_level="warning"))
+            cluster.start()
+        except LaunchError as e:
+            console.print(f"[red]could not start the demo cluster:[/red] {e}\n"
+                          "(`triplane demo --embedded` runs without one)")
+            raise typer.Exit(1) from None
+        try:
+            console.print(f"cluster: {cluster.url}, {executors} executors (run dir {home})")
+            with RemoteSession(cluster.url, cluster.token, job_timeout_s=120) as session, \
+                    use_session(session):
+                return run_demo(steps, seed, on_step=show)  # type: ignore[arg-type]
+        finally:
+            cluster.stop()
+            console.print("cluster stopped")
+
+
+# --- the local cluster ---------------------------------------------------------------------------
+
+HomeOption = typer.Option(None, "--home", help="run directory (default: $TRIPLANE_HOME or ~/.triplane)")
+
+
+@app.command()
+def up(executors: int = typer.Option(2, min=0, max=64, help="executor processes to start"),
+       etcd: str = typer.Option("", help="'embedded' (a local etcd managed here) or etcd://HOST:PORT; "
+                                         "default: the scheduler's served in-memory registry"),
+       db: str = typer.Option("", help="metadb URL (default: SQLite in the run directory)"),
+       memory: str = typer.Option("1GiB", help="tile memory per executor, e.g. 512MiB, 8GiB"),
+       port: int = typer.Option(0, min=0, max=65535, help="scheduler HTTP port (0: a free one)"),
+       home: Path | None = HomeOption,
+       timeout: float = typer.Option(60.0, min=1.0, help="seconds to wait for the cluster to be ready"),
+       ) -> None:
+    """Start a local cluster (scheduler + N executors) in the background; print URL and token."""
+    from triplane.launcher import ClusterConfig, LaunchError
+    from triplane.launcher import up as launch
+
+    try:
+        cfg = ClusterConfig(executors=executors, etcd=etcd or None, db=db or None, memory=memory,
+                            port=port, ready_timeout_s=timeout)
+        info = launch(cfg, home)
+    except (LaunchError, ValueError) as e:
+        console.print(f"[red]triplane up failed:[/red] {e}")
+        raise typer.Exit(1) from None
+    console.print(f"triplane cluster up: [bold]{info['url']}[/bold] ({len(info['executors'])} executors, "
+                  f"registry {info['registry']})")
+    console.print(f"token:   {info['token']}")
+    console.print(f"run dir: {info['home']} (logs in {info['home']}/logs)")
+    console.print("connect: tp.connect()  (or TRIPLANE_URL / TRIPLANE_TOKEN);  stop: triplane down")
+
+
+@app.command()
+def status(as_json: bool = typer.Option(False, "--json", help="machine-readable output"),
+           jobs: int = typer.Option(10, min=0, max=1000, help="recent jobs to show"),
+           home: Path | None = HomeOption) -> None:
+    """Nodes (id, address, pid, engines, health) and recent jobs of the local cluster."""
+    from triplane.launcher import cluster_status
+
+    st = cluster_status(home, jobs)
+    if as_json:
+        typer.echo(json.dumps(st, indent=2, sort_keys=True, default=str))
+    elif not st["running"]:
+        console.print(f"no cluster is running from {st['home']} (start one with `triplane up`)")
+    else:
+        _print_status(st)
+    if not st["running"]:
+        raise typer.Exit(1)
+
+
+def _print_status(st: dict[str, object]) -> None:
+    console.print(f"cluster {st['url']}  registry {st['registry']}  run dir {st['home']}")
+    if st.get("error"):
+        console.print(f"[red]{st['error']}[/red]")
+    nodes = Table(title="nodes")
+    for col in ("id", "address", "pid", "engines", "health"):
+        nodes.add_column(col)
+    for n in st["nodes"]:  # type: ignore[attr-defined]
+        nodes.add_row(n["id"], n["address"], str(n["pid"]), ", ".join(n["engines"]), n["health"])
+    console.print(nodes)
+    recent = Table(title="recent jobs")
+    for col in ("id", "state", "progress", "created", "error"):
+        recent.add_column(col)
+    for j in st["jobs"]:  # type: ignore[attr-defined]
+        prog = j.get("progress") or {}
+        err = j.get("error")
+        message = (err.get("message") if isinstance(err, dict) else err) or ""
+        progress = f"{prog.get('done', '?')}/{prog.get('total', '?')}"
+        created = j.get("created")
+        when = time.strftime("%H:%M:%S", time.localtime(created)) if isinstance(created, (int, float)) else ""
+        recent.add_row(str(j.get("id")), str(j.get("state")), progress, when, message)
+    console.print(recent)
+
+
+@app.command()
+def down(home: Path | None = HomeOption,
+         grace: float = typer.Option(5.0, min=0.0, help="seconds between SIGTERM and SIGKILL")) -> None:
+    """Stop the local cluster that `triplane up` started (idempotent)."""
+    from triplane.launcher import down as stop
+
+    info = stop(home, grace)
+    if info is None:
+        console.print("no cluster was running")
+    else:
+        console.print(f"stopped the cluster at {info['url']}")
+
+
+def _mount_process_commands() -> None:
+    """``triplane executor`` and ``triplane scheduler``: one process each (their own modules)."""
+    from triplane.executor.cli import executor_command
+
+    app.command("executor")(executor_command)
+    try:
+        from triplane.scheduler.cli import scheduler_command
+    except ImportError as e:  # the scheduler service needs the [cluster] extra (fastapi, uvicorn)
+        missing = str(e)
+
+        @app.command("scheduler")
+        def scheduler_unavailable() -> None:
+            """Run the scheduler (needs the cluster extra: pip install 'triplane[cluster]')."""
+            console.print(f"[red]the scheduler cannot start:[/red] {missing}")
+            raise typer.Exit(1)
+    else:
+        app.command("scheduler")(scheduler_command)
+
+
+_mount_process_commands()
 
 
 def main() -> None:

@@ -29,6 +29,7 @@ PUBLIC = [
     "ceil",
     "concat",
     "concatenate",
+    "connect",
     "cos",
     "data",
     "div",

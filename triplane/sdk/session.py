@@ -55,7 +55,10 @@ def _locate(e: KernelError, rename: dict[str, str], tensors: dict[str, Tensor]) 
     back = {v: k for k, v in rename.items()}
     t = tensors.get(back.get(e.node or "", ""))
     where = f" (made at {t._where})" if t is not None and t._where else ""
-    return KernelError(f"{e}{where}", node=e.node, op=e.op, kind=e.kind)
+    msg, prefix = str(e), f"node {e.node!r} ({e.op}): "
+    if e.node and msg.startswith(prefix):  # KernelError adds it again: say it once
+        msg = msg[len(prefix):]
+    return KernelError(f"{msg}{where}", node=e.node, op=e.op, kind=e.kind)
 
 
 _local = threading.local()
@@ -71,6 +74,14 @@ def current_session() -> Any:
     if _default is None:
         _default = EmbeddedSession()
     return _default
+
+
+def set_default_session(session: Any | None) -> Any:
+    """Make ``session`` the process default (``None``: a fresh embedded session on next
+    use); returns the previous default. ``tp.connect`` uses this."""
+    global _default
+    prev, _default = _default, session
+    return prev
 
 
 class use_session:

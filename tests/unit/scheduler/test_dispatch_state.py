@@ -38,7 +38,8 @@ def finished(out: list) -> list[JobFinished]:
 
 
 def cluster(*nodes: str, slots: int = 2, policy: Policy | None = None) -> DispatchState:
-    s = DispatchState(policy)
+    # Retries without backoff unless a test asks for it: the rules read more plainly.
+    s = DispatchState(policy or Policy(retry_backoff_s=0.0))
     for n in nodes:
         s.handle(NodeUp(sid(), n, slots, 0.0))
     return s
@@ -88,7 +89,7 @@ def test_placement_prefers_the_node_holding_inputs() -> None:
 
 
 def test_deadline_miss_resends_then_drifts_and_stale_replies_are_ignored() -> None:
-    s = cluster("n1", "n2", policy=Policy(min_timeout_s=1.0, max_sends=2))
+    s = cluster("n1", "n2", policy=Policy(min_timeout_s=1.0, max_sends=2, retry_backoff_s=0.0))
     (first,) = sends(s.handle(SubmitJob(sid(), "j", chain(1), 0.0)))
     (again,) = sends(s.handle(Tick(sid(), 1.5)))
     assert again.resend and again.attempt == 0 and again.node == first.node
@@ -122,8 +123,24 @@ def test_infra_error_drifts_user_error_fails_the_job() -> None:
     s.validate_state()
 
 
+def test_a_drifted_task_backs_off_before_it_is_placed_again() -> None:
+    s = cluster("n1", "n2", policy=Policy(retry_backoff_s=0.1, max_backoff_s=0.3))
+    (a,) = sends(s.handle(SubmitJob(sid(), "j", chain(1), 0.0)))
+    assert sends(s.handle(TaskErred(sid(), "j", "t0", 0, a.node, "infra", "x", 1.0))) == []
+    assert sends(s.handle(Tick(sid(), 1.05))) == []       # still backing off (0.1 s)
+    (b,) = sends(s.handle(Tick(sid(), 1.11)))
+    assert b.attempt == 1 and b.node != a.node
+    s.handle(TaskErred(sid(), "j", "t0", 1, b.node, "infra", "y", 2.0))
+    assert sends(s.handle(Tick(sid(), 2.15))) == []       # 0.2 s now
+    (c,) = sends(s.handle(Tick(sid(), 2.21)))
+    s.handle(TaskErred(sid(), "j", "t0", 2, c.node, "infra", "z", 3.0))
+    assert sends(s.handle(Tick(sid(), 3.29))) == []       # 0.4 s, capped at 0.3
+    assert len(sends(s.handle(Tick(sid(), 3.31)))) == 1
+    s.validate_state()
+
+
 def test_attempts_are_bounded() -> None:
-    s = cluster("n1", "n2", policy=Policy(max_attempts=2))
+    s = cluster("n1", "n2", policy=Policy(max_attempts=2, retry_backoff_s=0.0))
     (a,) = sends(s.handle(SubmitJob(sid(), "j", chain(1), 0.0)))
     (b,) = sends(s.handle(TaskErred(sid(), "j", "t0", 0, a.node, "infra", "x", 1.0)))
     (fin,) = finished(s.handle(TaskErred(sid(), "j", "t0", 1, b.node, "infra", "y", 2.0)))
@@ -143,10 +160,10 @@ def test_node_loss_drifts_running_tasks_and_recomputes_lost_outputs() -> None:
     s.validate_state()
     (redo,) = sends(out)
     assert redo.task == "t0" and redo.node == "n2" and redo.attempt == 1
-    (t1b,) = sends(ok(s, redo))
+    (t1b,) = sends(ok(s, redo, now=3.0))
     assert t1b.task == "t1" and t1b.attempt == 1
-    (t2,) = sends(ok(s, t1b))
-    assert finished(ok(s, t2))[0].state == "done"
+    (t2,) = sends(ok(s, t1b, now=4.0))
+    assert finished(ok(s, t2, now=5.0))[0].state == "done"
 
 
 def test_outputs_nobody_needs_are_not_recomputed() -> None:

@@ -22,6 +22,7 @@ are ignored, so each result is recorded once.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -50,9 +51,13 @@ class Event:
 
 @dataclass(frozen=True)
 class SubmitJob(Event):
+    """A new job. ``done`` lists (task, node) pairs already computed whose output is held by
+    a live node (a restarted scheduler resuming a job): they start done, not waiting."""
+
     job: str
     tasks: tuple[TaskSpec, ...]
     now: float
+    done: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -72,6 +77,18 @@ class TaskErred(Event):
     node: str
     kind: Literal["user", "infra"]
     message: str
+    now: float
+
+
+@dataclass(frozen=True)
+class TaskAcked(Event):
+    """The executor confirmed it received the attempt (or, for a retransmission, that it is
+    still running it): stop retransmitting until the attempt's run time (its cost-model
+    timeout) has passed again, and restart its count of unanswered sends."""
+
+    job: str
+    task: str
+    attempt: int
     now: float
 
 
@@ -153,6 +170,7 @@ class TaskState:
     node: str | None = None           # where it runs / its output lives
     deadline: float = 0.0
     sends: int = 0                    # transmissions of the current attempt
+    not_before: float = 0.0           # placed again no earlier than this (retry backoff)
     excluded: set[str] = field(default_factory=set)  # nodes that failed it (infra)
     waiting_on: set[str] = field(default_factory=set)
     dependents: set[str] = field(default_factory=set)
@@ -181,12 +199,16 @@ class Policy:
     """Knobs of the dispatcher. The deadline of an attempt's send is
     ``now + max(min_timeout_s, deadline_factor * cost_s)``; after ``max_sends`` sends of
     one attempt without a reply, the task drifts to another node; after ``max_attempts``
-    attempts it fails."""
+    attempts it fails. A drifted task waits ``retry_backoff_s * 2**(attempt - 1)`` (at most
+    ``max_backoff_s``) before it is placed again, so a transient fault (a registry
+    restarting, a peer not yet known dead) does not burn every attempt in a millisecond."""
 
     min_timeout_s: float = 0.5
     deadline_factor: float = 10.0
     max_sends: int = 3
-    max_attempts: int = 4
+    max_attempts: int = 8
+    retry_backoff_s: float = 0.05
+    max_backoff_s: float = 2.0
 
 
 Placer = Callable[[TaskState, Sequence[NodeState], "DispatchState"], NodeState | None]
@@ -204,7 +226,7 @@ class DispatchState:
         self.placer = placer or place_near_inputs
         self.jobs: dict[str, JobState] = {}
         self.nodes: dict[str, NodeState] = {}
-        self._ready: list[tuple[str, str]] = []  # FIFO of (job, task) awaiting a node
+        self._ready: deque[tuple[str, str]] = deque()  # FIFO of (job, task) awaiting a node
 
     # --- entry point ---------------------------------------------------------------------
 
@@ -228,11 +250,21 @@ class DispatchState:
                 tasks[d].dependents.add(t.spec.id)
             t.waiting_on = set(t.spec.deps)
         job = JobState(ev.job, tasks, remaining=len(tasks))
+        for task_id, node in ev.done:
+            t = tasks[task_id]  # KeyError for an unknown task: a caller bug
+            t.state, t.node = "done", node
+            job.remaining -= 1
+        for t in tasks.values():
+            if t.state == "done":
+                for d in t.dependents:
+                    tasks[d].waiting_on.discard(t.spec.id)
         self.jobs[ev.job] = job
         for t in tasks.values():
+            if t.state != "waiting":
+                continue
             if not t.waiting_on:
                 self._move(t, "ready", ev.stimulus_id, ev.now, out)
-        if not tasks:
+        if job.remaining == 0:
             self._finish_job(job, "done", None, out)
 
     def _on_success(self, ev: TaskSucceeded, out: list[Instruction]) -> None:
@@ -266,25 +298,39 @@ class DispatchState:
             t.excluded.add(ev.node)
             self._drift(t, f"infra error on {ev.node}: {ev.message}", ev.stimulus_id, ev.now, out)
 
+    def _on_ack(self, ev: TaskAcked, out: list[Instruction]) -> None:
+        t = self._current(ev.job, ev.task, ev.attempt)
+        if t is None or t.state != "dispatched":
+            return
+        # Delivered: a resend now would only be dropped as a duplicate. Wait for the run
+        # time instead; a resend after that fetches a lost reply from the executor's cache
+        # (or another ack while it still runs). An executor that acks is alive and working:
+        # a slow or queued task must not drift for it (a dead node drifts through NodeDown).
+        t.deadline = max(t.deadline, ev.now + self._timeout(t))
+        t.sends = 1
+
     def _on_tick(self, ev: Tick, out: list[Instruction]) -> None:
-        for job in list(self.jobs.values()):
-            if job.state != "running":
+        # Only dispatched tasks have deadlines, and each sits in its node's ``running`` set:
+        # walking those keeps a tick O(in flight), not O(every task of every job).
+        due = sorted(key for n in self.nodes.values() for key in n.running
+                     if ev.now >= self.jobs[key[0]].tasks[key[1]].deadline)
+        for job_id, task_id in due:
+            job = self.jobs[job_id]
+            t = job.tasks[task_id]
+            if job.state != "running" or t.state != "dispatched":
                 continue
-            for t in job.tasks.values():
-                if t.state != "dispatched" or ev.now < t.deadline:
-                    continue
-                assert t.node is not None
-                if t.sends < self.policy.max_sends:
-                    # Lost packet or reply: retransmit with the same attempt id.
-                    t.sends += 1
-                    t.deadline = ev.now + self._timeout(t)
-                    out.append(Send(job.id, t.spec.id, t.attempt, t.node, t.deadline,
-                                    self._pull_from(t), resend=True))
-                else:
-                    self._release_slot(t)
-                    t.excluded.add(t.node)
-                    self._drift(t, f"no reply from {t.node} after {t.sends} sends",
-                                ev.stimulus_id, ev.now, out)
+            assert t.node is not None
+            if t.sends < self.policy.max_sends:
+                # Lost packet or reply: retransmit with the same attempt id.
+                t.sends += 1
+                t.deadline = ev.now + self._timeout(t)
+                out.append(Send(job.id, t.spec.id, t.attempt, t.node, t.deadline,
+                                self._pull_from(t), resend=True))
+            else:
+                self._release_slot(t)
+                t.excluded.add(t.node)
+                self._drift(t, f"no reply from {t.node} after {t.sends} sends",
+                            ev.stimulus_id, ev.now, out)
 
     def _on_node_up(self, ev: NodeUp, out: list[Instruction]) -> None:
         n = self.nodes.get(ev.node)
@@ -334,6 +380,8 @@ class DispatchState:
             return
         t.attempt += 1
         t.node = None
+        t.not_before = now + min(self.policy.retry_backoff_s * 2 ** (t.attempt - 1),
+                                 self.policy.max_backoff_s)
         missing = {d for d in t.spec.deps if not self._available(job.tasks[d])}
         if missing:  # an input was lost too: wait for its recomputation
             t.waiting_on = missing
@@ -370,32 +418,43 @@ class DispatchState:
         return t.state == "done" and n is not None and n.alive
 
     def _unready(self, t: TaskState, stimulus_id: str, now: float, out: list[Instruction]) -> None:
-        self._ready = [k for k in self._ready if k != (t.job, t.spec.id)]
+        self._ready = deque(k for k in self._ready if k != (t.job, t.spec.id))
         self._move(t, "waiting", stimulus_id, now, out)
 
     def _schedule(self, ev: Event, out: list[Instruction]) -> None:
-        """Place ready tasks on nodes with free slots, oldest first."""
+        """Place ready tasks on nodes with free slots, oldest first.
+
+        Stops as soon as no live node has a free slot, so an event costs O(tasks placed),
+        not O(tasks ready): a job of 10,000 independent tasks must not rescan its whole
+        queue on every reply."""
         now = getattr(ev, "now", 0.0)
         if not self._ready:
             return
         alive = [n for n in self.nodes.values() if n.alive]
         if not alive:
             return
-        still: list[tuple[str, str]] = []
-        for key in self._ready:
+        skipped: list[tuple[str, str]] = []  # ready, but every free node is excluded for it
+        ready = self._ready
+        while ready:
+            free = [n for n in alive if len(n.running) < n.slots]
+            if not free:
+                break
+            key = ready.popleft()
             job = self.jobs.get(key[0])
             if job is None or job.state != "running":
                 continue
             t = job.tasks[key[1]]
             if t.state != "ready":
                 continue
-            free = [n for n in alive if len(n.running) < n.slots]
+            if t.not_before > now:  # backing off after a failed attempt
+                skipped.append(key)
+                continue
             candidates = [n for n in free if n.name not in t.excluded]
             if not candidates and all(n.name in t.excluded for n in alive):
                 candidates = free  # every live node failed it once: better retry than hang
             node = self.placer(t, candidates, self) if candidates else None
             if node is None:
-                still.append(key)
+                skipped.append(key)
                 continue
             t.node = node.name
             t.sends = 1
@@ -403,7 +462,7 @@ class DispatchState:
             node.running.add(key)
             self._move(t, "dispatched", ev.stimulus_id, now, out, queue=False)
             out.append(Send(t.job, t.spec.id, t.attempt, node.name, t.deadline, self._pull_from(t)))
-        self._ready = still
+        ready.extendleft(reversed(skipped))
 
     # --- helpers -----------------------------------------------------------------------------
 
@@ -492,6 +551,7 @@ _HANDLERS: dict[type, Callable[[DispatchState, Event, list[Instruction]], None]]
     SubmitJob: DispatchState._on_submit,  # type: ignore[dict-item]
     TaskSucceeded: DispatchState._on_success,  # type: ignore[dict-item]
     TaskErred: DispatchState._on_error,  # type: ignore[dict-item]
+    TaskAcked: DispatchState._on_ack,  # type: ignore[dict-item]
     Tick: DispatchState._on_tick,  # type: ignore[dict-item]
     NodeUp: DispatchState._on_node_up,  # type: ignore[dict-item]
     NodeDown: DispatchState._on_node_down,  # type: ignore[dict-item]

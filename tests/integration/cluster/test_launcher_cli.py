@@ -1,0 +1,138 @@
+"""``triplane up`` / ``status --json`` / ``down`` as real subprocesses with TRIPLANE_HOME in
+tmp_path; ``tp.connect()`` with no arguments finds the run directory; a second ``up`` is
+refused while the first cluster lives; ``down`` is idempotent and leaves no process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import triplane as tp
+from triplane.launcher import down as stop_cluster
+from triplane.launcher.procs import alive
+from triplane.sdk.session import set_default_session
+
+
+def _cli(home: Path, *args: str, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("TRIPLANE_URL", "TRIPLANE_TOKEN")}
+    env.update(TRIPLANE_HOME=str(home), COLUMNS="200", NO_COLOR="1")
+    return subprocess.run([sys.executable, "-m", "triplane", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A run dir; whatever `up` left running there is stopped at the end, pass or fail."""
+    h = tmp_path / "home"
+    for var in ("TRIPLANE_URL", "TRIPLANE_TOKEN"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("TRIPLANE_HOME", str(h))
+    yield h
+    set_default_session(None)
+    stop_cluster(h, grace_s=2.0)
+
+
+def test_up_status_connect_down_round_trip(home: Path) -> None:
+    t0 = time.monotonic()
+    r = _cli(home, "up", "--executors", "2", "--memory", "128MiB")
+    assert r.returncode == 0, r.stdout + r.stderr
+    info = json.loads((home / "cluster.json").read_text())
+    token = (home / "token").read_text().strip()
+    assert info["url"] in r.stdout and token in r.stdout
+    for f in ("token", "secret", "cluster.json"):
+        assert (home / f).stat().st_mode & 0o777 == 0o600, f
+    pids = [info["scheduler"]["pid"], *(e["pid"] for e in info["executors"])]
+    assert len(pids) == 3 and all(alive(p) for p in pids)
+    assert (home / "logs" / "scheduler.log").exists() and (home / "logs" / "executor-1.log").exists()
+    up_s = time.monotonic() - t0
+
+    again = _cli(home, "up")
+    assert again.returncode == 1 and "already running" in again.stdout and "triplane down" in again.stdout
+
+    session = tp.connect()  # no arguments: found through TRIPLANE_HOME
+    assert session.url == info["url"]
+    x = tp.Tensor.from_array(np.arange(6, dtype=np.float32).reshape(2, 3))
+    np.testing.assert_array_equal((x @ tp.transpose(x)).numpy(), [[5, 14], [14, 50]])
+    job = session.last_job
+    set_default_session(None)
+
+    st = _cli(home, "status", "--json")
+    assert st.returncode == 0, st.stderr
+    status = json.loads(st.stdout)
+    assert status["running"] and status["url"] == info["url"] and status["error"] is None
+    assert sorted(n["pid"] for n in status["nodes"]) == sorted(pids[1:])
+    for n in status["nodes"]:
+        assert n["id"].startswith("executor-") and n["address"].startswith("127.0.0.1:")
+        assert n["health"] == "up" and any("numpy" in e for e in n["engines"])
+    assert [j["state"] for j in status["jobs"] if j["id"] == job] == ["done"]
+    table = _cli(home, "status")
+    assert table.returncode == 0 and "executor-0" in table.stdout and job in table.stdout
+
+    d = _cli(home, "down")
+    assert d.returncode == 0 and "stopped" in d.stdout
+    deadline = time.monotonic() + 10
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(alive(p) for p in pids)
+    assert not (home / "cluster.json").exists()
+    assert "no cluster was running" in _cli(home, "down").stdout  # idempotent
+    gone = _cli(home, "status", "--json")
+    assert gone.returncode == 1 and json.loads(gone.stdout)["running"] is False
+    print(f"triplane up (scheduler + 2 executors) ready in {up_s:.1f} s")
+
+
+def test_status_and_connect_with_nothing_running(home: Path) -> None:
+    r = _cli(home, "status")
+    assert r.returncode == 1 and "triplane up" in r.stdout
+    with pytest.raises(tp.TriplaneError, match="triplane up"):
+        tp.connect()
+
+
+def test_bad_options_fail_before_starting_anything(home: Path) -> None:
+    r = _cli(home, "up", "--executors", "1", "--memory", "lots")
+    assert r.returncode == 1 and "bad memory size 'lots'" in r.stdout
+    assert not (home / "cluster.json").exists() and not _pids_of(home)
+    r = _cli(home, "up", "--etcd", "zookeeper://x")
+    assert r.returncode == 1 and "etcd://HOST:PORT" in r.stdout
+
+
+def test_a_failing_executor_makes_start_fail_clearly_and_stop_everything(home: Path) -> None:
+    from triplane.launcher import ClusterConfig, LaunchError, LocalCluster
+
+    # an impossible fault-injection probability: the executor exits at once with a usage error
+    cluster = LocalCluster(home, ClusterConfig(executors=1, memory="64MiB", ready_timeout_s=30,
+                                               executor_args=["--drop-udp", "5"]))
+    t0 = time.monotonic()
+    with pytest.raises(LaunchError) as info:
+        cluster.start()
+    msg = str(info.value)
+    assert "executor-0 exited with code 2" in msg and "--drop-udp" in msg and str(home / "logs") in msg
+    assert time.monotonic() - t0 < 30
+    assert not (home / "cluster.json").exists()
+    assert not cluster.scheduler.running()  # the scheduler it had started was stopped again
+    deadline = time.monotonic() + 5
+    while _pids_of(home) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _pids_of(home)
+
+
+def _pids_of(home: Path) -> list[str]:
+    """Pids of live processes whose command line mentions this run dir (none should be left)."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit() and alive(int(d.name)):
+            try:
+                cmd = (d / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if str(home).encode() in cmd:
+                out.append(d.name)
+    return out

@@ -1,0 +1,234 @@
+"""``triplane scheduler``: run the scheduler (REST API + dispatcher) until SIGTERM/SIGINT.
+
+``scheduler_command`` is a plain function with typer-compatible parameters; the
+``triplane`` CLI mounts it (``app.command("scheduler")(scheduler_command)``). uvicorn
+serves the FastAPI app on the same asyncio loop as the dispatcher (uvloop where
+installed). The API token and cluster secret come from ``--token-file`` /
+``--secret-file`` or ``TRIPLANE_TOKEN`` / ``TRIPLANE_SECRET``; without either, fresh ones
+are written (mode 0600) to the run directory. Bad options exit with status 2 and one
+line; on SIGTERM the scheduler stops serving, flushes metadb and resigns leadership.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import secrets
+import signal
+import socket
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+__all__ = ["run_scheduler", "scheduler_command"]
+
+log = logging.getLogger("triplane.scheduler")
+
+
+class _Usage(Exception):
+    pass
+
+
+def _secret_value(path: Path | None, env: str, fallback: Path, min_len: int) -> bytes:
+    """From ``path``, else ``$env``, else ``fallback`` (created with a fresh value, 0600)."""
+    if path is not None:
+        try:
+            value = path.read_bytes().strip()
+        except OSError as e:
+            raise _Usage(f"cannot read {path}: {e.strerror}") from None
+    elif os.environ.get(env):
+        value = os.environ[env].strip().encode()
+    else:
+        if not fallback.exists():
+            fallback.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(fallback, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(secrets.token_hex(32))
+        value = fallback.read_bytes().strip()
+    if len(value) < min_len:
+        raise _Usage(f"{env.lower()} must be at least {min_len} bytes")
+    return value
+
+
+async def _serve(
+    registry: str,
+    db: str | None,
+    host: str,
+    port: int,
+    packet_port: int,
+    data_port: int,
+    run_dir: Path,
+    token: bytes,
+    secret: bytes,
+    max_upload_bytes: int,
+    ready_file: Path | None,
+    slots: int,
+) -> int:
+    import uvicorn
+
+    from triplane import metadb as mdb
+    from triplane.registry import connect_registry
+    from triplane.scheduler.api.app import create_app
+    from triplane.scheduler.service import Scheduler
+
+    try:
+        backend = connect_registry(registry)
+    except ValueError as e:
+        raise _Usage(str(e)) from None
+    database = await asyncio.to_thread(mdb.open_db, db, run_dir=run_dir)
+    sched = Scheduler(
+        registry=backend,
+        db=database,
+        run_dir=run_dir,
+        secret=secret,
+        host=host,
+        packet_port=packet_port,
+        data_port=data_port,
+        scheduler_id=f"{host}:{port}",
+        elect=registry.startswith("etcd://"),
+        max_upload_bytes=max_upload_bytes,
+        slots=slots,
+    )
+    app = create_app(sched, token)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        raise _Usage(f"cannot listen on {host}:{port}: {e.strerror}") from None
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off"))
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await sched.start()
+        serving = loop.create_task(server.serve(sockets=[sock]))
+        bound = sock.getsockname()[1]
+        log.info(
+            "scheduler %s on http://%s:%d (packets %d, data %d, role %s)",
+            sched.id,
+            host,
+            bound,
+            sched.shell.port,
+            sched.data_port,
+            sched.role,
+        )
+        if ready_file is not None:
+            # Written whole or not at all: readers poll for it.
+            tmp = ready_file.with_name(ready_file.name + ".tmp")
+            tmp.write_text(
+                f'{{"url": "http://{host}:{bound}", "packet_port": {sched.shell.port}, '
+                f'"data_port": {sched.data_port}, "pid": {os.getpid()}, "role": "{sched.role}"}}\n'
+            )
+            os.replace(tmp, ready_file)
+        stopped = loop.create_task(sched.stopped.wait())
+        stopping = loop.create_task(stop.wait())
+        await asyncio.wait({serving, stopped, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        server.should_exit = True
+        await asyncio.wait_for(serving, 10)
+        return 1 if sched.stopped.is_set() and not stop.is_set() else 0
+    finally:
+        await sched.close()
+        await asyncio.to_thread(database.close)
+        close = getattr(backend, "close", None)
+        if close is not None:
+            await close()
+
+
+def run_scheduler(
+    registry: str = "memory://",
+    db: str | None = None,
+    host: str = "127.0.0.1",
+    port: int = 8470,
+    packet_port: int = 0,
+    data_port: int = 0,
+    run_dir: Path | None = None,
+    token_file: Path | None = None,
+    secret_file: Path | None = None,
+    log_level: str = "info",
+    max_upload_bytes: int = 1 << 30,
+    ready_file: Path | None = None,
+    slots: int = 4,
+) -> int:
+    """``scheduler_command`` returning its exit status instead of raising ``SystemExit``."""
+    try:
+        if not 1 <= slots <= 1024:
+            raise _Usage(f"--slots must be in 1..1024, got {slots}")
+        if log_level.lower() not in ("debug", "info", "warning", "error"):
+            raise _Usage(f"bad log level {log_level!r} (one of debug, info, warning, error)")
+        logging.basicConfig(
+            level=log_level.upper(),
+            stream=sys.stderr,
+            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        )
+        home = Path(run_dir or os.environ.get("TRIPLANE_HOME") or Path.home() / ".triplane")
+        token = _secret_value(token_file, "TRIPLANE_TOKEN", home / "token", 16)
+        secret = _secret_value(secret_file, "TRIPLANE_SECRET", home / "secret", 16)
+        try:
+            import uvloop
+
+            runner = uvloop.run
+        except ImportError:
+            runner = asyncio.run
+        return runner(
+            _serve(
+                registry,
+                db,
+                host,
+                port,
+                packet_port,
+                data_port,
+                home,
+                token,
+                secret,
+                max_upload_bytes,
+                ready_file,
+                slots,
+            )
+        )
+    except _Usage as e:
+        print(f"triplane scheduler: {e}", file=sys.stderr)
+        return 2
+
+
+def scheduler_command(
+    registry: Annotated[str, typer.Option(help="memory://, etcd://HOST:PORT")] = "memory://",
+    db: Annotated[str | None, typer.Option(help="metadata DB URL (default: SQLite in the run dir)")] = None,
+    host: Annotated[str, typer.Option(help="address to listen on and publish")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="HTTP port of the REST API")] = 8470,
+    packet_port: Annotated[int, typer.Option(help="UDP+TCP packet port (0: any free)")] = 0,
+    data_port: Annotated[int, typer.Option(help="TCP data port for uploaded tensors (0: any free)")] = 0,
+    run_dir: Annotated[Path | None, typer.Option(help="run directory (default $TRIPLANE_HOME)")] = None,
+    token_file: Annotated[Path | None, typer.Option(help="API token (else $TRIPLANE_TOKEN)")] = None,
+    secret_file: Annotated[Path | None, typer.Option(help="cluster secret (else $TRIPLANE_SECRET)")] = None,
+    log_level: Annotated[str, typer.Option(help="debug, info, warning or error")] = "info",
+    max_upload_bytes: Annotated[int, typer.Option(help="largest tensor upload")] = 1 << 30,
+    ready_file: Annotated[Path | None, typer.Option(help="write URL and ports here once serving")] = None,
+    slots: Annotated[int, typer.Option(help="tasks in flight per executor")] = 4,
+) -> None:
+    """Run the scheduler: REST API, dispatcher and upload store, until stopped."""
+    code = run_scheduler(
+        registry,
+        db,
+        host,
+        port,
+        packet_port,
+        data_port,
+        run_dir,
+        token_file,
+        secret_file,
+        log_level,
+        max_upload_bytes,
+        ready_file,
+        slots,
+    )
+    if code:
+        raise SystemExit(code)
+
+
+if __name__ == "__main__":
+    typer.run(scheduler_command)

@@ -1,0 +1,391 @@
+"""The asyncio I/O shell around :class:`DispatchState`: packets, deadlines, node watch.
+
+The shell owns no rules. It turns I/O into events and instructions into I/O:
+
+* ``Send``          -> a signed task packet to the node's UDP port (a packet over 1472
+                       bytes goes framed over TCP to the same port number);
+* replies           -> ``TaskSucceeded`` / ``TaskErred`` (the node is the one the state
+                       sent the attempt to; a reply for a settled attempt changes nothing);
+* ``ack`` controls  -> ``TaskAcked`` (stop retransmitting); ``ping`` -> ``pong``;
+* a timer           -> ``Tick`` every ``tick_s`` (deadlines, retransmits, drift);
+* the registry      -> ``NodeUp`` (with ``slots`` in-flight tasks per executor: two hide
+                       the round trip) / ``NodeDown``;
+* ``JobFinished`` / ``Transitioned`` -> the ``Hooks`` the service gives (job state and
+  long-pollers; batched metadb writes).
+
+Bad packets (malformed, unsigned, forged, oversized) are dropped and counted in
+``drops``; nothing a peer sends can raise out of the receive path. The per-task path is
+kept lean: one decode, one state step, one encode and ``sendto`` per packet, no logging
+at info level and no registry or database call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from triplane.proto.packet import (
+    MAX_DATAGRAM_BYTES,
+    MAX_FRAME_BYTES,
+    Control,
+    DropCounters,
+    PacketError,
+    Reply,
+    TaskPacket,
+    decode,
+    encode_control,
+    encode_task,
+    frame,
+    parse_task_id,
+    read_frame,
+)
+from triplane.registry import NodeInfo, RegistryBackend, watch_nodes
+from triplane.scheduler.dispatch.state import (
+    DispatchState,
+    Event,
+    Instruction,
+    JobFinished,
+    NodeDown,
+    NodeUp,
+    Send,
+    TaskAcked,
+    TaskErred,
+    TaskSucceeded,
+    Tick,
+    Transitioned,
+)
+from triplane.scheduler.jobplan import SCHEDULER_NODE, TaskTemplate, tile_id
+
+log = logging.getLogger(__name__)
+
+# The executor's infra error for an input it could not pull (triplane/executor/tasks.py).
+_PULL_FAILED = re.compile(r"pulling input \S+ from node (\S+) failed")
+
+
+@dataclass
+class Hooks:
+    """What the service does with the state machine's outputs. Called on the event loop;
+    they must not block (queue to a BatchWriter, set an asyncio.Event)."""
+
+    finished: Callable[[JobFinished], None] = lambda f: None
+    transitions: Callable[[list[Transitioned]], None] = lambda ts: None
+    output: Callable[[str, str, str, Reply], None] = lambda job, task, node, reply: None
+    node_down: Callable[[str], None] = lambda node: None
+
+
+@dataclass
+class ShellStats:
+    sent: int = 0
+    resent: int = 0
+    replies: int = 0
+    acks: int = 0
+    unsendable: int = 0  # Send to a node whose address is unknown (deadline handles it)
+    stale_replies: int = 0  # replies for tasks the shell no longer knows
+    drops: DropCounters = field(default_factory=DropCounters)
+
+
+class _Datagrams(asyncio.DatagramProtocol):
+    def __init__(self, shell: DispatchShell) -> None:
+        self.shell = shell
+
+    def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
+        self.shell.received(data, addr, MAX_DATAGRAM_BYTES)
+
+    def error_received(self, exc: Exception) -> None:  # e.g. ICMP port unreachable: a node died
+        log.debug("udp error: %s", exc)
+
+
+class DispatchShell:
+    """Carries out a :class:`DispatchState`'s instructions over UDP/TCP."""
+
+    def __init__(
+        self,
+        state: DispatchState,
+        secret: bytes,
+        templates: Mapping[str, Mapping[str, TaskTemplate]],
+        hooks: Hooks | None = None,
+        *,
+        tick_s: float = 0.025,
+        slots: int = 2,
+    ) -> None:
+        self.state = state
+        self.secret = secret
+        self.templates = templates  # job -> task -> template (the service fills it before submit)
+        self.hooks = hooks or Hooks()
+        self.tick_s = tick_s
+        self.slots = slots
+        self.nodes: dict[str, NodeInfo] = {}
+        self._suspects: dict[str, NodeInfo] = {}  # down for us, still registered: probed
+        self.stats = ShellStats()
+        self.port = 0
+        self._udp: asyncio.DatagramTransport | None = None
+        self._tcp: asyncio.base_events.Server | None = None
+        self._tasks: list[asyncio.Task[Any]] = []
+        self._seq = 0
+
+    # --- lifecycle -------------------------------------------------------------------------
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
+        """Bind UDP and TCP on one port number (``port`` 0: a free one) and start ticking."""
+        loop = asyncio.get_running_loop()
+        for _ in range(20):  # the UDP port may be taken for TCP by someone else: retry a free one
+            transport, _ = await loop.create_datagram_endpoint(
+                lambda: _Datagrams(self), local_addr=(host, port)
+            )
+            bound = transport.get_extra_info("sockname")[1]
+            try:
+                self._tcp = await asyncio.start_server(self._serve_tcp, host, bound)
+            except OSError:
+                transport.close()
+                if port:
+                    raise
+                continue
+            self._udp = transport  # type: ignore[assignment]
+            self.port = int(bound)
+            break
+        else:
+            raise OSError("no port free for both UDP and TCP")
+        self._tasks.append(loop.create_task(self._tick_loop(), name="dispatch-tick"))
+        self._tasks.append(loop.create_task(self._probe_suspects(), name="dispatch-probe"))
+        return self.port
+
+    def watch(self, registry: RegistryBackend) -> asyncio.Task[None]:
+        """Follow the registry's nodes (NodeUp/NodeDown) until the task is cancelled."""
+        return asyncio.get_running_loop().create_task(self._watch(registry), name="dispatch-watch")
+
+    async def close(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        self._tasks.clear()
+        if self._udp is not None:
+            self._udp.close()
+        if self._tcp is not None:
+            self._tcp.close()
+
+    # --- events in --------------------------------------------------------------------------
+
+    def handle(self, event: Event) -> None:
+        """Feed one event to the state machine and carry out what it says."""
+        out = self.state.handle(event)
+        if out:
+            self._carry_out(out)
+
+    def node_up(self, info: NodeInfo) -> None:
+        self._suspects.pop(info.node, None)
+        self.nodes[info.node] = info
+        self.handle(NodeUp(f"node-up:{info.node}", info.node, self.slots, time.time()))
+
+    def node_down(self, node: str) -> None:
+        self._suspects.pop(node, None)
+        self.nodes.pop(node, None)
+        self.hooks.node_down(node)
+        self.handle(NodeDown(f"node-down:{node}", node, time.time()))
+
+    def received(self, data: bytes, addr: tuple[str, int], max_bytes: int) -> None:
+        """One packet from the network: decode, dispatch; a bad one is dropped and counted."""
+        try:
+            msg = decode(data, self.secret, max_bytes=max_bytes)
+            if type(msg) is Reply:
+                self._on_reply(msg)
+            elif type(msg) is Control:
+                self._on_control(msg, addr)
+            else:  # a task packet sent to the scheduler: not ours to run
+                self.stats.drops.invalid += 1
+        except PacketError as e:
+            self.stats.drops.count(e)
+        except Exception:  # a bug must not kill the receive path; say so loudly
+            log.exception("error handling a packet from %s", addr)
+
+    def _on_reply(self, r: Reply) -> None:
+        job, task, attempt = parse_task_id(r.task)
+        j = self.state.jobs.get(job)
+        t = j.tasks.get(task) if j is not None else None
+        if t is None or t.attempt != attempt or t.node is None:
+            self.stats.stale_replies += 1
+            return
+        self.stats.replies += 1
+        now = time.time()
+        if r.ok:
+            if t.state == "dispatched":
+                self.hooks.output(job, task, t.node, r)
+            self.handle(TaskSucceeded(f"reply:{r.task}", job, task, attempt, t.node, now))
+        else:
+            assert r.error is not None
+            m = _PULL_FAILED.search(r.error.message) if r.error.kind == "infra" else None
+            if m is not None and m.group(1) in self.nodes and m.group(1) != t.node:
+                self.suspect(m.group(1))
+            self.handle(
+                TaskErred(f"reply:{r.task}", job, task, attempt, t.node, r.error.kind, r.error.message, now)
+            )
+
+    def suspect(self, node: str) -> None:
+        """A peer could not serve a tile from ``node``: treat it as down now (its tiles are
+        recomputed from lineage, its tasks drift) rather than wait for its lease to expire,
+        which would burn every attempt of the tasks that need its tiles. A probe of its data
+        port brings it back if it answers again."""
+        info = self.nodes.get(node)
+        if info is None:
+            return
+        log.warning("node %s failed to serve a tile: treating it as down until its data port answers", node)
+        self.node_down(node)
+        self._suspects[node] = info
+
+    async def _probe_suspects(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            for node, info in list(self._suspects.items()):
+                try:
+                    _, w = await asyncio.wait_for(asyncio.open_connection(info.address, info.data_port), 1.0)
+                    w.close()
+                except (OSError, asyncio.TimeoutError):
+                    continue
+                if self._suspects.get(node) is info:
+                    log.info("node %s answers again", node)
+                    self.node_up(info)
+
+    def _on_control(self, c: Control, addr: tuple[str, int]) -> None:
+        if c.kind == "ack":
+            self.stats.acks += 1
+            with contextlib.suppress(PacketError):
+                job, task, attempt = parse_task_id(c.id)
+                self.handle(TaskAcked(f"ack:{c.id}", job, task, attempt, time.time()))
+        elif c.kind == "ping" and self._udp is not None:
+            self._udp.sendto(encode_control(Control("pong", c.id, time.time()), self.secret), addr)
+
+    async def _serve_tcp(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer = writer.get_extra_info("peername") or ("?", 0)
+        try:
+            while True:
+                payload = await read_frame(reader, MAX_FRAME_BYTES)
+                if payload is None:
+                    return
+                self.received(payload, peer, MAX_FRAME_BYTES)
+        except PacketError as e:  # the stream lost sync: count it and hang up
+            self.stats.drops.count(e)
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            writer.close()
+
+    async def _tick_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.tick_s)
+            self._seq += 1
+            try:
+                self.handle(Tick(f"tick:{self._seq}", time.time()))
+            except Exception:
+                log.exception("dispatcher tick failed")
+
+    async def _watch(self, registry: RegistryBackend) -> None:
+        while True:
+            try:
+                async for ev in watch_nodes(registry):
+                    if ev.kind == "up" and ev.info is not None:
+                        self.node_up(ev.info)
+                    elif ev.kind == "down":
+                        self.node_down(ev.node)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("node watch failed; restarting it")
+                await asyncio.sleep(0.5)
+
+    # --- instructions out -----------------------------------------------------------------------
+
+    def _carry_out(self, out: list[Instruction]) -> None:
+        transitions: list[Transitioned] = []
+        for ins in out:
+            kind = type(ins)
+            if kind is Transitioned:
+                transitions.append(ins)  # type: ignore[arg-type]
+            elif kind is Send:
+                self._send(ins)  # type: ignore[arg-type]
+            elif kind is JobFinished:
+                self.hooks.finished(ins)  # type: ignore[arg-type]
+        if transitions:
+            self.hooks.transitions(transitions)
+
+    def packet_for(self, s: Send) -> bytes:
+        """The signed packet of one Send instruction."""
+        tpl = self.templates[s.job][s.task]
+        pull = {u: SCHEDULER_NODE for u in tpl.uploads}
+        for dep, node in s.pull_from:
+            pull[tile_id(s.job, dep)] = node
+        p = TaskPacket(
+            f"{s.job}.{s.task}.a{s.attempt}",
+            tpl.op,
+            tpl.inputs,
+            (tile_id(s.job, s.task),),
+            s.deadline,
+            pull,
+            tpl.attrs,
+        )
+        return encode_task(p, self.secret)
+
+    def _send(self, s: Send) -> None:
+        info = self.nodes.get(s.node)
+        if info is None or self._udp is None:
+            self.stats.unsendable += 1
+            return
+        try:
+            data = self.packet_for(s)
+        except (PacketError, KeyError) as e:  # a task the codec refuses: fail it, do not loop
+            log.error("cannot encode task %s.%s: %s", s.job, s.task, e)
+            self.handle(
+                TaskErred(
+                    f"encode:{s.job}.{s.task}",
+                    s.job,
+                    s.task,
+                    s.attempt,
+                    s.node,
+                    "user",
+                    f"the task packet cannot be encoded: {e}",
+                    time.time(),
+                )
+            )
+            return
+        if s.resend:
+            self.stats.resent += 1
+        else:
+            self.stats.sent += 1
+        if len(data) <= MAX_DATAGRAM_BYTES:
+            self._udp.sendto(data, (info.address, info.udp_port))
+        else:
+            task = asyncio.get_running_loop().create_task(self._send_tcp(info, data, s.deadline))
+            self._tasks.append(task)
+            task.add_done_callback(lambda t: self._tasks.remove(t) if t in self._tasks else None)
+
+    async def _send_tcp(self, info: NodeInfo, data: bytes, deadline: float) -> None:
+        """Send a framed task and read what the executor answers on that connection (its ack
+        and reply) until it closes or the attempt's deadline passes. A lost TCP send is like
+        a lost datagram: the deadline retransmits it."""
+        writer = None
+        try:
+            reader, writer = await asyncio.wait_for(asyncio.open_connection(info.address, info.tcp_port), 5.0)
+            writer.write(frame(data))
+            await asyncio.wait_for(writer.drain(), 5.0)
+            peer = (info.address, info.tcp_port)
+            while True:
+                left = deadline - time.time()
+                if left <= 0:
+                    return
+                payload = await asyncio.wait_for(read_frame(reader, MAX_FRAME_BYTES), left)
+                if payload is None:
+                    return
+                self.received(payload, peer, MAX_FRAME_BYTES)
+        except PacketError as e:
+            self.stats.drops.count(e)
+        except (OSError, asyncio.TimeoutError):
+            pass
+        finally:
+            if writer is not None:
+                writer.close()

@@ -1,0 +1,124 @@
+"""Batched persistence of the dispatcher's state: task transitions, drift events, tiles.
+
+The hot path only fills dicts on the event loop (``transitions``, ``output``); every
+``period_s`` the journal hands the *latest* transition of each task to the metadb
+``BatchWriter`` (so a task that went ready -> dispatched -> done in between costs one
+row update), appends an event row only for the unusual transitions (drift, lineage
+recompute, failure: the normal path is in the tasks table already), and upserts output
+tile locations in one transaction. A database error is logged and the next period tries
+again; nothing here blocks the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+from triplane import metadb as mdb
+from triplane.proto.packet import Reply
+from triplane.scheduler.dispatch.state import Transitioned
+
+log = logging.getLogger(__name__)
+
+TASK_STATE = {
+    "waiting": "pending",
+    "ready": "ready",
+    "dispatched": "dispatched",
+    "done": "done",
+    "failed": "failed",
+    "cancelled": "cancelled",
+}
+
+
+class Journal:
+    """Collects what the metadb must learn; ``flush`` queues it, ``write_tiles`` writes tiles.
+    ``progress(job)`` gives (running?, tasks done) for the job counters."""
+
+    def __init__(self, db: mdb.MetaDB, progress: Callable[[str], tuple[bool, int]]) -> None:
+        self.db = db
+        self.progress = progress
+        self.writer: mdb.BatchWriter | None = None
+        self._tx: dict[tuple[str, str], Transitioned] = {}
+        self._events: list[Transitioned] = []
+        self._tiles: dict[str, list[mdb.TileLocation]] = defaultdict(list)
+
+    def open(self) -> None:
+        self.writer = mdb.BatchWriter(self.db, max_items=2000, max_delay=0.05)
+
+    def close(self) -> None:
+        """Flush everything (blocking: call it in a thread)."""
+        self.flush()
+        if self.writer is not None:
+            try:
+                self.writer.close()
+            except mdb.BatchWriteError as e:
+                log.error("metadb writes lost at shutdown: %s", e)
+        self.write_tiles()
+
+    def transitions(self, ts: list[Transitioned]) -> None:
+        for t in ts:
+            self._tx[(t.job, t.task)] = t
+            if t.start in ("dispatched", "done") and t.finish in ("ready", "waiting", "failed"):
+                self._events.append(t)
+
+    def output(self, job: str, task: str, node: str, r: Reply) -> None:
+        for o in r.outputs:
+            self._tiles[job].append(mdb.TileLocation(task, (), tuple(o.shape), o.dtype, o.bytes, node))
+
+    async def run(self, period_s: float = 0.2) -> None:
+        while True:
+            await asyncio.sleep(period_s)
+            try:
+                self.flush()
+                if self._tiles:
+                    await asyncio.to_thread(self.write_tiles)
+            except Exception:
+                log.exception("persisting dispatcher state failed (retrying)")
+
+    def flush(self) -> None:
+        """Queue the latest transition of each task (and the unusual ones as events)."""
+        w = self.writer
+        if w is None or not (self._tx or self._events):
+            return
+        tx, self._tx = self._tx, {}
+        events, self._events = self._events, []
+        for (job, task), t in tx.items():
+            fields: dict[str, Any] = {"attempt": t.attempt, "node": t.node}
+            if t.finish == "dispatched":
+                fields["started_at"] = t.at
+            elif t.finish in ("done", "failed", "cancelled"):
+                fields["finished_at"] = t.at
+            w.transition(job, task, TASK_STATE[t.finish], **fields)
+        for t in events:
+            w.event(
+                t.job,
+                f"task.{t.finish}",
+                task_id=t.task,
+                stimulus_id=t.stimulus_id[:128],
+                at=t.at,
+                payload={"from": t.start, "attempt": t.attempt, "node": t.node},
+            )
+        for job in {j for j, _ in tx}:
+            running, done = self.progress(job)
+            if running:
+                w.job_progress(job, tasks_done=done)
+
+    def job_ended(self, job: str, state: str, done: int, error: str | None) -> None:
+        if self.writer is None:
+            return
+        try:
+            self.flush()
+            self.writer.job_progress(job, state=state, tasks_done=done, error=error)
+        except mdb.MetaDBError as e:
+            log.error("cannot record the end of job %s: %s", job, e)
+
+    def write_tiles(self) -> None:
+        tiles, self._tiles = self._tiles, defaultdict(list)
+        if not tiles:
+            return
+        with self.db.transaction() as s:
+            for job, locs in tiles.items():
+                mdb.record_tiles(s, job, locs)

@@ -1,0 +1,147 @@
+"""Leader election and what leading means for a scheduler (a mixin of ``Scheduler``).
+
+With ``elect=True`` the scheduler campaigns for ``scheduler/leader``; elected, it
+publishes ``scheduler/data`` (where executors pull uploads), watches the nodes and
+resumes the unfinished jobs of the metadb. It watches its leadership: when the lease is
+found gone or the key no longer names it (a wiped etcd forgets both), it steps down to
+standby, forgets its in-memory jobs (the metadb has them) and campaigns again, so a
+scheduler never needs an outside restart and two replicas never both dispatch for long.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from typing import Any
+
+from triplane.registry import (
+    Leadership,
+    RegistryError,
+    RegistryUnavailable,
+    campaign,
+    leader,
+    list_nodes,
+)
+from triplane.scheduler.dispatch.state import DispatchState
+
+log = logging.getLogger("triplane.scheduler.service")
+
+DATA_KEY = "scheduler/data"
+
+
+class Leading:
+    """The leadership half of ``Scheduler`` (it supplies the attributes used here)."""
+
+    # Provided by Scheduler:
+    id: str
+    role: str
+    registry: Any
+    lease_ttl_s: float
+    journal: Any
+    jobs: dict[str, Any]
+    templates: dict[str, Any]
+    state: DispatchState
+    shell: Any
+    policy: Any
+    host: str
+    data_port: int
+    _leadership: Leadership | None
+    _lead_tasks: list[asyncio.Task[Any]]
+    _data_lease: int
+    _data_keepalive: Any
+
+    async def _resume(self, live_nodes: set[str]) -> None:
+        raise NotImplementedError
+
+    async def _campaign(self) -> None:
+        """Lead whenever elected; on losing the lease (etcd wiped, a long pause) step down to
+        standby, forget the in-memory jobs, and campaign again: whoever leads next resumes
+        them from the metadb."""
+        while True:
+            self._leadership = await campaign(self.registry, self.id, self.lease_ttl_s)
+            try:
+                await self._lead()
+            except RegistryUnavailable as e:
+                log.warning("registry unavailable while taking the lead (%s); retrying", e)
+                await self._step_down()
+                await asyncio.sleep(0.5)
+                continue
+            await self._while_leading(self._leadership)
+            log.error("scheduler %s lost its leadership; stepping down and campaigning again", self.id)
+            await self._step_down()
+
+    async def _while_leading(self, lead: Leadership) -> None:
+        """Return once ``lead`` is lost: its lease found gone, or the key no longer names us
+        (a wiped etcd forgets both; the keep-alive may only notice later)."""
+        while True:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(lead.lost.wait(), 1.0)
+                return
+            try:
+                if await leader(self.registry) != self.id:
+                    return
+            except RegistryError:
+                continue  # unreachable: the lease decides
+
+    async def _step_down(self) -> None:
+        self.role = "standby"
+        for t in self._lead_tasks:
+            t.cancel()
+        self._lead_tasks.clear()
+        self.journal.flush()
+        for live in self.jobs.values():
+            live.ended.set()  # long-pollers re-read the status (from the metadb)
+        self.jobs.clear()
+        self.templates.clear()
+        self.state = DispatchState(self.policy)
+        self.shell.state = self.state
+        self.shell.nodes.clear()
+        if self._leadership is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._leadership.resign(), 3.0)
+
+    async def _lead(self) -> None:
+        """Become the acting scheduler: publish the data endpoint, watch nodes, resume jobs."""
+        loop = asyncio.get_running_loop()
+        await self._publish_data()
+        self._lead_tasks.append(loop.create_task(self._keep_data_published(), name="scheduler-data"))
+        nodes = await list_nodes(self.registry)
+        for n in nodes:
+            self.shell.node_up(n)
+        self._lead_tasks.append(self.shell.watch(self.registry))
+        await self._resume({n.node for n in nodes})
+        self.role = "leader"
+
+    async def _publish_data(self) -> None:
+        lease = await self.registry.grant_lease(self.lease_ttl_s)
+        self._data_lease = lease
+        value = json.dumps({"address": self.host, "data_port": self.data_port}, sort_keys=True).encode()
+        await self.registry.put(DATA_KEY, value, lease=lease)
+        self._data_keepalive = self.registry.keep_alive(lease, self.lease_ttl_s)
+
+    async def _keep_data_published(self) -> None:
+        """Executors find uploads through ``scheduler/data``: write it again if its lease goes."""
+        while True:
+            ka = self._data_keepalive
+            try:
+                while not ka.lost.is_set():
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(ka.lost.wait(), 1.0)
+                    try:
+                        if await self.registry.get(DATA_KEY) is None:  # e.g. etcd wiped
+                            break
+                    except RegistryError:
+                        continue
+            finally:
+                with contextlib.suppress(Exception):
+                    await ka.stop()
+            log.warning("scheduler/data is gone; publishing again")
+            while True:
+                try:
+                    await self._publish_data()
+                    break
+                except RegistryError as e:
+                    log.warning("cannot publish scheduler/data (%s); retrying", e)
+                    await asyncio.sleep(0.5)

@@ -1,0 +1,552 @@
+"""The Scheduler: jobs in, tasks out, results back (docs/runtime.md, docs/scheduler.md).
+
+One object owns the control plane of a process: the registry connection, the metadata
+DB (with its ``BatchWriter``), the upload store and its data server, the plan cache, and
+the dispatcher (pure ``DispatchState`` + asyncio ``DispatchShell``). The REST app
+(``triplane.scheduler.api``) is a thin layer over its public coroutines.
+
+Failure semantics:
+
+* ``submit`` validates, stores and compiles before it answers, and refuses (``SubmitError``,
+  a 400/503 for the API) a graph it could never run: malformed, an op no registered engine
+  supports, an unknown upload, or no executor at all. Nothing is half-submitted: the job
+  is stored (with its tasks) in one transaction, then handed to the dispatcher.
+* Task transitions reach metadb in batches (one commit per batch, not per task); a task's
+  output location is recorded in the ``tiles`` table, also batched.
+* On start (and when a standby becomes leader) non-terminal jobs are resumed from metadb:
+  tasks whose output is recorded on a live executor count as done, the rest run again.
+* With ``elect=True`` (etcd) the scheduler campaigns for ``scheduler/leader`` and serves
+  as a standby until it wins; job calls then raise ``NotLeader`` naming the leader. If it
+  loses the lease, it stops (``stopped`` is set) rather than risk two leaders.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections import defaultdict
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+
+from triplane import metadb as mdb
+from triplane.metadb.models import Tile
+from triplane.proto.errors import GraphError
+from triplane.proto.ir import Graph
+from triplane.registry import (
+    Leadership,
+    RegistryBackend,
+    leader,
+    list_nodes,
+    list_op_engines,
+)
+from triplane.scheduler.compiler.pipeline import PlanCache
+from triplane.scheduler.dispatch.shell import DispatchShell, Hooks
+from triplane.scheduler.dispatch.state import (
+    CancelJob,
+    DispatchState,
+    JobFinished,
+    Policy,
+    SubmitJob,
+)
+from triplane.scheduler.jobplan import JobPlan, TaskTemplate, new_job_id, plan_job, prepare, unsupported_op
+from triplane.scheduler.journal import Journal
+from triplane.scheduler.leading import Leading
+from triplane.scheduler.store import DataPortClient, DataServer, StoredTensor, TensorStore
+
+log = logging.getLogger(__name__)
+
+VERSION = "0.1.0"
+
+_API_STATE = {
+    "submitted": "queued",
+    "compiling": "queued",
+    "running": "running",
+    "done": "done",
+    "failed": "failed",
+    "cancelled": "cancelled",
+}
+
+
+class SubmitError(Exception):
+    """A request the scheduler refuses: ``status`` (400, 404, 409, 503) and the error body."""
+
+    def __init__(
+        self, status: int, kind: str, message: str, *, node: str | None = None, op: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.body = {"kind": kind, "message": message, "node": node, "op": op}
+
+
+class NotLeader(SubmitError):
+    def __init__(self, leader_id: str | None) -> None:
+        who = f"the leader is {leader_id}" if leader_id else "no leader is elected yet"
+        super().__init__(503, "standby", f"this scheduler is a standby; {who}")
+        self.leader_id = leader_id
+
+
+@dataclass
+class LiveJob:
+    """A job this process dispatches (or finished since it started)."""
+
+    plan: JobPlan
+    back: dict[str, str]  # plan node id -> submitted node id (for errors)
+    created: float
+    updated: float
+    state: str = "running"
+    error: dict[str, Any] | None = None
+    ended: asyncio.Event = field(default_factory=asyncio.Event)
+    fetched_released: bool = False
+
+
+def graph_error_kind(e: GraphError) -> str:
+    names = {
+        "UnknownOpError": "unknown_op",
+        "ShapeError": "shape",
+        "DTypeError": "dtype",
+        "AttrError": "attr",
+        "LimitError": "limit",
+    }
+    return names.get(type(e).__name__, "graph")
+
+
+class Scheduler(Leading):
+    """See the module docstring. Create, ``await start()``, ``await close()``."""
+
+    def __init__(
+        self,
+        *,
+        registry: RegistryBackend,
+        db: mdb.MetaDB,
+        run_dir: Path,
+        secret: bytes,
+        host: str = "127.0.0.1",
+        packet_port: int = 0,
+        data_port: int = 0,
+        scheduler_id: str | None = None,
+        elect: bool = False,
+        slots: int = 2,
+        policy: Policy | None = None,
+        tick_s: float = 0.025,
+        max_upload_bytes: int = 1 << 30,
+        lease_ttl_s: float = 5.0,
+    ) -> None:
+        self.registry = registry
+        self.db = db
+        self.run_dir = Path(run_dir)
+        self.secret = secret
+        self.host = host
+        self.id = scheduler_id or f"{host}-{id(self):x}"
+        self.elect = elect
+        self.lease_ttl_s = lease_ttl_s
+        self.role = "standby" if elect else "leader"
+        self.store = TensorStore(self.run_dir / "tensors", max_upload_bytes)
+        self.data_server = DataServer(self.store, secret)
+        self.data_client = DataPortClient(secret)
+        self.plans = PlanCache()
+        self.state = DispatchState(policy)
+        self.templates: dict[str, dict[str, TaskTemplate]] = {}
+        self.journal = Journal(db, self._progress)
+        self.shell = DispatchShell(
+            self.state,
+            secret,
+            self.templates,
+            Hooks(self._finished, self.journal.transitions, self.journal.output, self._node_down),
+            tick_s=tick_s,
+            slots=slots,
+        )
+        self.jobs: dict[str, LiveJob] = {}
+        self.stopped = asyncio.Event()
+        self._packet_port, self._data_port = packet_port, data_port
+        self.data_port = 0
+        self._tasks: list[asyncio.Task[Any]] = []
+        self._leadership: Leadership | None = None
+        self._lead_tasks: list[asyncio.Task[Any]] = []
+        self._data_lease = 0
+        self._data_keepalive: Any = None
+        self.policy = policy
+
+    # --- lifecycle ---------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.data_port = await self.data_server.start(self.host, self._data_port)
+        await self.shell.start(self.host, self._packet_port)
+        self.journal.open()
+        self._tasks.append(loop.create_task(self.journal.run(), name="scheduler-journal"))
+        if self.elect:
+            self._tasks.append(loop.create_task(self._campaign(), name="scheduler-campaign"))
+        else:
+            await self._lead()
+
+    async def close(self) -> None:
+        for t in self._lead_tasks:
+            t.cancel()
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        await self.shell.close()
+        await self.data_server.close()
+        with contextlib.suppress(Exception):
+            await asyncio.to_thread(self.journal.close)
+        if self._leadership is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._leadership.resign(), 3.0)
+        if self._data_lease:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.registry.revoke_lease(self._data_lease), 3.0)
+
+    async def _resume(self, live_nodes: set[str]) -> None:
+        resumed = await asyncio.to_thread(self._load_resumable)
+        for info, cgraph, bindings, tiles in resumed:
+            try:
+                plan = plan_job(info.id, cgraph, bindings["args"], bindings["fetch"], {}, self.plans)
+            except (GraphError, KeyError, TypeError, IndexError) as e:  # not a graph we accepted
+                await asyncio.to_thread(self._set_failed, info.id, f"cannot resume: {e}")
+                continue
+            done = tuple(
+                (t.tensor, t.node)
+                for t in tiles
+                if t.state == "present" and t.node in live_nodes and t.tensor in plan.templates
+            )
+            self._dispatch(plan, info.created_at, done)
+            log.info("resumed job %s (%d of %d tasks already done)", info.id, len(done), len(plan.specs))
+
+    def _load_resumable(self) -> list[tuple[mdb.JobInfo, Graph, dict[str, Any], list[mdb.TileInfo]]]:
+        out = []
+        with self.db.read() as s:
+            for r in mdb.jobs_to_resume(s):
+                if r.job.id in self.jobs:
+                    continue
+                g = Graph.from_json(mdb.get_graph(s, r.job.graph_hash).canonical)
+                ev = mdb.list_events(s, r.job.id, limit=1)
+                bindings = ev[0].payload if ev and ev[0].kind == "job.bindings" else {}
+                # One query per job (the repository reads one tensor at a time).
+                tiles = [
+                    mdb.TileInfo.of(row) for row in s.scalars(sa.select(Tile).where(Tile.job_id == r.job.id))
+                ]
+                out.append((r.job, g, bindings, tiles))
+        return out
+
+    def _set_failed(self, job: str, error: str) -> None:
+        with self.db.transaction() as s:
+            mdb.set_job_state(s, job, "failed", error=error)
+
+    # --- jobs ---------------------------------------------------------------------------------
+
+    async def require_leader(self) -> None:
+        if self.role != "leader":
+            raise NotLeader(await leader(self.registry))
+
+    async def submit(self, graph_doc: Any, fetch: Any) -> dict[str, Any]:
+        """Validate, store, compile and dispatch a job; its status body. SubmitError otherwise."""
+        await self.require_leader()
+        if not isinstance(fetch, list) or not all(isinstance(f, str) for f in fetch) or len(fetch) > 10_000:
+            raise SubmitError(400, "request", "'fetch' must be a list of at most 10000 node ids")
+        try:
+            cgraph, args, plan = await asyncio.to_thread(self._plan, graph_doc, fetch)
+        except GraphError as e:
+            raise SubmitError(400, graph_error_kind(e), str(e), node=e.node, op=e.op) from None
+        job_id, fetch_map = plan.job, plan.fetch
+        bindings = {"args": list(args), "fetch": fetch_map}
+        if len(json.dumps(bindings)) > 60_000:
+            raise SubmitError(
+                400,
+                "limit",
+                f"{len(args)} uploaded inputs and {len(fetch)} fetched names "
+                "do not fit one job's record; submit fewer at once",
+            )
+        back = plan.back
+        for nid, tensor in plan.uploads.items():
+            stored = self.store.get(tensor)
+            node = plan.plan.graph.nodes[nid]
+            if stored is None:
+                raise SubmitError(
+                    400, "graph", f"unknown uploaded tensor {tensor!r}", node=back.get(nid, nid), op="input"
+                )
+            if stored.shape != tuple(node.shape) or stored.dtype != node.dtype:
+                raise SubmitError(
+                    400,
+                    "graph",
+                    f"uploaded tensor {tensor} is {stored.dtype}"
+                    f"{list(stored.shape)}, the graph declares {node.dtype}{list(node.shape)}",
+                    node=back.get(nid, nid),
+                    op="input",
+                )
+        if plan.specs:
+            engines = await list_op_engines(self.registry)
+            if not self.shell.nodes and not engines:
+                raise SubmitError(503, "unavailable", "no executor is registered")
+            missing = unsupported_op(plan.ops, (e.ops for e in engines))
+            if missing is not None:
+                nid = next(n for n, t in plan.templates.items() if t.op == missing)
+                raise SubmitError(
+                    400,
+                    "unknown_op",
+                    f"no registered executor engine supports op {missing!r}",
+                    node=back.get(nid, nid),
+                    op=missing,
+                )
+        now = time.time()
+        await asyncio.to_thread(self._store_job, plan, cgraph, fetch, bindings, now)
+        live = self._dispatch(plan, now, (), back)
+        return self._body(job_id, live)
+
+    def _plan(self, graph_doc: Any, fetch: list[str]) -> tuple[Graph, list[str], JobPlan]:
+        # CPU-bound (parse, canonicalise, compile): run in a thread so that the event loop
+        # keeps answering replies, health checks and the registry's keep-alives meanwhile.
+        graph = Graph.from_dict(graph_doc)
+        cgraph, rename, args = prepare(graph, fetch)
+        fetch_map = {name: rename[name] for name in fetch}
+        plan = plan_job(new_job_id(), cgraph, args, fetch_map, {v: k for k, v in rename.items()}, self.plans)
+        return cgraph, args, plan
+
+    def _store_job(
+        self, plan: JobPlan, cgraph: Graph, fetch: list[str], bindings: dict[str, Any], now: float
+    ) -> None:
+        # The canonical graph is stored (its hash and JSON are already computed for the plan
+        # cache); the bindings event holds what else a restarted scheduler needs.
+        with self.db.transaction() as s:
+            mdb.create_job(
+                s,
+                graph_hash=cgraph.hash(),
+                graph_json=cgraph.to_json(),
+                fetch=fetch,
+                job_id=plan.job,
+                state="running",
+                now=now,
+            )
+            mdb.insert_tasks(
+                s,
+                plan.job,
+                [
+                    mdb.NewTask(t.id, t.op, "ready" if not t.deps else "pending", predicted_s=t.cost_s)
+                    for t in plan.specs
+                ],
+            )
+            mdb.add_events(s, [mdb.NewEvent(plan.job, "job.bindings", at=now, payload=bindings)])
+
+    def _dispatch(
+        self,
+        plan: JobPlan,
+        created: float,
+        done: tuple[tuple[str, str], ...],
+        back: dict[str, str] | None = None,
+    ) -> LiveJob:
+        live = LiveJob(plan, back or {}, created, time.time())
+        self.jobs[plan.job] = live
+        self.templates[plan.job] = dict(plan.templates)
+        self.shell.handle(SubmitJob(f"submit:{plan.job}", plan.job, plan.specs, time.time(), done))
+        return live
+
+    def status(self, job: str) -> dict[str, Any]:
+        live = self.jobs.get(job)
+        if live is not None:
+            return self._body(job, live)
+        try:
+            with self.db.read() as s:
+                info = mdb.get_job(s, job)
+        except (mdb.UnknownJobError, mdb.InvalidInputError):
+            raise SubmitError(404, "not_found", f"unknown job {job!r}") from None
+        return {
+            "id": info.id,
+            "state": _API_STATE[info.state],
+            "progress": {"done": info.tasks_done, "total": info.tasks_total},
+            "error": {"kind": "infra", "message": info.error, "node": None, "op": None}
+            if info.error
+            else None,
+            "created": info.created_at,
+            "updated": info.updated_at,
+        }
+
+    def _body(self, job: str, live: LiveJob) -> dict[str, Any]:
+        js = self.state.jobs.get(job)
+        total = len(live.plan.specs)
+        done = total - js.remaining if js is not None else 0
+        return {
+            "id": job,
+            "state": live.state,
+            "progress": {"done": done, "total": total},
+            "error": live.error,
+            "created": live.created,
+            "updated": live.updated,
+        }
+
+    def list_jobs(self, limit: int = 50) -> list[dict[str, Any]]:
+        with self.db.read() as s:
+            infos = mdb.list_jobs(s, limit=limit)
+        return [
+            self._body(i.id, self.jobs[i.id])
+            if i.id in self.jobs
+            else {
+                "id": i.id,
+                "state": _API_STATE[i.state],
+                "progress": {"done": i.tasks_done, "total": i.tasks_total},
+                "error": i.error,
+                "created": i.created_at,
+                "updated": i.updated_at,
+            }
+            for i in infos
+        ]
+
+    async def wait(self, job: str, timeout: float) -> dict[str, Any]:
+        """The status body once the job ends or ``timeout`` seconds pass."""
+        live = self.jobs.get(job)
+        if live is not None and live.state == "running":
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(live.ended.wait(), max(0.0, timeout))
+        return self.status(job)
+
+    async def cancel(self, job: str) -> dict[str, Any]:
+        """Cancel a running job and release its tiles (a finished job's too)."""
+        await self.require_leader()
+        live = self.jobs.get(job)
+        if live is None:
+            body = self.status(job)  # 404 for an unknown job
+            return body
+        if live.state == "running":
+            self.shell.handle(CancelJob(f"cancel:{job}", job, time.time()))
+        await self._release(job, keep_fetched=False)
+        return self._body(job, live)
+
+    async def open_tensor(
+        self, job: str, name: str
+    ) -> tuple[tuple[int, ...], str, int, AsyncIterator[bytes]]:
+        """(shape, dtype, bytes, chunks) of a fetched tensor. SubmitError 404/409 otherwise."""
+        live = self.jobs.get(job)
+        if live is None:
+            self.status(job)  # raises 404 for an unknown job
+            raise SubmitError(
+                404,
+                "not_found",
+                f"job {job} was run by an earlier scheduler process; its tensors are no longer tracked",
+            )
+        if name not in live.plan.fetch:
+            raise SubmitError(
+                404,
+                "not_found",
+                f"job {job} did not fetch {name!r} (fetched: {sorted(live.plan.fetch)[:20]})",
+                node=name,
+            )
+        if live.state != "done":
+            raise SubmitError(
+                409, "not_ready", f"job {job} is {live.state}; results are read when it is done"
+            )
+        if live.fetched_released:
+            raise SubmitError(404, "not_found", f"the tensors of job {job} were released")
+        tile, task = live.plan.fetch_tile(name)
+        if task is None:
+            t = self.store.get(tile)
+            if t is None:
+                raise SubmitError(404, "not_found", f"uploaded tensor {tile} is gone")
+            data = self.store.data(tile)
+
+            async def one() -> AsyncIterator[bytes]:
+                yield bytes(data)
+
+            return t.shape, t.dtype, t.nbytes, one()
+        node = self.state.jobs[job].tasks[task].node
+        info = self.shell.nodes.get(node or "")
+        if info is None:
+            raise SubmitError(
+                404, "not_found", f"tensor {name!r} of job {job} was held by node {node}, which is gone"
+            )
+        from triplane.executor.datawire import DataPortError
+
+        try:
+            return await self.data_client.open_tile(info.address, info.data_port, tile)
+        except DataPortError as e:
+            raise SubmitError(
+                404 if e.missing else 503,
+                "not_found" if e.missing else "unavailable",
+                f"cannot read {name!r} of job {job} from {node}: {e}",
+            ) from None
+
+    def upload(self, data: bytes | bytearray, shape: tuple[int, ...], dtype: str) -> StoredTensor:
+        return self.store.put(data, shape, dtype)
+
+    async def nodes(self) -> list[dict[str, Any]]:
+        infos = await list_nodes(self.registry)
+        return [
+            {
+                **_asdict(n),
+                "health": "up",
+                "running": len(self.state.nodes[n.node].running) if n.node in self.state.nodes else 0,
+            }
+            for n in infos
+        ]
+
+    async def engines(self) -> list[dict[str, Any]]:
+        return [_asdict(e) for e in await list_op_engines(self.registry)]
+
+    # --- hooks from the shell (event loop; never block) -------------------------------------------
+
+    def _finished(self, f: JobFinished) -> None:
+        live = self.jobs.get(f.job)
+        if live is None:
+            return
+        live.state = f.state
+        live.updated = time.time()
+        if f.state == "failed":
+            live.error = self._failure(f)
+        js = self.state.jobs[f.job]
+        done = len(js.tasks) - js.remaining
+        self.journal.job_ended(f.job, f.state, done, live.error["message"] if live.error else None)
+        live.ended.set()
+        asyncio.get_running_loop().create_task(self._release(f.job, keep_fetched=True))
+
+    def _failure(self, f: JobFinished) -> dict[str, Any]:
+        live = self.jobs[f.job]
+        for t in self.state.jobs[f.job].tasks.values():
+            if t.state == "failed":
+                kind = "infra" if "gave up after" in (t.error or "") else "user"
+                return {
+                    "kind": kind,
+                    "message": t.error or f.error or "failed",
+                    "node": live.back.get(t.spec.id, t.spec.id),
+                    "op": t.spec.op,
+                }
+        return {"kind": "infra", "message": f.error or "failed", "node": None, "op": None}
+
+    def _progress(self, job: str) -> tuple[bool, int]:
+        js = self.state.jobs.get(job)
+        return (False, 0) if js is None else (js.state == "running", len(js.tasks) - js.remaining)
+
+    def _node_down(self, node: str) -> None:
+        log.warning("executor %s is gone", node)
+
+    async def _release(self, job: str, *, keep_fetched: bool) -> None:
+        """Delete a job's tiles on the executors (the fetched ones too unless ``keep_fetched``)."""
+        live, js = self.jobs.get(job), self.state.jobs.get(job)
+        if live is None or js is None:
+            return
+        keep = set(live.plan.fetch.values()) if keep_fetched else set()
+        by_node: dict[str, list[str]] = defaultdict(list)
+        for t in js.tasks.values():
+            if t.node and t.spec.id not in keep:
+                by_node[t.node].append(f"{job}.{t.spec.id}")
+        if not keep_fetched:
+            live.fetched_released = True
+        for node, tiles in by_node.items():
+            info = self.shell.nodes.get(node)
+            if info is None:
+                continue
+            try:
+                await self.data_client.delete(info.address, info.data_port, tiles)
+            except Exception as e:  # best effort: the executor frees them with its memory anyway
+                log.debug("releasing %d tiles of %s on %s failed: %s", len(tiles), job, node, e)
+
+
+def _asdict(record: Any) -> dict[str, Any]:
+    import dataclasses
+
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(record).items()}
