@@ -212,7 +212,7 @@ class BatchWriter:
                 conn.execute(sa.update(Job).where(Job.id == sa.bindparam("_job"))
                              .values({c: sa.bindparam(c) for c in cols}), rows)
             if events:
-                conn.execute(sa.insert(Event), events)
+                conn.execute(sa.insert(Event.__table__), events)
 
     def flush(self) -> int:
         """Commit everything queued so far; returns the number of items this call wrote.

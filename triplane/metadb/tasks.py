@@ -95,7 +95,7 @@ def insert_tasks(session: Session, job_id: str, tasks: Iterable[NewTask]) -> int
         Task.job_id == job_id, Task.task_id.in_(seen)).limit(1)).first()
     if clash is not None:
         raise ConflictError(f"task {clash!r} of job {job_id!r} already exists")
-    session.execute(sa.insert(Task), rows)
+    session.execute(sa.insert(Task.__table__), rows)  # Core executemany: no ORM bulk overhead
     session.execute(sa.update(Job).where(Job.id == job_id).values(
         tasks_total=Job.tasks_total + len(rows), updated_at=time.time()))
     return len(rows)
@@ -165,7 +165,7 @@ def record_tiles(session: Session, job_id: str, tiles: Iterable[TileLocation],
         by_key[(row["tensor"], row["index_key"])] = row  # the last report of a tile wins
     if not by_key:
         return 0
-    stmt = upsert_insert(session, Tile)
+    stmt = upsert_insert(session, Tile.__table__)  # Core, not the slower ORM bulk path
     stmt = stmt.on_conflict_do_update(
         index_elements=["job_id", "tensor", "index_key"],
         set_={c: stmt.excluded[c] for c in
@@ -218,7 +218,7 @@ def add_events(session: Session, events: Iterable[NewEvent], *, now: float | Non
     if not rows:
         return 0
     require_jobs(session, {r["job_id"] for r in rows})
-    session.execute(sa.insert(Event), rows)
+    session.execute(sa.insert(Event.__table__), rows)
     return len(rows)
 
 

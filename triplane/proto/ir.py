@@ -82,6 +82,22 @@ class Attrs(Mapping[str, Any]):
     def __iter__(self) -> Iterator[str]:
         return iter(self._d)
 
+    # The Mapping mixins would go through __getitem__ per key; the dict's views are direct.
+    def items(self) -> Any:
+        return self._d.items()
+
+    def keys(self) -> Any:
+        return self._d.keys()
+
+    def values(self) -> Any:
+        return self._d.values()
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self._d.get(key, default)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._d
+
     def __len__(self) -> int:
         return len(self._d)
 
@@ -175,12 +191,18 @@ def encode_data(value: Any) -> str:
     return base64.b64encode(arr.tobytes()).decode("ascii")
 
 
+_SCALARS = (str, int, float, bool, type(None))
+
+
 def thaw(v: Any) -> Any:
     """The JSON-ready form of a frozen attribute value."""
-    if isinstance(v, tuple):
-        return [thaw(x) for x in v]
-    if isinstance(v, Attrs):
-        return {k: thaw(x) for k, x in v.items()}
+    t = type(v)
+    if t in _SCALARS:
+        return v
+    if t is tuple:
+        return [x if type(x) in _SCALARS else thaw(x) for x in v]
+    if t is Attrs:
+        return {k: x if type(x) in _SCALARS else thaw(x) for k, x in v._d.items()}
     return v
 
 
@@ -492,11 +514,14 @@ def _parse_int(text: str) -> int | float:
 def canonical_json(obj: Any) -> bytes:
     """Sorted keys, no insignificant whitespace, UTF-8, ECMAScript number formatting."""
     try:
-        # Fast path: where every float prints the same in Python and ECMAScript and no key
-        # sorts differently by UTF-16 units, the C json encoder writes the canonical bytes.
-        return json.dumps(_jsonable(obj), sort_keys=True, separators=(",", ":"),
-                          ensure_ascii=False, allow_nan=False).encode("utf-8")
-    except (_SlowPath, UnicodeEncodeError, ValueError, RecursionError):
+        # Fast path: where every float prints the same in Python and ECMAScript, the C json
+        # encoder writes the canonical bytes -- unless a key holds a character at or above
+        # U+E000, where code-point order and RFC 8785's UTF-16 order can differ.
+        text = json.dumps(_jsonable(obj), sort_keys=True, separators=(",", ":"),
+                          ensure_ascii=False, allow_nan=False)
+        if not text or max(text) < "\ue000":
+            return text.encode("utf-8")
+    except (_SlowPath, UnicodeEncodeError, ValueError, TypeError, RecursionError):
         pass
     out: list[str] = []
     try:
@@ -530,15 +555,10 @@ def _jsonable(v: Any) -> Any:
         if "e" in repr(v) or v != v:  # exponent forms differ; NaN/inf raise on the slow path
             raise _SlowPath
         return v
-    if t is dict or isinstance(v, Mapping):
-        out = {}
-        for k, x in v.items():
-            if type(k) is not str or (k and max(k) >= "\ud800"):  # UTF-16 order differs there
-                raise _SlowPath
-            out[k] = _jsonable(x)
-        return out
+    if t is Attrs or ((t is dict or isinstance(v, Mapping)) and all(type(k) is str for k in v)):
+        return {k: x if type(x) is str else _jsonable(x) for k, x in v.items()}
     if t is list or t is tuple:
-        return [_jsonable(x) for x in v]
+        return [x if type(x) is str else _jsonable(x) for x in v]
     raise _SlowPath
 
 
