@@ -136,3 +136,34 @@ def write_results(name: str, payload: dict[str, Any], markdown: str,
     jpath.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
     mpath.write_text(markdown.rstrip() + "\n")
     return jpath, mpath
+
+
+# --- BLAS threads in child processes (bench/compute.py) --------------------------------------
+
+# Set on some processors of the development machines so that old OpenBLAS builds pick a
+# safe kernel; a current numpy then runs a slower one. Benchmarks unset both together in
+# their child processes (never in tests or CI) and record which kernel ran.
+OPENBLAS_PIN_VARS = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
+BLAS_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def blas_env(threads: int, *, unpin: bool, base: dict[str, str] | None = None) -> dict[str, str]:
+    """An environment for a child process: ``threads`` BLAS threads, and with ``unpin`` the
+    OpenBLAS core-type pins removed (both together)."""
+    env = dict(os.environ if base is None else base)
+    env.update({k: str(threads) for k in BLAS_THREAD_VARS})
+    if unpin:
+        for k in OPENBLAS_PIN_VARS:
+            env.pop(k, None)
+    return env
+
+
+def blas_info() -> list[dict[str, Any]]:
+    """This process's BLAS libraries (threadpoolctl): kernel architecture and threads; []
+    when threadpoolctl is not installed."""
+    try:
+        from threadpoolctl import threadpool_info
+    except ImportError:
+        return []
+    keep = ("internal_api", "architecture", "num_threads", "version")
+    return [{k: i.get(k) for k in keep} for i in threadpool_info() if i.get("user_api") == "blas"]

@@ -205,8 +205,10 @@ def down(home: Path | None = HomeOption,
 def _mount_process_commands() -> None:
     """``triplane executor`` and ``triplane scheduler``: one process each (their own modules)."""
     from triplane.executor.cli import executor_command
+    from triplane.scheduler.compiler.explain_cli import explain_command
 
     app.command("executor")(executor_command)
+    app.command("explain")(explain_command)
     try:
         from triplane.scheduler.cli import scheduler_command
     except ImportError as e:  # the scheduler service needs the [cluster] extra (fastapi, uvicorn)

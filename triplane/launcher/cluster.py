@@ -31,6 +31,9 @@ from triplane.launcher.rundir import RunDir
 __all__ = ["ClusterConfig", "LaunchError", "LocalCluster"]
 
 
+_BLAS_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
 class LaunchError(RuntimeError):
     """The cluster could not be started (or is already running); the message says why
     and where the logs are."""
@@ -174,11 +177,20 @@ class LocalCluster:
                              "--token-file", str(self.run.token_file),
                              "--log-level", cfg.log_level, *cfg.executor_args, *(extra_args or []))
         proc = _Proc(name, argv, self.run.log(name))
-        proc.popen = spawn(argv, proc.log, self.env)
+        proc.popen = spawn(argv, proc.log, {**self.env, **self._blas_env()})
         self.executors.append(proc)
         if wait:
             self.wait_ready()
         return proc
+
+    def _blas_env(self) -> dict[str, str]:
+        """BLAS threads per executor: the host's cores shared among the executors started on
+        it (N executors each with BLAS's default of one thread per core would oversubscribe
+        the cores N times). A value the user set wins."""
+        if any(v in self.env for v in _BLAS_VARS):
+            return {}
+        threads = str(max(1, (os.cpu_count() or 1) // max(1, self.config.executors)))
+        return {v: threads for v in _BLAS_VARS}
 
     def kill_executor(self, i: int, sig: int = 9) -> int:
         """Send ``sig`` (default SIGKILL) to executor ``i`` and reap it; its pid."""

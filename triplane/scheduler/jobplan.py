@@ -1,11 +1,17 @@
 """From a submitted graph to the dispatcher's tasks: pure functions, no I/O.
 
-Without tiling (docs/runtime.md), every non-input node of the compiled, canonical plan
-graph is one task computing one whole tensor (one tile):
+Given the cluster's figures, the plan is first laid out (``layout.lay_out``: tiled and
+placed; tiny graphs stay whole). Every non-input node of what runs -- the plan graph, or
+the tile graph -- is one task computing one tile:
 
-* task id = the plan node id (``n0``, ``n17``, ...); its output tile is ``<job>.<task>``;
+* task id = the plan node id (``n0``, ``n17``, ...), or ``t0``, ``t1``, ... for a tile
+  graph; its output tile is ``<job>.<task>``; a placed task names its node (followed by
+  the dispatcher while that node is alive);
 * an ``input`` node is no task: its tile is the uploaded tensor (``u-<32 hex>``), held by
-  the scheduler's data server, which packets name as node ``scheduler``;
+  the scheduler's data server, which packets name as node ``scheduler``; a ``slice`` of
+  an upload (steps 1: how the tiler reads an input's tile) reads the *region* tile
+  ``u-<32 hex>@lo:hi,lo:hi`` instead, which the data server cuts out of the upload, so an
+  executor never pulls a whole large upload for one tile of it;
 * a task's ``deps`` are its inputs that are tasks; its cost comes from the op table's
   cost at a nominal rate (``NOMINAL_FLOPS`` / ``NOMINAL_BYTES_PER_S``).
 
@@ -27,8 +33,12 @@ from triplane.proto.errors import GraphError
 from triplane.proto.ir import Graph, TensorType, thaw
 from triplane.proto.packet import canonical
 from triplane.proto.validate import Limits
+from triplane.scheduler.compiler.costmodel import NodeFigures
 from triplane.scheduler.compiler.pipeline import CompileOptions, Plan, PlanCache, canonicalize
+from triplane.scheduler.compiler.placement import PlacementError
+from triplane.scheduler.compiler.tiling import TileGrid
 from triplane.scheduler.dispatch.state import TaskSpec
+from triplane.scheduler.layout import Layout, lay_out
 
 NOMINAL_FLOPS = 1e9  # per second: a modest core; deadlines are 10x the cost anyway
 NOMINAL_BYTES_PER_S = 2e9
@@ -86,13 +96,30 @@ class JobPlan:
     fetch: Mapping[str, str]
     ops: frozenset[str]
     back: Mapping[str, str]  # plan node id -> submitted node id (errors name the user's)
+    layout: Layout | None = None  # None: laid out for no cluster (one task per plan node)
 
     def fetch_tile(self, name: str) -> tuple[str, str | None]:
-        """(tile id, task id or None for an upload) of a fetched name; KeyError if not fetched."""
+        """(tile id, task id or None for an upload) of a fetched name held in one tile;
+        KeyError if not fetched, ValueError if it is split into several tiles
+        (:meth:`fetch_grid`)."""
         nid = self.fetch[name]
         if nid in self.uploads:
             return self.uploads[nid], None
-        return tile_id(self.job, nid), nid
+        grid = self.fetch_grid(name)
+        if grid is None:
+            return tile_id(self.job, nid), nid
+        if len(grid) != 1:
+            raise ValueError(f"{name!r} is held in {len(grid)} tiles")
+        task = grid.tiles[next(iter(grid.cells()))]
+        return tile_id(self.job, task), task
+
+    def fetch_grid(self, name: str) -> TileGrid | None:
+        """The grid of tasks holding a fetched (non-upload) name of a tiled job, else None."""
+        lay = self.layout
+        nid = self.fetch[name]
+        if lay is None or not lay.tiled or nid in self.uploads:
+            return None
+        return lay.grids[nid]
 
 
 def cost_seconds(flops: float, nbytes: float) -> float:
@@ -148,16 +175,22 @@ def plan_job(
     *,
     limits: Limits | None = None,
     options: CompileOptions | None = None,
+    figures: Sequence[NodeFigures] | None = None,
+    explicit: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> JobPlan:
     """The job of a canonical graph: ``args`` binds ``argN`` inputs to uploaded tensor ids,
-    ``fetch`` maps fetched names to canonical ids, ``back`` canonical ids to submitted ones."""
+    ``fetch`` maps fetched names to canonical ids, ``back`` canonical ids to submitted ones.
+    With ``figures`` (the executors) the plan is tiled and placed first (``lay_out``;
+    LimitError / PlacementError naming the submitted node when it cannot fit)."""
     if options is None:
         options = CompileOptions(limits=limits) if limits else CompileOptions()
+    lay = (figures, explicit)
     try:
-        return _plan_job(job, cgraph, args, fetch, back, cache, options)
+        return _plan_job(job, cgraph, args, fetch, back, cache, options, lay)
     except _PacketTooSmall:
         # Fusion made a program too big for one packet: run the chain unfused instead.
-        return _plan_job(job, cgraph, args, fetch, back, cache, dataclasses.replace(options, fuse=False))
+        return _plan_job(job, cgraph, args, fetch, back, cache, dataclasses.replace(options, fuse=False),
+                         lay)
 
 
 class _PacketTooSmall(GraphError):
@@ -172,23 +205,30 @@ def _plan_job(
     back: Mapping[str, str],
     cache: PlanCache,
     options: CompileOptions,
+    lay: tuple[Sequence[NodeFigures] | None, Mapping[str, Mapping[str, Any]] | None] = (None, None),
 ) -> JobPlan:
     try:
         plan = cache.get_or_compile(cgraph, options)
     except GraphError as e:
         raise _renamed(e, back) from None
-    g = plan.graph
-    uploads: dict[str, str] = {}
-    for nid, node in g.nodes.items():
-        if node.op == "input":
-            tensor = args[int(str(node.attrs["tensor"])[3:])]
-            if not is_tensor_id(tensor):
-                raise GraphError(
-                    f"input tensor {tensor!r} is not an uploaded tensor id (u-<32 hex>)",
-                    node=back.get(nid, nid),
-                    op="input",
-                )
-            uploads[nid] = tensor
+    plan_uploads = _uploads(plan.graph, args, back)
+    layout: Layout | None = None
+    figures, explicit = lay
+    if figures:
+        try:
+            layout = lay_out(plan.graph, figures, explicit=explicit)
+        except PlacementError as e:
+            name = back.get(e.node or "", e.node)
+            what = e.what.replace(repr(e.node), repr(name), 1) if e.node else e.what
+            raise PlacementError(e.status, node=name, op=e.op, what=what) from None
+        except GraphError as e:
+            raise _renamed(e, back) from None
+    g = layout.graph if layout is not None else plan.graph
+    uploads = _uploads(g, args, back) if layout is not None and layout.tiled else plan_uploads
+    if layout is not None:
+        for nid, (_, reg) in layout.regions.items():
+            uploads[nid] = region_tile(uploads[nid], reg)
+    placed = layout.placement if layout is not None else None
     outputs = set(g.outputs)
     specs: list[TaskSpec] = []
     templates: dict[str, TaskTemplate] = {}
@@ -206,14 +246,19 @@ def _plan_job(
                 op=node.op,
             )
         in_tiles = tuple(uploads[i] if i in uploads else tile_id(job, i) for i in node.inputs)
+        region = _upload_region(node, g, uploads)
+        if region is not None:
+            in_tiles, attrs = region
         deps = tuple(dict.fromkeys(i for i in node.inputs if i not in uploads))
+        tp = placed.tasks.get(nid) if placed is not None else None
+        cost = tp.compute_s + tp.comm_s if tp is not None else cost_seconds(c.flops, c.bytes)
         specs.append(
-            TaskSpec(nid, node.op, deps, cost_seconds(c.flops, c.bytes), node.type.nbytes, nid in outputs)
+            TaskSpec(nid, node.op, deps, cost, node.type.nbytes, nid in outputs, tp.node if tp else None)
         )
         templates[nid] = TaskTemplate(
             node.op,
             in_tiles,
-            tuple(dict.fromkeys(uploads[i] for i in node.inputs if i in uploads)),
+            tuple(dict.fromkeys(t for t, i in zip(in_tiles, node.inputs) if i in uploads)),
             attrs,
             node.type,
         )
@@ -222,11 +267,54 @@ def _plan_job(
         plan,
         tuple(specs),
         templates,
-        uploads,
+        plan_uploads,
         dict(fetch),
         frozenset(t.op for t in templates.values()),
         dict(back),
+        layout,
     )
+
+
+def _uploads(g: Graph, args: Sequence[str], back: Mapping[str, str]) -> dict[str, str]:
+    """Input node -> uploaded tensor id; GraphError for a binding that is not an upload id."""
+    uploads: dict[str, str] = {}
+    for nid, node in g.nodes.items():
+        if node.op == "input":
+            tensor = args[int(str(node.attrs["tensor"])[3:])]
+            if not is_tensor_id(tensor):
+                raise GraphError(
+                    f"input tensor {tensor!r} is not an uploaded tensor id (u-<32 hex>)",
+                    node=back.get(nid, nid),
+                    op="input",
+                )
+            uploads[nid] = tensor
+    return uploads
+
+
+def region_tile(tensor: str, region: Sequence[tuple[int, int]]) -> str:
+    """The id of a region of an upload: ``u-<hex>@lo:hi,lo:hi`` (served by the data server)."""
+    return f"{tensor}@" + ",".join(f"{lo}:{hi}" for lo, hi in region)
+
+
+def _upload_region(
+    node: Any, g: Graph, uploads: Mapping[str, str]
+) -> tuple[tuple[str, ...], dict[str, Any]] | None:
+    """(input tiles, attrs) reading a region tile for a step-1 ``slice`` of a whole upload
+    of rank >= 1, else None. The slice stays (as an identity on the region) so the executor
+    still checks the type it receives."""
+    if node.op != "slice" or len(node.inputs) != 1 or node.inputs[0] not in uploads:
+        return None
+    src = g.nodes[node.inputs[0]]
+    steps = tuple(node.attrs.get("steps") or ())
+    if not src.shape or any(int(s) != 1 for s in steps) or len(steps) != len(src.shape):
+        return None
+    starts, stops = tuple(node.attrs["starts"]), tuple(node.attrs["stops"])
+    if tuple(int(a) for a in starts) == (0,) * len(src.shape) and tuple(int(b) for b in stops) == src.shape:
+        return None  # the whole upload: read it as it is
+    region = tuple((int(a), int(b)) for a, b in zip(starts, stops))
+    shape = tuple(b - a for a, b in region)
+    attrs = {"starts": [0] * len(shape), "stops": list(shape), "steps": [1] * len(shape)}
+    return (region_tile(uploads[node.inputs[0]], region),), attrs
 
 
 def _renamed(e: GraphError, back: Mapping[str, str]) -> GraphError:

@@ -36,6 +36,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from triplane import metadb as mdb
+from triplane.metadb.models import Job as JobRow
 from triplane.metadb.models import Tile
 from triplane.proto.errors import GraphError
 from triplane.proto.ir import Graph
@@ -46,6 +47,7 @@ from triplane.registry import (
     list_nodes,
     list_op_engines,
 )
+from triplane.scheduler.compiler.costmodel import NodeFigures, figures_from_registry
 from triplane.scheduler.compiler.pipeline import PlanCache
 from triplane.scheduler.dispatch.shell import DispatchShell, Hooks
 from triplane.scheduler.dispatch.state import (
@@ -55,9 +57,12 @@ from triplane.scheduler.dispatch.state import (
     Policy,
     SubmitJob,
 )
+from triplane.scheduler.fetching import FetchError, open_tiled
 from triplane.scheduler.jobplan import JobPlan, TaskTemplate, new_job_id, plan_job, prepare, unsupported_op
 from triplane.scheduler.journal import Journal
+from triplane.scheduler.layout import figures_from_json, figures_to_json, same_host_figures, structure_hash
 from triplane.scheduler.leading import Leading
+from triplane.scheduler.planview import plan_document
 from triplane.scheduler.store import DataPortClient, DataServer, StoredTensor, TensorStore
 
 log = logging.getLogger(__name__)
@@ -104,6 +109,13 @@ class LiveJob:
     error: dict[str, Any] | None = None
     ended: asyncio.Event = field(default_factory=asyncio.Event)
     fetched_released: bool = False
+    actual: dict[str, tuple[float, float]] = field(default_factory=dict)  # task -> kernel start, end
+
+    def name_of(self, task: str) -> str:
+        """The submitted node a task came from (a tile task: the tensor it is part of)."""
+        lay = self.plan.layout
+        nid = lay.origin.get(task, task) if lay is not None and lay.tiled else task
+        return self.back.get(nid, nid)
 
 
 def graph_error_kind(e: GraphError) -> str:
@@ -113,6 +125,7 @@ def graph_error_kind(e: GraphError) -> str:
         "DTypeError": "dtype",
         "AttrError": "attr",
         "LimitError": "limit",
+        "PlacementError": "placement",
     }
     return names.get(type(e).__name__, "graph")
 
@@ -158,7 +171,7 @@ class Scheduler(Leading):
             self.state,
             secret,
             self.templates,
-            Hooks(self._finished, self.journal.transitions, self.journal.output, self._node_down),
+            Hooks(self._finished, self.journal.transitions, self._output, self._node_down),
             tick_s=tick_s,
             slots=slots,
         )
@@ -172,6 +185,7 @@ class Scheduler(Leading):
         self._data_lease = 0
         self._data_keepalive: Any = None
         self.policy = policy
+        self._figs: tuple[float, list[NodeFigures]] = (0.0, [])
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -209,8 +223,12 @@ class Scheduler(Leading):
         resumed = await asyncio.to_thread(self._load_resumable)
         for info, cgraph, bindings, tiles in resumed:
             try:
-                plan = plan_job(info.id, cgraph, bindings["args"], bindings["fetch"], {}, self.plans)
-            except (GraphError, KeyError, TypeError, IndexError) as e:  # not a graph we accepted
+                # A tiled job is laid out again for the figures it was submitted with, so
+                # its task ids mean the same tiles as the recorded ones.
+                figs = figures_from_json(bindings["figures"]) if "figures" in bindings else None
+                plan = plan_job(info.id, cgraph, bindings["args"], bindings["fetch"], {}, self.plans,
+                                figures=figs)
+            except (GraphError, KeyError, TypeError, IndexError, ValueError) as e:  # not a graph we accepted
                 await asyncio.to_thread(self._set_failed, info.id, f"cannot resume: {e}")
                 continue
             done = tuple(
@@ -252,12 +270,15 @@ class Scheduler(Leading):
         await self.require_leader()
         if not isinstance(fetch, list) or not all(isinstance(f, str) for f in fetch) or len(fetch) > 10_000:
             raise SubmitError(400, "request", "'fetch' must be a list of at most 10000 node ids")
+        figures = await self._figures()
         try:
-            cgraph, args, plan = await asyncio.to_thread(self._plan, graph_doc, fetch)
+            cgraph, args, plan = await asyncio.to_thread(self._plan, graph_doc, fetch, figures)
         except GraphError as e:
             raise SubmitError(400, graph_error_kind(e), str(e), node=e.node, op=e.op) from None
         job_id, fetch_map = plan.job, plan.fetch
-        bindings = {"args": list(args), "fetch": fetch_map}
+        bindings: dict[str, Any] = {"args": list(args), "fetch": fetch_map}
+        if plan.layout is not None and plan.layout.tiled:
+            bindings["figures"] = figures_to_json(plan.layout.figures)
         if len(json.dumps(bindings)) > 60_000:
             raise SubmitError(
                 400,
@@ -301,14 +322,30 @@ class Scheduler(Leading):
         live = self._dispatch(plan, now, (), back)
         return self._body(job_id, live)
 
-    def _plan(self, graph_doc: Any, fetch: list[str]) -> tuple[Graph, list[str], JobPlan]:
-        # CPU-bound (parse, canonicalise, compile): run in a thread so that the event loop
-        # keeps answering replies, health checks and the registry's keep-alives meanwhile.
+    def _plan(
+        self, graph_doc: Any, fetch: list[str], figures: list[NodeFigures]
+    ) -> tuple[Graph, list[str], JobPlan]:
+        # CPU-bound (parse, canonicalise, compile, tile, place): run in a thread so that the
+        # event loop keeps answering replies, health checks and the registry's keep-alives.
         graph = Graph.from_dict(graph_doc)
         cgraph, rename, args = prepare(graph, fetch)
         fetch_map = {name: rename[name] for name in fetch}
-        plan = plan_job(new_job_id(), cgraph, args, fetch_map, {v: k for k, v in rename.items()}, self.plans)
+        plan = plan_job(
+            new_job_id(), cgraph, args, fetch_map, {v: k for k, v in rename.items()}, self.plans,
+            figures=figures,
+        )
         return cgraph, args, plan
+
+    async def _figures(self, max_age_s: float = 1.0) -> list[NodeFigures]:
+        """The executors' figures (registry), read at most once per ``max_age_s``: a burst
+        of submits (a training loop) does not read the registry for each one."""
+        at, figs = self._figs
+        now = time.monotonic()
+        if now - at > max_age_s or not figs:
+            hosts = {n.node: n.address for n in await list_nodes(self.registry)}
+            figs = same_host_figures(await figures_from_registry(self.registry), hosts)
+            self._figs = (now, figs)
+        return figs
 
     def _store_job(
         self, plan: JobPlan, cgraph: Graph, fetch: list[str], bindings: dict[str, Any], now: float
@@ -334,6 +371,20 @@ class Scheduler(Leading):
                 ],
             )
             mdb.add_events(s, [mdb.NewEvent(plan.job, "job.bindings", at=now, payload=bindings)])
+            lay = plan.layout
+            if lay is not None and lay.placement is not None:
+                # The prediction on record, so the run's actual times can be set beside it.
+                info = mdb.upsert_plan(
+                    s,
+                    graph_hash=cgraph.hash(),
+                    structure_hash=structure_hash(lay.figures),
+                    plan=plan_document(plan.job, lay, plan.back, {}, complete=False),
+                    predicted_makespan=lay.placement.makespan,
+                    now=now,
+                )
+                row = s.get(JobRow, plan.job)
+                if row is not None:
+                    row.plan_id = info.id
 
     def _dispatch(
         self,
@@ -443,6 +494,9 @@ class Scheduler(Leading):
             )
         if live.fetched_released:
             raise SubmitError(404, "not_found", f"the tensors of job {job} were released")
+        grid = live.plan.fetch_grid(name)
+        if grid is not None and len(grid) > 1:
+            return await self._open_tiled(job, name, grid)
         tile, task = live.plan.fetch_tile(name)
         if task is None:
             t = self.store.get(tile)
@@ -470,6 +524,43 @@ class Scheduler(Leading):
                 "not_found" if e.missing else "unavailable",
                 f"cannot read {name!r} of job {job} from {node}: {e}",
             ) from None
+
+    async def _open_tiled(
+        self, job: str, name: str, grid: Any
+    ) -> tuple[tuple[int, ...], str, int, AsyncIterator[bytes]]:
+        tasks = self.state.jobs[job].tasks
+        ids = {t: f"{job}.{t}" for t in grid.tiles.values()}
+        by_tile = {v: k for k, v in ids.items()}
+
+        def holder(tile: str) -> tuple[str, int] | None:
+            info = self.shell.nodes.get(tasks[by_tile[tile]].node or "")
+            return None if info is None else (info.address, info.data_port)
+
+        try:
+            return await open_tiled(self.data_client, grid, ids, holder)
+        except FetchError as e:
+            raise SubmitError(
+                404, "not_found", f"a tile of {name!r} of job {job} ({e.tile}) was held by a node now gone"
+            ) from None
+
+    async def plan(self, job: str) -> dict[str, Any]:
+        """Explain's JSON for a job (docs/runtime.md, ``GET /v1/jobs/{id}/plan``): predictions,
+        and actual times of the tasks that ran. 404 for an unknown job or one this process
+        did not run (the prediction on record is then in metadb's plans table)."""
+        live = self.jobs.get(job)
+        if live is None:
+            self.status(job)  # 404 for an unknown job
+            raise SubmitError(404, "not_found", f"job {job} was run by an earlier scheduler process")
+        lay = live.plan.layout
+        if lay is None:
+            raise SubmitError(409, "not_ready", f"job {job} was not laid out (no executor was registered)")
+        try:
+            # A snapshot taken on the loop; placing a tiny job on demand is CPU work for a thread.
+            return await asyncio.to_thread(
+                plan_document, job, lay, dict(live.back), dict(live.actual), complete=live.state == "done"
+            )
+        except (GraphError, ValueError) as e:
+            raise SubmitError(413, "limit", str(e)) from None
 
     def upload(self, data: bytes | bytearray, shape: tuple[int, ...], dtype: str) -> StoredTensor:
         return self.store.put(data, shape, dtype)
@@ -512,7 +603,7 @@ class Scheduler(Leading):
                 return {
                     "kind": kind,
                     "message": t.error or f.error or "failed",
-                    "node": live.back.get(t.spec.id, t.spec.id),
+                    "node": live.name_of(t.spec.id),
                     "op": t.spec.op,
                 }
         return {"kind": "infra", "message": f.error or "failed", "node": None, "op": None}
@@ -520,6 +611,20 @@ class Scheduler(Leading):
     def _progress(self, job: str) -> tuple[bool, int]:
         js = self.state.jobs.get(job)
         return (False, 0) if js is None else (js.state == "running", len(js.tasks) - js.remaining)
+
+    def _output(self, job: str, task: str, node: str, r: Any) -> None:
+        live = self.jobs.get(job)
+        if live is not None:
+            live.actual[task] = (r.timings.start, r.timings.end)
+        self.journal.output(job, task, node, r)
+
+    @staticmethod
+    def _fetched_tasks(live: LiveJob) -> set[str]:
+        keep: set[str] = set()
+        for name, nid in live.plan.fetch.items():
+            grid = live.plan.fetch_grid(name)
+            keep.update(grid.tiles.values() if grid is not None else (nid,))
+        return keep
 
     def _node_down(self, node: str) -> None:
         log.warning("executor %s is gone", node)
@@ -529,7 +634,7 @@ class Scheduler(Leading):
         live, js = self.jobs.get(job), self.state.jobs.get(job)
         if live is None or js is None:
             return
-        keep = set(live.plan.fetch.values()) if keep_fetched else set()
+        keep = self._fetched_tasks(live) if keep_fetched else set()
         by_node: dict[str, list[str]] = defaultdict(list)
         for t in js.tasks.values():
             if t.node and t.spec.id not in keep:

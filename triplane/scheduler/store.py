@@ -142,6 +142,34 @@ class TensorStore:
         t = self._index[tid]
         return np.frombuffer(self.data(tid), dtype=dt.BY_NAME[t.dtype].np).reshape(t.shape)
 
+    def region(self, tile: str) -> tuple[StoredTensor, memoryview] | None:
+        """A tile the data server can serve: a whole upload ``u-<hex>``, or a region of one,
+        ``u-<hex>@lo:hi,lo:hi`` (one ``lo:hi`` per dimension, within its shape; the bytes
+        are copied out of the memory-mapped file, C order). None for anything else:
+        unknown, malformed or out of range -- the caller answers "no such tile"."""
+        tid, at, spec = tile.partition("@")
+        t = self._index.get(tid)
+        if t is None:
+            return None
+        if not at:
+            return t, self.data(tid)
+        parts = spec.split(",")
+        if len(parts) != len(t.shape):
+            return None
+        region = []
+        for part, n in zip(parts, t.shape):
+            lo_s, colon, hi_s = part.partition(":")
+            if not colon or not lo_s.isdigit() or not hi_s.isdigit():
+                return None
+            lo, hi = int(lo_s), int(hi_s)
+            if not 0 <= lo <= hi <= n:
+                return None
+            region.append((lo, hi))
+        arr = np.load(self.root / f"{tid}.npy", mmap_mode="r", allow_pickle=False)
+        part_arr = np.ascontiguousarray(arr[tuple(slice(lo, hi) for lo, hi in region)])
+        shape = tuple(hi - lo for lo, hi in region)
+        return StoredTensor(tile, shape, t.dtype, int(part_arr.nbytes)), memoryview(part_arr).cast("B")
+
     def delete(self, tid: str) -> bool:
         t = self._index.pop(tid, None)
         for suffix in (".npy", ".json"):
@@ -203,14 +231,17 @@ class DataServer:
                     self.refused += 1
                     writer.write(make_response(False, f"the scheduler's data port is read-only ({req.op})"))
                     return  # a put's body would follow: do not read it as a header
-                t = self.store.get(req.tile or "")
-                if t is None:
+                # A region is cut in a worker thread: copying it out of a large upload
+                # must not stall the event loop (replies, other pulls).
+                found = await asyncio.to_thread(self.store.region, req.tile or "")
+                if found is None:
                     writer.write(make_response(False, f"no such tile: {req.tile}"))
                     await writer.drain()
                     continue
+                t, data = found
                 writer.write(make_response(True, shape=t.shape, dtype=t.dtype, nbytes=t.nbytes))
                 if req.op == "get":
-                    writer.write(self.store.data(t.id))
+                    writer.write(data)
                 await writer.drain()
         except (ConnectionError, asyncio.IncompleteReadError, OSError):
             return

@@ -51,6 +51,7 @@ TERMINAL = ("done", "failed", "cancelled")
 _GRAPH_KINDS: dict[str, type[E.GraphError]] = {
     "graph": E.GraphError, "validation": E.GraphError, "shape": E.ShapeError, "dtype": E.DTypeError,
     "attr": E.AttrError, "limit": E.LimitError, "unknown_op": E.UnknownOpError,
+    "placement": E.GraphError,  # no node can run a task (the scheduler's placement refused it)
 }
 
 

@@ -131,6 +131,10 @@ def create_app(
             },
         )
 
+    @api.get("/jobs/{job}/plan")
+    async def job_plan(job: str) -> dict[str, Any]:
+        return await scheduler.plan(job)
+
     @api.delete("/jobs/{job}")
     async def cancel(job: str) -> dict[str, Any]:
         return await scheduler.cancel(job)

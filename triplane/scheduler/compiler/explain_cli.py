@@ -127,15 +127,27 @@ async def _read_registry(url: str) -> list[NodeFigures]:
 
 def explain_target(target: Path, figures: list[NodeFigures], *,
                    model: CostModel | None = None) -> dict[str, Any]:
-    """Load, compile (canonical ids ``n0, n1, ...``, as the runtime names tasks) and place
-    ``target`` on ``figures``; the explain dict. Raises ``GraphError`` (including
-    :class:`PlacementError`) when the graph is bad or cannot be placed."""
+    """Load, compile (canonical ids ``n0, n1, ...``, as the runtime names tasks), tile and
+    place ``target`` on ``figures`` as the scheduler would (``scheduler.layout.lay_out``:
+    tiny graphs whole, larger ones cut into tiles ``t0, t1, ...``); the explain dict.
+    Raises ``GraphError`` (including :class:`PlacementError` and the tiler's
+    ``LimitError``) when the graph is bad, too large or cannot be placed."""
+    from triplane.scheduler.layout import lay_out
+
     graph, labels = load_target(target)
     cgraph, rename, _ = canonicalize(graph)
     plan = compile_graph(cgraph)
-    placement = place(plan.graph, figures, model=model)
-    origin = {new: labels[old] for old, new in rename.items() if old in labels}
-    doc = explain(plan.graph, placement, nodes=figures, origin=origin)
+    names = {new: labels.get(old, new) for old, new in rename.items()}
+    if model is not None:  # a calibrated model: place the untiled plan with it
+        lay_graph, placement, grids, origin_of = plan.graph, place(plan.graph, figures, model=model), {}, {}
+    else:
+        lay = lay_out(plan.graph, figures).placed()
+        assert lay.placement is not None
+        lay_graph, placement, grids, origin_of = lay.graph, lay.placement, lay.grids, lay.origin
+    origin = {t: names.get(origin_of.get(t, t), origin_of.get(t, t)) for t in placement.tasks}
+    tiles = {names.get(n, n): g for n, g in grids.items()} if grids else None
+    doc = explain(lay_graph, placement, nodes=figures, origin=origin, tiles=tiles)
+    doc["tiled"] = bool(grids)
     doc["target"] = str(target)
     doc["cluster"] = [{"node": f.name, "gflops": f.gflops, "gbps": f.gbps,
                        "memory_free_bytes": f.free, "bandwidth_gbps": f.bandwidth_gbps,

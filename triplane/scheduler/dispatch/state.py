@@ -42,6 +42,7 @@ class TaskSpec:
     cost_s: float = 0.001          # predicted run time, for the deadline
     output_bytes: int = 0
     is_output: bool = False        # fetched by the user: keep (and recompute if lost)
+    node: str | None = None        # the node placement chose (followed while alive, not excluded)
 
 
 @dataclass(frozen=True)
@@ -449,10 +450,19 @@ class DispatchState:
             if t.not_before > now:  # backing off after a failed attempt
                 skipped.append(key)
                 continue
-            candidates = [n for n in free if n.name not in t.excluded]
-            if not candidates and all(n.name in t.excluded for n in alive):
-                candidates = free  # every live node failed it once: better retry than hang
-            node = self.placer(t, candidates, self) if candidates else None
+            chosen = self._preferred(t)
+            if chosen is not None:
+                # Placement's node: wait for its slot rather than run elsewhere (its memory
+                # and the predicted times were planned for that node).
+                if len(chosen.running) >= chosen.slots:
+                    skipped.append(key)
+                    continue
+                node: NodeState | None = chosen
+            else:
+                candidates = [n for n in free if n.name not in t.excluded]
+                if not candidates and all(n.name in t.excluded for n in alive):
+                    candidates = free  # every live node failed it once: better retry than hang
+                node = self.placer(t, candidates, self) if candidates else None
             if node is None:
                 skipped.append(key)
                 continue
@@ -465,6 +475,15 @@ class DispatchState:
         ready.extendleft(reversed(skipped))
 
     # --- helpers -----------------------------------------------------------------------------
+
+    def _preferred(self, t: TaskState) -> NodeState | None:
+        """The task's placed node if it is alive and has not failed it; else None (the
+        placer chooses: a dead or excluded node's tasks drift as usual)."""
+        name = t.spec.node
+        if name is None or name in t.excluded:
+            return None
+        n = self.nodes.get(name)
+        return n if n is not None and n.alive else None
 
     def _timeout(self, t: TaskState) -> float:
         return max(self.policy.min_timeout_s, self.policy.deadline_factor * t.spec.cost_s)

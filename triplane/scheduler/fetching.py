@@ -1,0 +1,92 @@
+"""Fetching a tensor held in several tiles: streamed in row-major order, slab by slab.
+
+A tiled output is never gathered whole, on an executor or here: the scheduler reads the
+tiles of one *slab* (the tiles sharing a first-dimension interval) from the executors
+holding them, writes that slab's rows in C order, sends it, and moves on. Peak memory
+here is one slab (for a ``r x c`` grid of an ``M x N`` tensor, ``M / r x N`` elements).
+The bytes are those of the whole tensor in C order, little-endian: a client reads a tiled
+tensor exactly as an untiled one (``GET /v1/jobs/{id}/tensors/{name}``, same headers).
+
+Failure semantics: a tile whose holder is unknown is refused before the first byte
+(``FetchError``, the API's 404); a holder failing mid-stream ends the stream early (the
+client sees fewer bytes than ``Content-Length``, an error for any HTTP client).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from triplane.scheduler.compiler.tiling import TileGrid
+from triplane.scheduler.store import DataPortClient, _storage_dtype, expected_bytes
+
+__all__ = ["FetchError", "open_tiled"]
+
+CHUNK_BYTES = 8 << 20
+
+
+class FetchError(LookupError):
+    """A tile of the tensor has no live holder (``tile`` names it)."""
+
+    def __init__(self, message: str, tile: str) -> None:
+        super().__init__(message)
+        self.tile = tile
+
+
+Holder = Callable[[str], "tuple[str, int] | None"]  # tile id -> (address, data port) of its holder
+
+
+async def read_tile(client: DataPortClient, address: str, port: int, tile: str,
+                    shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
+    """One tile as an array (its bytes checked against the expected shape)."""
+    got_shape, _, nbytes, chunks = await client.open_tile(address, port, tile)
+    buf = bytearray()
+    async for part in chunks:
+        buf += part
+    if tuple(got_shape) != tuple(shape) or len(buf) != nbytes:
+        raise ValueError(f"tile {tile} is {list(got_shape)} ({len(buf)} bytes), expected {list(shape)}")
+    return np.frombuffer(buf, dtype=dtype).reshape(shape)
+
+
+async def open_tiled(client: DataPortClient, grid: TileGrid, tile_ids: Mapping[str, str],
+                     holder: Holder) -> tuple[tuple[int, ...], str, int, AsyncIterator[bytes]]:
+    """(shape, dtype, bytes, chunks) of the tensor of ``grid``; ``tile_ids`` maps each
+    cell's task to its tile id, ``holder`` a tile id to where it is. FetchError at once if
+    a tile has no holder now."""
+    where: dict[tuple[int, ...], tuple[str, str, int]] = {}
+    for cell in grid.cells():
+        tile = tile_ids[grid.tiles[cell]]
+        at = holder(tile)
+        if at is None:
+            raise FetchError(f"tile {tile} has no live holder", tile)
+        where[cell] = (tile, *at)
+    shape, dtype = tuple(grid.shape), grid.dtype
+    np_dtype = _storage_dtype(dtype)
+    nbytes = expected_bytes(shape, dtype)
+
+    async def chunks() -> AsyncIterator[bytes]:
+        if not shape:  # 0-d: one tile
+            tile, addr, port = where[()]
+            yield (await read_tile(client, addr, port, tile, (), np_dtype)).tobytes()
+            return
+        counts = grid.counts
+        for i in range(counts[0]):
+            lo, hi = grid.bounds[0][i], grid.bounds[0][i + 1]
+            slab = np.empty((hi - lo, *shape[1:]), dtype=np_dtype)
+            for cell in grid.cells():
+                if cell[0] != i:
+                    continue
+                region = grid.region(cell)
+                tile, addr, port = where[cell]
+                part_shape = tuple(b - a for a, b in region)
+                part = await read_tile(client, addr, port, tile, part_shape, np_dtype)
+                slab[(slice(0, hi - lo), *(slice(a, b) for a, b in region[1:]))] = part
+                del part
+            view = memoryview(slab).cast("B")
+            for k in range(0, len(view), CHUNK_BYTES):  # bounded copies, not a second slab
+                yield bytes(view[k:k + CHUNK_BYTES])
+            del view, slab
+
+    return shape, dtype, nbytes, chunks()

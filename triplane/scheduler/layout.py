@@ -1,0 +1,232 @@
+"""Tiling and placement of a compiled plan for the cluster the registry reports (pure).
+
+:func:`lay_out` is what a submit does after ``compile_graph`` (docs/runtime.md, "Jobs,
+tasks and tiles"): from the executors' figures (``costmodel.NodeFigures``: op-engine
+GFLOP/s and GB/s, memory capacity and free bytes, network, slots) it sizes tiles
+(``plan_sizes``), rewrites the plan into a tile graph (``tile_graph``), names its tasks
+``t0, t1, ...`` (the tiler's names, ``y[0,1]`` or ``a@0:8,0:4``, are not valid task ids on
+the wire) and places them (``place``). The result, a :class:`Layout`, is what the job
+runs, where each task should run and what each output's tiles are.
+
+Tiny graphs (tensors totalling at most ``unsplit_bytes``) are neither tiled nor placed at
+submit: they run as the plan graph, one task per node, on whatever node the dispatcher's
+own placer picks; their placement is computed on demand (``GET /v1/jobs/{id}/plan``).
+That keeps a submit of 10,000 scalar tasks as fast as before (placing them takes
+seconds). They are still checked against the engines' ops and dtypes.
+
+Failure semantics: a graph that cannot fit the cluster raises the tiler's ``LimitError``
+(naming the tensor and the limit); a task no node can run raises ``PlacementError`` (coded
+status; message naming the task's op, its type and the limit). Both name the *plan* node
+the task came from (``node``), never a tile id. Nothing is half-done: these run before
+the job is stored.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from triplane.proto.ir import Graph, Node
+from triplane.scheduler.compiler.costmodel import NodeFigures, type_text
+from triplane.scheduler.compiler.placement import (
+    Code,
+    Placement,
+    PlacementError,
+    Status,
+    SupportsOp,
+    place,
+    task_views,
+)
+from triplane.scheduler.compiler.tiling import ClusterFigures, Region, TileGrid, plan_sizes, tile_graph
+
+__all__ = ["UNSPLIT_BYTES", "Layout", "check_support", "figures_from_json", "figures_to_json",
+           "lay_out", "same_host_figures", "structure_hash"]
+
+UNSPLIT_BYTES = 4 << 20  # plan_sizes' default: graphs this small are not cut
+MAX_PLACED_TASKS = 5000  # placement is superlinear; a bigger untiled graph is not placed on demand
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What a job runs. ``graph``: the plan graph (``tiled`` False) or the tile graph with
+    task ids ``t0, t1, ...``. ``grids``: plan node -> its TileGrid whose cells name tasks
+    of ``graph`` (tiled only; every output has one). ``origin``: task -> plan node.
+    ``placement``: task -> node and predictions (None until computed for a tiny graph).
+    ``figures``: the cluster it was laid out for. ``regions``: ``input`` nodes of ``graph``
+    that stand for a region of an upload (node -> (whole input node, region)): the tiler's
+    ``slice`` of an input becomes such a node, so consumers pull just that region from
+    the scheduler's data server (``u-<hex>@lo:hi,...``) and placement counts just its bytes."""
+
+    graph: Graph
+    tiled: bool
+    grids: Mapping[str, TileGrid]
+    origin: Mapping[str, str]
+    placement: Placement | None
+    figures: tuple[NodeFigures, ...]
+    regions: Mapping[str, tuple[str, Region]] = dataclasses.field(default_factory=dict)
+
+    def preferred(self, task: str) -> str | None:
+        p = self.placement
+        return p.tasks[task].node if p is not None and task in p.tasks else None
+
+    def placed(self) -> Layout:
+        """This layout with a placement (computed now for a tiny graph; PlacementError if
+        no node can run a task, ValueError if the graph is too large to place on demand)."""
+        if self.placement is not None:
+            return self
+        tasks = sum(1 for n in self.graph.nodes.values() if n.op != "input")
+        if tasks > MAX_PLACED_TASKS:
+            raise ValueError(f"the job has {tasks} tasks; plans are computed for at most "
+                             f"{MAX_PLACED_TASKS} (it ran on the dispatcher's own choice of nodes)")
+        return dataclasses.replace(self, placement=_place(self.graph, self.figures, self.origin))
+
+
+def lay_out(graph: Graph, figures: Sequence[NodeFigures], *, unsplit_bytes: int = UNSPLIT_BYTES,
+            explicit: Mapping[str, Mapping[str, Any]] | None = None) -> Layout:
+    """Tile and place the compiled ``graph`` for ``figures`` (see the module doc).
+    ``explicit`` fixes the cut of chosen plan nodes (``TileSizes.explicit``) and forces
+    tiling even of a tiny graph."""
+    figs = tuple(figures)
+    if not figs:
+        raise ValueError("no executor figures to lay the job out for")
+    total = sum(n.type.nbytes for n in graph.nodes.values())
+    if total <= unsplit_bytes and not explicit:
+        check_support(graph, figs)
+        return Layout(graph, False, {}, {}, None, figs)
+    headroom = 0.5
+    while True:
+        try:
+            return _tile_and_place(graph, figs, plan_sizes(ClusterFigures.from_nodes(figs), headroom=headroom,
+                                                           unsplit_bytes=unsplit_bytes, explicit=explicit))
+        except PlacementError as e:
+            # Unschedulable (not ...AndUnresolvable): the nodes' memory is held by tiles
+            # still to be read. Smaller tiles need less at once: halve the task size, a
+            # few times, before refusing the graph.
+            if e.status.code is not Code.UNSCHEDULABLE or headroom < 0.1:
+                raise
+            headroom /= 2
+
+
+def _tile_and_place(graph: Graph, figs: tuple[NodeFigures, ...], sizes: Any) -> Layout:
+    tiled = tile_graph(graph, sizes)  # LimitError names the plan node and the limit
+    order = tiled.graph.topo_order()
+    rename = {old: f"t{i}" for i, old in enumerate(order)}
+    tn = tiled.graph.nodes
+    nodes = {rename[old]: tn[old].replace(inputs=[rename[i] for i in tn[old].inputs]) for old in order}
+    outputs = tuple(rename[o] for o in tiled.graph.outputs)
+    regions: dict[str, tuple[str, Region]] = {}
+    for old in order:  # an upload's tile is read from the data server, not made by a task
+        new = rename[old]
+        region = _upload_region(nodes[new], nodes) if tiled.roles.get(old) == "source" else None
+        if region is not None and new not in outputs:
+            src = nodes[nodes[new].inputs[0]]
+            regions[new] = (nodes[new].inputs[0], region)
+            nodes[new] = src.replace(shape=[hi - lo for lo, hi in region])
+    used = {i for n in nodes.values() for i in n.inputs}
+    for nid in [n for n, node in nodes.items() if node.op == "input" and n not in used and n not in regions]:
+        if nid not in outputs:  # the whole upload is read by no task now
+            del nodes[nid]
+    tgraph = Graph(nodes, outputs, tiled.graph.version)
+    origin = {rename[t]: o for t, o in tiled.origin.items()}
+    for old, new in rename.items():  # inputs and anything the tiler left unlabelled
+        origin.setdefault(new, old if old in graph.nodes else tiled.origin.get(old, old))
+    grids = {nid: dataclasses.replace(g, tiles={c: rename[t] for c, t in g.tiles.items()})
+             for nid, g in tiled.grids.items()}
+    return Layout(tgraph, True, grids, origin, _place(tgraph, figs, origin), figs, regions)
+
+
+def _upload_region(node: Node, nodes: Mapping[str, Node]) -> Region | None:
+    """The region a step-1 ``slice`` of an ``input`` reads, else None."""
+    if node.op != "slice" or len(node.inputs) != 1 or nodes[node.inputs[0]].op != "input":
+        return None
+    steps = tuple(int(x) for x in node.attrs.get("steps") or ())
+    if steps != (1,) * len(node.shape) or not node.shape:
+        return None
+    return tuple((int(a), int(b)) for a, b in zip(node.attrs["starts"], node.attrs["stops"]))
+
+
+def _place(graph: Graph, figs: Sequence[NodeFigures], origin: Mapping[str, str]) -> Placement:
+    try:
+        return place(graph, figs)
+    except PlacementError as e:
+        raise _named(e, graph, origin) from None
+
+
+def _named(e: PlacementError, graph: Graph, origin: Mapping[str, str]) -> PlacementError:
+    task = e.node or ""
+    orig = origin.get(task, task)
+    node = graph.nodes.get(task)
+    what = f"task {orig!r} ({e.op} -> {type_text(node.type)})" if node is not None else e.what
+    return PlacementError(e.status, node=orig, op=e.op, what=what)
+
+
+def check_support(graph: Graph, figures: Sequence[NodeFigures]) -> None:
+    """PlacementError (UnschedulableAndUnresolvable) for the first task whose op or dtypes
+    no node's engines take; cheap (no placement), for graphs that are not placed at submit."""
+    f = SupportsOp()
+    checked: set[tuple[str, frozenset[str]]] = set()
+    for tid, view in task_views(graph).items():
+        key = (view.op if view.op != "fused" else f"fused:{tid}", view.dtypes)
+        if key in checked:
+            continue
+        checked.add(key)
+        if any(f.filter(view, n, None, None).ok for n in figures):  # type: ignore[arg-type]
+            continue
+        lacking = [n for n in figures if not n.supports_op(view.op)]
+        if len(lacking) == len(figures):
+            reason = f"no engine supports {view.op}"
+        else:
+            bad = sorted(d for d in view.dtypes if not any(n.supports_dtype(d) for n in figures
+                                                            if n.supports_op(view.op)))
+            reason = f"no engine supports {view.op} on {', '.join(bad or sorted(view.dtypes))}"
+        raise PlacementError(Status(Code.UNSCHEDULABLE_AND_UNRESOLVABLE, reason, f.name), node=tid,
+                             op=view.op, what=f"task {tid!r} ({view.op} -> {type_text(view.out)})")
+
+
+def same_host_figures(figures: Sequence[NodeFigures], hosts: Mapping[str, str]) -> list[NodeFigures]:
+    """``figures`` with the best GFLOP/s and GB/s of each host (``hosts``: node -> address)
+    given to every node on it. Executors started together on one machine benchmark at the
+    same moment and disturb each other (measured here: 1.8, 5.5 and 125 GFLOP/s for three
+    executors of one 2-core host), and placement would then crowd every task onto the
+    luckiest one; they measure the same hardware, so the best figure is the honest one."""
+    best: dict[str, tuple[float, float]] = {}
+    for n in figures:
+        h = hosts.get(n.name)
+        if h is not None:
+            g, b = best.get(h, (0.0, 0.0))
+            best[h] = (max(g, n.gflops), max(b, n.gbps))
+    out = []
+    for n in figures:
+        h = hosts.get(n.name)
+        out.append(dataclasses.replace(n, gflops=best[h][0], gbps=best[h][1]) if h is not None else n)
+    return out
+
+
+# --- figures on record (a resumed job is laid out again exactly) ---------------------------
+
+
+_FIELDS = ("name", "gflops", "gbps", "memory_capacity", "memory_free", "bandwidth_gbps", "latency_us",
+           "slots")
+
+
+def figures_to_json(figures: Sequence[NodeFigures]) -> list[dict[str, Any]]:
+    """The numbers tiling and placement read (ops/dtypes are left out: a resumed job was
+    checked against them when it was submitted)."""
+    return [{k: getattr(n, k) for k in _FIELDS} for n in figures]
+
+
+def figures_from_json(doc: Any) -> list[NodeFigures]:
+    """Inverse of :func:`figures_to_json`; ValueError/TypeError/KeyError for a bad record."""
+    if not isinstance(doc, list):
+        raise TypeError("figures must be a list")
+    return [NodeFigures(**{k: d[k] for k in _FIELDS}) for d in doc]
+
+
+def structure_hash(figures: Sequence[NodeFigures]) -> str:
+    """A short hash of the cluster's figures (the metadb plans table's ``structure_hash``)."""
+    text = json.dumps(figures_to_json(figures), sort_keys=True, separators=(",", ":"))
+    return "s" + hashlib.sha256(text.encode()).hexdigest()[:40]
