@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import inspect
 import logging
 import os
@@ -124,6 +125,10 @@ def run_executor(registry: str, *, engines: str = "numpy", memory: str = "8GiB",
     except (ValueError, _Usage) as e:
         print(f"triplane executor: {e}", file=sys.stderr)
         return 2
+    # Every task allocates a few hundred small objects; the default GC thresholds would
+    # scan the heap thousands of times a second. Objects alive at start-up are frozen.
+    gc.freeze()
+    gc.set_threshold(100_000, 50, 100)
     try:
         import uvloop  # optional: a faster event loop for the packet path
 

@@ -44,6 +44,26 @@ class Journal:
         self._tx: dict[tuple[str, str], Transitioned] = {}
         self._events: list[Transitioned] = []
         self._tiles: dict[str, list[mdb.TileLocation]] = defaultdict(list)
+        # Jobs dispatched while their rows are still being stored: their writes wait.
+        self._held: set[str] = set()
+        self._ended: dict[str, tuple[str, int, str | None]] = {}
+
+    def hold(self, job: str) -> None:
+        """Keep ``job``'s writes back until :meth:`release` (its rows are being inserted)."""
+        self._held.add(job)
+
+    def forget(self, job: str) -> None:
+        """Drop everything held for ``job`` (its rows could not be stored)."""
+        self._ended.pop(job, None)
+        self._tx = {k: t for k, t in self._tx.items() if k[0] != job}
+        self._events = [t for t in self._events if t.job != job]
+        self._tiles.pop(job, None)
+
+    def release(self, job: str) -> None:
+        self._held.discard(job)
+        ended = self._ended.pop(job, None)
+        if ended is not None:
+            self.job_ended(job, *ended)
 
     def open(self) -> None:
         self.writer = mdb.BatchWriter(self.db, max_items=2000, max_delay=0.05)
@@ -73,8 +93,9 @@ class Journal:
             await asyncio.sleep(period_s)
             try:
                 self.flush()
-                if self._tiles:
-                    await asyncio.to_thread(self.write_tiles)
+                tiles = self._take_tiles()
+                if tiles:
+                    await asyncio.to_thread(self._write_tiles, tiles)
             except Exception:
                 log.exception("persisting dispatcher state failed (retrying)")
 
@@ -85,6 +106,11 @@ class Journal:
             return
         tx, self._tx = self._tx, {}
         events, self._events = self._events, []
+        if self._held:
+            self._tx = {k: t for k, t in tx.items() if k[0] in self._held}
+            self._events = [t for t in events if t.job in self._held]
+            tx = {k: t for k, t in tx.items() if k[0] not in self._held}
+            events = [t for t in events if t.job not in self._held]
         for (job, task), t in tx.items():
             fields: dict[str, Any] = {"attempt": t.attempt, "node": t.node}
             if t.finish == "dispatched":
@@ -109,14 +135,27 @@ class Journal:
     def job_ended(self, job: str, state: str, done: int, error: str | None) -> None:
         if self.writer is None:
             return
+        if job in self._held:
+            self._ended[job] = (state, done, error)
+            return
         try:
             self.flush()
             self.writer.job_progress(job, state=state, tasks_done=done, error=error)
         except mdb.MetaDBError as e:
             log.error("cannot record the end of job %s: %s", job, e)
 
-    def write_tiles(self) -> None:
+    def _take_tiles(self) -> dict[str, list[mdb.TileLocation]]:
+        """The tile locations to write now (on the event loop, where ``output`` appends)."""
         tiles, self._tiles = self._tiles, defaultdict(list)
+        for job in self._held & tiles.keys():
+            self._tiles[job] = tiles.pop(job)
+        return tiles
+
+    def write_tiles(self) -> None:
+        """Write every tile location not held back (blocking: call it in a thread)."""
+        self._write_tiles(self._take_tiles())
+
+    def _write_tiles(self, tiles: dict[str, list[mdb.TileLocation]]) -> None:
         if not tiles:
             return
         with self.db.transaction() as s:

@@ -113,7 +113,10 @@ def lay_out(graph: Graph, figures: Sequence[NodeFigures], *, unsplit_bytes: int 
 
 def _tile_and_place(graph: Graph, figs: tuple[NodeFigures, ...], sizes: Any) -> Layout:
     tiled = tile_graph(graph, sizes)  # LimitError names the plan node and the limit
-    order = tiled.graph.topo_order()
+    # Task names must mean the same tiles when a restarted scheduler lays the job out again
+    # from the stored graph, whose nodes may be stored in another order: name them in an
+    # order that depends on the structure only.
+    order = tiled.graph.dataflow_order()
     rename = {old: f"t{i}" for i, old in enumerate(order)}
     tn = tiled.graph.nodes
     nodes = {rename[old]: tn[old].replace(inputs=[rename[i] for i in tn[old].inputs]) for old in order}

@@ -318,8 +318,20 @@ class Scheduler(Leading):
                     op=missing,
                 )
         now = time.time()
-        await asyncio.to_thread(self._store_job, plan, cgraph, fetch, bindings, now)
+        # Dispatch first and store meanwhile: the executors start while ~10^4 task rows are
+        # inserted. The journal holds the job's writes back until its rows exist.
+        self.journal.hold(job_id)
         live = self._dispatch(plan, now, (), back)
+        try:
+            await asyncio.to_thread(self._store_job, plan, cgraph, fetch, bindings, now)
+        except Exception as e:
+            self.shell.handle(CancelJob(f"store-failed:{job_id}", job_id, time.time()))
+            self.jobs.pop(job_id, None)
+            self.journal.forget(job_id)
+            log.error("cannot store job %s: %s", job_id, e)
+            raise SubmitError(503, "unavailable", f"the metadata DB refused the job: {e}") from None
+        finally:
+            self.journal.release(job_id)
         return self._body(job_id, live)
 
     def _plan(

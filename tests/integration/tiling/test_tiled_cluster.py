@@ -130,7 +130,8 @@ def test_elementwise_chain_equals_embedded(cluster: LocalCluster, remote: Remote
     got, want, job = _run_both(remote, lambda: tp.exp(tp.tensor(X) * 0.5 + 1.0))
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=0)
     doc = _plan(cluster, job)
-    _assert_split(doc, spread=False)
+    # How many tiles depends on the executors' measured figures; split it must be.
+    _assert_split(doc, min_tasks=2, spread=False)
     tiles = doc["tensors"][-1]["tiles"] if doc["tensors"] else []
     assert len({t["type"] for t in tiles}) >= 2 or len(tiles) > 1  # 3001 x 2003: uneven tiles
 
@@ -144,7 +145,7 @@ def test_reduction_equals_embedded(cluster: LocalCluster, remote: RemoteSession)
 def test_softmax_equals_embedded(cluster: LocalCluster, remote: RemoteSession) -> None:
     got, want, job = _run_both(remote, lambda: tp.nn.functional.softmax(tp.tensor(X), axis=-1))
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-9)
-    _assert_split(_plan(cluster, job), spread=False)
+    _assert_split(_plan(cluster, job), min_tasks=2, spread=False)  # rows split; count by figures
 
 
 def test_a_graph_larger_than_the_cluster_is_refused_at_submit(cluster: LocalCluster) -> None:

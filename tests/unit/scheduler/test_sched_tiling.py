@@ -251,3 +251,22 @@ def test_executors_of_one_host_share_its_best_measured_figures() -> None:
             NodeFigures("e2", 5.5, 6.7, MiB), NodeFigures("far", 20.0, 2.0, MiB)]
     out = same_host_figures(figs, {"e0": "10.0.0.1", "e1": "10.0.0.1", "e2": "10.0.0.1", "far": "10.0.0.2"})
     assert [(n.gflops, n.gbps) for n in out] == [(125.0, 13.0)] * 3 + [(20.0, 2.0)]
+
+
+def test_task_names_do_not_depend_on_how_the_graph_was_stored() -> None:
+    # A restarted scheduler lays a job out again from the stored graph, whose nodes may come
+    # back in another order: task tN must still name the same tile, or recorded tiles would
+    # be reused for the wrong tasks.
+    from triplane.proto.ir import Graph
+
+    b = Builder()
+    outs = []
+    for i in range(2):  # two independent branches: their relative order is storage's choice
+        x = b.add_node("normal", [], {"shape": (2048, 1024), "seed": i, "dtype": "float32"}, node_id=f"x{i}")
+        outs.append(b.add_node("exp", [x], {}, node_id=f"y{i}"))
+    g = validate(b.graph(outs))
+    again = Graph(dict(reversed(list(g.nodes.items()))), g.outputs)
+    assert list(again.nodes) != list(g.nodes)
+    a, b = lay_out(g, _figs()), lay_out(again, _figs())
+    assert a.tiled and len(a.graph) >= 4
+    assert {k: n for k, n in a.graph.nodes.items()} == {k: n for k, n in b.graph.nodes.items()}
