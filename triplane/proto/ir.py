@@ -16,7 +16,7 @@ import base64
 import hashlib
 import json
 import math
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -373,8 +373,21 @@ class Graph:
     def to_json(self) -> bytes:
         """Canonical JSON bytes: same graph, same bytes, in any language."""
         if "json" not in self._cache:
-            self._cache["json"] = canonical_json(self.to_dict())
+            self._cache["json"] = _fast_canonical(self._jsonable_doc) or canonical_json(self.to_dict())
         return self._cache["json"]
+
+    def _jsonable_doc(self) -> dict[str, Any]:
+        """``to_dict`` built straight in the form the C encoder writes canonically (one
+        pass instead of to_dict's copy and then _jsonable's); _SlowPath where it cannot."""
+        nodes: dict[str, Any] = {}
+        for k, n in self.nodes.items():
+            d: dict[str, Any] = {"op": n.op, "shape": _jsonable(n.shape), "dtype": n.dtype}
+            if n.inputs:
+                d["inputs"] = list(n.inputs)
+            if n.attrs:
+                d["attrs"] = _jsonable(n.attrs)
+            nodes[k] = d
+        return {"version": self.version, "nodes": nodes, "outputs": list(self.outputs)}
 
     @classmethod
     def from_json(cls, data: bytes | str, *, max_bytes: int | None = None,
@@ -511,18 +524,25 @@ def _parse_int(text: str) -> int | float:
     return v if abs(v) <= MAX_SAFE_INT else float(text)
 
 
-def canonical_json(obj: Any) -> bytes:
-    """Sorted keys, no insignificant whitespace, UTF-8, ECMAScript number formatting."""
+def _fast_canonical(make: Callable[[], Any]) -> bytes | None:
+    """Where every float prints the same in Python and ECMAScript, the C json encoder
+    writes the canonical bytes -- unless a key holds a character at or above U+E000, where
+    code-point order and RFC 8785's UTF-16 order can differ. None where it cannot."""
     try:
-        # Fast path: where every float prints the same in Python and ECMAScript, the C json
-        # encoder writes the canonical bytes -- unless a key holds a character at or above
-        # U+E000, where code-point order and RFC 8785's UTF-16 order can differ.
-        text = json.dumps(_jsonable(obj), sort_keys=True, separators=(",", ":"),
+        text = json.dumps(make(), sort_keys=True, separators=(",", ":"),
                           ensure_ascii=False, allow_nan=False)
         if not text or max(text) < "\ue000":
             return text.encode("utf-8")
     except (_SlowPath, UnicodeEncodeError, ValueError, TypeError, RecursionError):
         pass
+    return None
+
+
+def canonical_json(obj: Any) -> bytes:
+    """Sorted keys, no insignificant whitespace, UTF-8, ECMAScript number formatting."""
+    fast = _fast_canonical(lambda: _jsonable(obj))
+    if fast is not None:
+        return fast
     out: list[str] = []
     try:
         _emit(obj, out)
