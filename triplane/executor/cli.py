@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import inspect
 import logging
 import os
@@ -24,6 +23,7 @@ from typing import Annotated
 import typer
 
 from triplane.executor.config import load_secret, load_token, parse_size
+from triplane.process import event_loop_runner, prepare_process
 
 __all__ = ["executor_command", "main"]
 
@@ -125,16 +125,8 @@ def run_executor(registry: str, *, engines: str = "numpy", memory: str = "8GiB",
     except (ValueError, _Usage) as e:
         print(f"triplane executor: {e}", file=sys.stderr)
         return 2
-    # Every task allocates a few hundred small objects; the default GC thresholds would
-    # scan the heap thousands of times a second. Objects alive at start-up are frozen.
-    gc.freeze()
-    gc.set_threshold(100_000, 50, 100)
-    try:
-        import uvloop  # optional: a faster event loop for the packet path
-
-        runner = uvloop.run
-    except ImportError:
-        runner = asyncio.run
+    prepare_process()
+    runner = event_loop_runner()
     try:
         return runner(_serve(registry, engine_names, memory_bytes, host, name, secret, token,
                              drop_udp, fault_seed))

@@ -12,7 +12,6 @@ line; on SIGTERM the scheduler stops serving, flushes metadb and resigns leaders
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import os
 import secrets
@@ -23,6 +22,8 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+
+from triplane.process import event_loop_runner, prepare_process
 
 __all__ = ["run_scheduler", "scheduler_command"]
 
@@ -169,17 +170,8 @@ def run_scheduler(
         home = Path(run_dir or os.environ.get("TRIPLANE_HOME") or Path.home() / ".triplane")
         token = _secret_value(token_file, "TRIPLANE_TOKEN", home / "token", 16)
         secret = _secret_value(secret_file, "TRIPLANE_SECRET", home / "secret", 16)
-        # A job of 10,000 tasks allocates ~10^6 small objects while it is planned; the
-        # default GC thresholds would scan the whole heap many times over (15-30% of a
-        # submit). Objects alive at start-up never need scanning again.
-        gc.freeze()
-        gc.set_threshold(100_000, 50, 100)
-        try:
-            import uvloop
-
-            runner = uvloop.run
-        except ImportError:
-            runner = asyncio.run
+        prepare_process()
+        runner = event_loop_runner()
         return runner(
             _serve(
                 registry,

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import benchrun
 import numpy as np
 import pytest
 
@@ -32,27 +32,7 @@ sys.path.pop(0)
 
 def run_bench(args: list[str], tmp_path: Path, timeout: float,
               keep_home: bool = True) -> subprocess.CompletedProcess[str]:
-    """Run the script in its own process group; kill the group if it overruns. With
-    ``keep_home`` the triplane run directory stays under ``tmp_path`` (for its pids)."""
-    env = dict(os.environ)
-    if keep_home:  # not for Ray: its socket paths under a long TMPDIR exceed AF_UNIX's 107 bytes
-        env |= {"TMPDIR": str(tmp_path), "BENCH_KEEP_HOME": "1"}
-    env.pop("TRIPLANE_URL", None)
-    env.pop("TRIPLANE_TOKEN", None)
-    proc = subprocess.Popen([sys.executable, str(SCRIPT), "--results-dir", str(tmp_path / "results"), *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO,
-                            start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"bench/compute.py overran {timeout} s\nstdout:\n{out}\nstderr:\n{err}")
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    return benchrun.run_bench(SCRIPT, args, tmp_path, timeout, keep_home)
 
 
 def recorded_pids(tmp_path: Path) -> set[int]:
