@@ -22,6 +22,10 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[3]
 SCRIPT = REPO / "bench" / "compute.py"
+# A sanity bound, not a target: one AVX-512 core peaks near 2 FMA x 16 lanes x 2 flops x
+# 4 GHz = 256 GFLOP/s. Rates beyond it mean a cached or skipped computation.
+PEAK_PER_CORE = 300
+
 SMALL = ["--matmul", "256", "--chain", "256", "--mlp", "128x64", "--repeats", "2", "--keep-blas-env"]
 
 sys.path.insert(0, str(REPO / "bench"))
@@ -76,7 +80,7 @@ def test_triplane_and_numpy_rows(tmp_path: Path) -> None:
         assert len(row["seconds"]) == 2 and all(s > 0 for s in row["seconds"]), row
         # Sane rates: positive, and below what this machine could ever do (100 GFLOP/s
         # or GB/s per core is far above a CPU core's peak at these sizes).
-        assert all(0 < rate < 100 * nproc for rate in row["rates"]), row
+        assert all(0 < rate < PEAK_PER_CORE * nproc for rate in row["rates"]), row
     trip = [row for row in rows if row["name"] == "triplane"]
     assert all(row["details"][0]["upload_s"] >= 0 for row in trip)
     md = (tmp_path / "results" / "compute.md").read_text()
@@ -100,7 +104,7 @@ def test_dask_and_ray_rows(tmp_path: Path) -> None:
     assert all(s == "ok" for k, s in status.items() if k != ("Ray", "mlp 128x64")), status
     nproc = os.cpu_count() or 1
     for row in rows:  # every run computed (no cached results: Dask dedups by graph key)
-        assert all(0 < rate < 100 * nproc for rate in row["rates"]), row
+        assert all(0 < rate < PEAK_PER_CORE * nproc for rate in row["rates"]), row
 
 
 def test_bad_arguments_exit_2(tmp_path: Path) -> None:
