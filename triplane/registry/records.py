@@ -60,6 +60,10 @@ class Record:
     def key(self) -> str:
         raise NotImplementedError("a Record subclass must say where it is stored")
 
+    def _key(self, *segments: str) -> str:
+        """``kind_prefix`` followed by the segments: the prefix is written in one place."""
+        return self.kind_prefix + "/".join(segments)
+
 
 @dataclasses.dataclass(frozen=True)
 class NodeInfo(Record):
@@ -77,7 +81,7 @@ class NodeInfo(Record):
     kind_prefix: ClassVar[str] = "nodes/"
 
     def key(self) -> str:
-        return f"nodes/{check_name(self.node, 'node')}"
+        return self._key(check_name(self.node, "node"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,7 +100,7 @@ class OpEngineInfo(Record):
     kind_prefix: ClassVar[str] = "engines/op/"
 
     def key(self) -> str:
-        return f"engines/op/{check_name(self.node, 'node')}/{check_name(self.engine, 'engine')}"
+        return self._key(check_name(self.node, "node"), check_name(self.engine, "engine"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,7 +116,7 @@ class MemoryEngineInfo(Record):
     kind_prefix: ClassVar[str] = "engines/memory/"
 
     def key(self) -> str:
-        return f"engines/memory/{check_name(self.node, 'node')}/{check_name(self.engine, 'engine')}"
+        return self._key(check_name(self.node, "node"), check_name(self.engine, "engine"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,7 +132,7 @@ class NetworkEngineInfo(Record):
     kind_prefix: ClassVar[str] = "engines/network/"
 
     def key(self) -> str:
-        return f"engines/network/{check_name(self.node, 'node')}/{check_name(self.engine, 'engine')}"
+        return self._key(check_name(self.node, "node"), check_name(self.engine, "engine"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,7 +146,7 @@ class Binding(Record):
     kind_prefix: ClassVar[str] = "bindings/"
 
     def key(self) -> str:
-        return f"bindings/{check_name(self.node, 'node')}/{check_name(self.op_engine, 'op engine')}"
+        return self._key(check_name(self.node, "node"), check_name(self.op_engine, "op engine"))
 
 
 R = TypeVar("R", bound=Record)
