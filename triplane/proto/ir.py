@@ -437,21 +437,28 @@ class Graph:
 
     def structure_hash(self) -> str:
         """Like :meth:`hash`, but blind to which host tensors the ``input`` nodes bind and to
-        node ids: two training steps that differ only in parameter values share it, so a
-        compiled plan is reused."""
+        node ids: the hash of :meth:`canonical`. Two training steps that differ only in
+        parameter values share it, so a compiled plan is reused."""
         if "shash" not in self._cache:
-            order = self.dataflow_order()
-            rename = {nid: f"n{i}" for i, nid in enumerate(order)}
-            nodes = {}
-            for nid in order:
-                n = self.nodes[nid]
-                attrs = n.attrs
-                if n.op == "input":
-                    attrs = Attrs({k: v for k, v in attrs.items() if k != "tensor"})
-                nodes[rename[nid]] = n.replace(inputs=[rename[i] for i in n.inputs], attrs=attrs)
-            g = Graph(nodes, tuple(rename[o] for o in self.outputs), self.version)
-            self._cache["shash"] = g.hash()
+            self._cache["shash"] = self.canonical()[0].hash()
         return self._cache["shash"]
+
+    def canonical(self) -> tuple[Graph, dict[str, str], list[str]]:
+        """This graph with nodes renamed ``n0, n1, ...`` in :meth:`dataflow_order` and the
+        host tensors its ``input`` nodes bind renamed ``arg0, arg1, ...``. Returns the
+        canonical graph, old id -> new id, and the bound tensor ids in argument order."""
+        order = self.dataflow_order()
+        rename = {nid: f"n{i}" for i, nid in enumerate(order)}
+        args: list[str] = []
+        nodes = {}
+        for nid in order:
+            n = self.nodes[nid]
+            attrs = n.attrs
+            if n.op == "input":
+                attrs = Attrs({**attrs, "tensor": f"arg{len(args)}"})
+                args.append(n.attrs["tensor"])
+            nodes[rename[nid]] = n.replace(inputs=[rename[i] for i in n.inputs], attrs=attrs)
+        return Graph(nodes, tuple(rename[o] for o in self.outputs), self.version), rename, args
 
 
 DEFAULT_MAX_NODES = 1_000_000

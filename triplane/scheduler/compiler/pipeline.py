@@ -7,7 +7,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from triplane.proto.ir import Attrs, Graph
+from triplane.proto.ir import Graph
 from triplane.proto.validate import DEFAULT_LIMITS, Limits, validate
 from triplane.scheduler.compiler.dce import dce
 from triplane.scheduler.compiler.memory import MemoryPlan, plan_memory
@@ -71,18 +71,7 @@ def canonicalize(graph: Graph) -> tuple[Graph, dict[str, str], list[str]]:
     tensor ids in argument order. Two programs that differ only in names, input values
     and the order their nodes were recorded in canonicalise to the same graph (and so
     share a cached plan): the numbering follows :meth:`Graph.dataflow_order`."""
-    order = graph.dataflow_order()
-    rename = {nid: f"n{i}" for i, nid in enumerate(order)}
-    args: list[str] = []
-    nodes = {}
-    for nid in order:
-        n = graph.nodes[nid]
-        attrs = n.attrs
-        if n.op == "input":
-            attrs = Attrs({**attrs, "tensor": f"arg{len(args)}"})
-            args.append(n.attrs["tensor"])
-        nodes[rename[nid]] = n.replace(inputs=[rename[i] for i in n.inputs], attrs=attrs)
-    return Graph(nodes, tuple(rename[o] for o in graph.outputs), graph.version), rename, args
+    return graph.canonical()
 
 
 class PlanCache:
