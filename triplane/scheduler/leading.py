@@ -93,7 +93,10 @@ class Leading:
         self.journal.flush()
         for live in self.jobs.values():
             live.ended.set()  # long-pollers re-read the status (from the metadb)
-        self.jobs.clear()
+        # Done jobs stay: their results are on the executors and still fetchable (a client
+        # may be between "done" and its GET); the unfinished ones the next leader resumes.
+        for job in [j for j, live in self.jobs.items() if live.state != "done"]:
+            del self.jobs[job]
         self.templates.clear()
         self.state = DispatchState(self.policy)
         self.shell.state = self.state

@@ -110,6 +110,9 @@ class LiveJob:
     ended: asyncio.Event = field(default_factory=asyncio.Event)
     fetched_released: bool = False
     actual: dict[str, tuple[float, float]] = field(default_factory=dict)  # task -> kernel start, end
+    # task -> node holding its output, kept when the job is done: fetches need it after the
+    # dispatcher's state is gone (a scheduler that stepped down and leads again).
+    holders: dict[str, str] = field(default_factory=dict)
 
     def name_of(self, task: str) -> str:
         """The submitted node a task came from (a tile task: the tensor it is part of)."""
@@ -520,7 +523,7 @@ class Scheduler(Leading):
                 yield bytes(data)
 
             return t.shape, t.dtype, t.nbytes, one()
-        node = self.state.jobs[job].tasks[task].node
+        node = live.holders.get(task)
         info = self.shell.nodes.get(node or "")
         if info is None:
             raise SubmitError(
@@ -540,12 +543,12 @@ class Scheduler(Leading):
     async def _open_tiled(
         self, job: str, name: str, grid: Any
     ) -> tuple[tuple[int, ...], str, int, AsyncIterator[bytes]]:
-        tasks = self.state.jobs[job].tasks
+        holders = self.jobs[job].holders
         ids = {t: f"{job}.{t}" for t in grid.tiles.values()}
         by_tile = {v: k for k, v in ids.items()}
 
         def holder(tile: str) -> tuple[str, int] | None:
-            info = self.shell.nodes.get(tasks[by_tile[tile]].node or "")
+            info = self.shell.nodes.get(holders.get(by_tile[tile]) or "")
             return None if info is None else (info.address, info.data_port)
 
         try:
@@ -602,6 +605,8 @@ class Scheduler(Leading):
         if f.state == "failed":
             live.error = self._failure(f)
         js = self.state.jobs[f.job]
+        if f.state == "done":
+            live.holders = {tid: t.node for tid, t in js.tasks.items() if t.node}
         done = len(js.tasks) - js.remaining
         self.journal.job_ended(f.job, f.state, done, live.error["message"] if live.error else None)
         live.ended.set()
@@ -644,13 +649,16 @@ class Scheduler(Leading):
     async def _release(self, job: str, *, keep_fetched: bool) -> None:
         """Delete a job's tiles on the executors (the fetched ones too unless ``keep_fetched``)."""
         live, js = self.jobs.get(job), self.state.jobs.get(job)
-        if live is None or js is None:
+        if live is None:
             return
+        # A running job's tiles are where the dispatcher last put them; a done one's are
+        # in its holders (which outlive the dispatcher's state).
+        holders = {t.spec.id: t.node for t in js.tasks.values() if t.node} if js else live.holders
         keep = self._fetched_tasks(live) if keep_fetched else set()
         by_node: dict[str, list[str]] = defaultdict(list)
-        for t in js.tasks.values():
-            if t.node and t.spec.id not in keep:
-                by_node[t.node].append(f"{job}.{t.spec.id}")
+        for task, node in holders.items():
+            if task not in keep:
+                by_node[node].append(f"{job}.{task}")
         if not keep_fetched:
             live.fetched_released = True
         for node, tiles in by_node.items():
