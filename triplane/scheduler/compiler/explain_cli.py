@@ -26,6 +26,7 @@ import asyncio
 import json
 import runpy
 import sys
+import traceback
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
@@ -70,7 +71,11 @@ def _graph_of_script(path: Path) -> tuple[Graph, dict[str, str]]:
 
     if not path.is_file():
         raise FileNotFoundError(f"no such script: {path}")
-    namespace = runpy.run_path(str(path), run_name=SCRIPT_RUN_NAME)
+    try:
+        namespace = runpy.run_path(str(path), run_name=SCRIPT_RUN_NAME)
+    except Exception as e:  # the user's script: report where it failed, not our traceback
+        raise GraphError(f"script {path.name} failed{_script_line(e, path)}: "
+                         f"{type(e).__name__}: {e}") from None
     named = {k: v for k, v in namespace.items() if isinstance(v, Tensor) and not k.startswith("_")}
     chosen = namespace.get("explain")
     if chosen is None:
@@ -96,6 +101,15 @@ def _graph_of_script(path: Path) -> tuple[Graph, dict[str, str]]:
     for name, t in named.items():
         labels.setdefault(t._id, name)
     return graph, labels
+
+
+def _script_line(e: BaseException, path: Path) -> str:
+    """`` at line N`` of the innermost frame of ``e``'s traceback that is in ``path``."""
+    line = None
+    for frame, lineno in traceback.walk_tb(e.__traceback__):
+        if Path(frame.f_code.co_filename).resolve() == path.resolve():
+            line = lineno
+    return f" at line {line}" if line is not None else ""
 
 
 def cluster_figures(*, nodes: int, memory: str, gflops: float, gbps: float, bandwidth: str,

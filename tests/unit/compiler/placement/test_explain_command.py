@@ -102,6 +102,18 @@ def test_a_bad_marker_is_an_error_naming_it(tmp_path: Path, capsys: pytest.Captu
     assert "`explain` must be a tensor" in capsys.readouterr().err
 
 
+def test_a_script_that_raises_is_reported_with_its_line_not_a_traceback(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "broken.py"
+    path.write_text("import triplane as tp\n\na = tp.no_such_op((4, 4))\n")
+    with pytest.raises(typer.Exit) as e:
+        run(capsys, path)
+    assert e.value.exit_code == 1
+    err = capsys.readouterr().err
+    assert "script broken.py failed at line 3: AttributeError" in err
+    assert "no_such_op" in err and "Traceback" not in err
+
+
 def test_a_graph_too_big_for_the_nodes_fails_naming_the_limit(tmp_path: Path,
                                                             capsys: pytest.CaptureFixture[str]) -> None:
     b = Builder()
