@@ -174,6 +174,22 @@ def test_random_is_a_function_of_seed_and_index(op: str, dtype: str, seed: int) 
     np.testing.assert_array_equal(make(op, shape=(30,), seed=seed, dtype=dtype), a.reshape(-1))
 
 
+@pytest.mark.parametrize("op", ["uniform", "normal"])
+def test_large_tensors_and_cut_tiles_follow_the_contract(op: str, seed: int) -> None:
+    # Larger than one generation chunk (65,536 elements): chunk edges must not shift the
+    # index; elements are sampled against the scalar contract above.
+    from triplane.engines.op.numpy_kernels.random import _CHUNK
+
+    n = 3 * _CHUNK // 256 + 7  # rows of 256: a chunk edge falls inside the last chunk
+    a = make(op, shape=(n, 256), seed=seed, dtype="float64")
+    one = _u01 if op == "uniform" else _normal01
+    for i in (0, _CHUNK - 1, _CHUNK, 2 * _CHUNK + 3, n * 256 - 1):
+        assert a.reshape(-1)[i] == pytest.approx(one(seed, i), rel=1e-15, abs=1e-300), f"element {i}"
+    # a tile cut along both axes (the indexed path) is the matching slice of the whole
+    tile = make(op, shape=(n - 9, 200), seed=seed, dtype="float64", full_shape=(n, 256), start=(4, 31))
+    np.testing.assert_array_equal(tile, a[4:n - 5, 31:231], err_msg=f"seed={seed}")
+
+
 @pytest.mark.parametrize("dtype", FLOATS)
 def test_uniform_values_are_in_range(dtype: str, seed: int) -> None:
     low, high = -1.5, 2.5

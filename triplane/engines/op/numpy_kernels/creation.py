@@ -56,10 +56,12 @@ def _draw(a, shape, contiguous, at):
 @kernel("uniform")
 def _uniform(ins, a, out):
     u = _draw(a, out.shape, random.uniform01, random.uniform01_at)
-    return a["low"] + (a["high"] - a["low"]) * u
+    np.multiply(u, a["high"] - a["low"], out=u)  # low + (high - low) * u, in place
+    return np.add(u, a["low"], out=u)
 
 
 @kernel("normal")
 def _normal(ins, a, out):
     z = _draw(a, out.shape, random.standard_normal, random.standard_normal_at)
-    return a["mean"] + a["std"] * z
+    np.multiply(z, a["std"], out=z)  # mean + std * z, in place
+    return np.add(z, a["mean"], out=z)

