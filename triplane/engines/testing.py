@@ -79,6 +79,12 @@ CASES: list[Case] = [
     _c("logical_not", ("b", (5,))),
     _c("fused", ("f", (64, 33)), ("f", (1, 33)),
        program=[["mul", [0, 1], {}], ["exp", [2], {}], ["sub", [3, 0], {}]]),
+    # fused programs ending in a reduction, large enough for the numpy kernel's slices
+    _c("fused", ("f", (300, 250)), program=[["exp", [0], {}], ["sum", [1], {"axes": None}]],
+       rtol=1e-5, atol=1e-3),
+    _c("fused", ("f", (300, 250)), ("f", (1, 250)),
+       program=[["mul", [0, 1], {}], ["max", [2], {"axes": [1], "keepdims": True}]]),
+    _c("fused", ("f", (300, 250)), program=[["square", [0], {}], ["mean", [1], {"axes": [0]}]]),
     # reductions
     *[_c(op, ("f", (3, 4, 5)), axes=[0, 2], keepdims=kd)
       for op in ("sum", "mean", "max", "min", "prod", "logsumexp") for kd in (False, True)],

@@ -144,6 +144,26 @@ def test_reduction_equals_embedded(cluster: LocalCluster, remote: RemoteSession)
     _assert_split(_plan(cluster, job), min_tasks=2, spread=False)
 
 
+@pytest.mark.parametrize("axis", [None, 1], ids=["all", "rows"])
+def test_fused_chain_reduction_equals_embedded_and_float64(cluster: LocalCluster, remote: RemoteSession,
+                                                            axis: int | None) -> None:
+    """exp(r * 0.5 + 0.25).sum(): one fused task per tile reduces as it goes (no tile of
+    the chain's 40 MB result is ever made), partial sums combined across the nodes."""
+    got, want, job = _run_both(remote, lambda: tp.exp(tp.tensor(R) * 0.5 + 0.25).sum(axis=axis))
+    body = np.exp(R.astype(np.float64) * 0.5 + 0.25)
+    ref, scale = body.sum(axis=axis), np.abs(body).sum(axis=axis)
+    # float32 terms; each tile and slice summed pairwise, slices merged in float64, tiles
+    # in float32 by the combine tree: a few float32 ulps of the sum's scale.
+    assert np.all(np.abs(got - ref) <= 1e-6 * scale), np.max(np.abs(got - ref) / scale)
+    assert np.all(np.abs(got - want) <= 2e-6 * scale)
+    doc = _plan(cluster, job)
+    assert doc["tiled"] is True and doc["followed"] is True
+    fused = [t for t in doc["tasks"] if t["op"] == "fused"]
+    assert len(fused) >= 2, [t["op"] for t in doc["tasks"]]  # partials (all) or row tiles
+    assert not [t for t in doc["tasks"] if t["op"] in ("exp", "mul", "sum")], "not fused"
+    assert all("," not in t["type"] for t in doc["tasks"] if t["op"] == "add")  # combines of results
+
+
 def test_softmax_equals_embedded(cluster: LocalCluster, remote: RemoteSession) -> None:
     got, want, job = _run_both(remote, lambda: tp.nn.functional.softmax(tp.tensor(X), axis=-1))
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-9)

@@ -8,6 +8,13 @@ rewiring. Values of other shapes (broadcast operands) are inputs of the fused no
 numpy engine then runs the program slice by slice: temporaries are the size of a slice,
 not of the tensor.
 
+A reduction with a combine (sum, prod, max, min, mean: any axes) whose input is an
+elementwise value read by it alone (and not an output) joins that value's group as the
+program's last step, the *reduction epilogue*: the fused node keeps the reduction's id
+and type, and the engine reduces each slice as it goes, so the chain's result (a whole
+tensor, 64 MiB for a 2048 x 8192 float32 tile) is never made. ``exp(x * 2 + 1).sum()``
+becomes one node. Not for bool inputs (max/min of bools have no numeric combine).
+
 Never fused: random ops (their values depend on the element's index in the whole
 tensor, which a slice does not know) and bfloat16 values (engines compute bfloat16 ops in
 float32 and round each result; a fused program would skip the rounding in between).
@@ -17,6 +24,7 @@ from __future__ import annotations
 
 from triplane.proto import optable
 from triplane.proto.ir import Attrs, Graph, Node, thaw
+from triplane.proto.ops.fused import is_reduction
 
 
 def _is_scalar_const(n: Node) -> bool:
@@ -36,16 +44,24 @@ def fuse_elementwise(graph: Graph) -> Graph:
                 and n.dtype != "bfloat16"
                 and all(graph.nodes[i].dtype != "bfloat16" for i in n.inputs))
 
+    def single(i: str) -> bool:
+        return len(users[i]) == 1 and i not in outputs
+
     # absorbed[v] = the node whose group v joins
     absorbed: dict[str, str] = {}
+    epilogues: set[str] = set()  # reductions that end their input's group
     for nid in order:
         node = graph.nodes[nid]
         if not elementwise(nid):
+            i = node.inputs[0] if len(node.inputs) == 1 else None
+            if (i is not None and is_reduction(node.op) and single(i) and elementwise(i)
+                    and not _is_scalar_const(graph.nodes[i]) and graph.nodes[i].dtype != "bool"):
+                absorbed[i] = nid
+                epilogues.add(nid)
             continue
         for i in node.inputs:
             src = graph.nodes[i]
-            single = len(users[i]) == 1 and i not in outputs
-            if not single:
+            if not single(i):
                 continue
             if _is_scalar_const(src) or (elementwise(i) and src.shape == node.shape):
                 absorbed[i] = nid
@@ -57,7 +73,7 @@ def fuse_elementwise(graph: Graph) -> Graph:
 
     members: dict[str, list[str]] = {}
     for nid in order:
-        if nid in absorbed or elementwise(nid):
+        if nid in absorbed or nid in epilogues or elementwise(nid):
             members.setdefault(root(nid), []).append(nid)
     fused: dict[str, Node] = {}
     for r, group in members.items():

@@ -85,6 +85,12 @@ CASES: list[Case] = [
     Case("where", lambda r: [r.random((7, 1)) < 0.5, r.normal(size=(7, 5)), r.normal(size=(5,))]),
     Case("cast", _f(7, 5), {"dtype": "float32"}),
     Case("fused", _f(7, 5)),  # built by the fusion pass, see _graph
+    # fused programs ending in a reduction (attrs: the reduction's)
+    Case("fused", _f(7, 5), {"reduce": "sum", "axes": None}, label="fused-sum-all"),
+    Case("fused", _f(9, 7), {"reduce": "mean", "axes": 1}, label="fused-mean-rows"),
+    Case("fused", _f(7, 5), {"reduce": "max", "axes": 0, "keepdims": True}, label="fused-max-cols"),
+    Case("fused", _f(6, 7, 4), {"reduce": "min", "axes": (0, 2)}, label="fused-min-3d"),
+    Case("fused", _ff((7, 5), (5,)), {"reduce": "sum", "axes": -1}, label="fused-sum-broadcast"),
     Case("input", lambda r: []),
     Case("full", lambda r: [], {"value": 1.5, "shape": (7, 5), "dtype": "float64"}),
     Case("eye", lambda r: [], {"n": 7, "m": 9, "k": 2, "dtype": "float64"}),
@@ -147,6 +153,11 @@ def _graph(case: Case, arrays: list[np.ndarray]) -> Graph:
         ps.append(b.add_node("reshape", [x], {"shape": a.shape}, node_id=f"p{i}"))
     if case.op == "input":
         b.add_node("input", [], {"tensor": "y", "shape": (7, 5), "dtype": "float64"}, node_id="y")
+    elif case.op == "fused" and "reduce" in case.attrs:  # reduce(exp(p0 * 2 + 1) * p1)
+        body = b.op("exp", ps[0] * 2.0 + 1.0)
+        body = b.op("mul", body, ps[1]) if len(ps) > 1 else body
+        attrs = {k: v for k, v in case.attrs.items() if k != "reduce"}
+        b.add_node(case.attrs["reduce"], [body], attrs, node_id="y")
     elif case.op == "fused":  # exp(p0 * 2 + 1) - p0, fused into one node that keeps the id y
         p = ps[0]
         b.add_node("sub", [b.op("exp", p * 2.0 + 1.0), p], {}, node_id="y")
@@ -171,7 +182,7 @@ def _configs(g: Graph) -> dict[str, TileSizes]:
     halves = {p: {a.name: max(1, math.ceil(a.length / 2)) for a in _axes(g, p)}
               for p in g.nodes if p.startswith("p")}
     misaligned = {**halves, "y": {a.name: a.length // 3 + 1 for a in axes}}
-    return {"auto": TileSizes(min_tasks=6, ratio=0.0), "thirds": TileSizes(explicit=thirds),
+    return {"auto": TileSizes(min_tasks=6, executors=6, ratio=0.0), "thirds": TileSizes(explicit=thirds),
             "misaligned": TileSizes(explicit=misaligned)}
 
 

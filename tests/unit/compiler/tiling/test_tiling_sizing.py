@@ -125,8 +125,10 @@ def test_compute_vs_communication_decides_how_far_to_cut_for_parallelism() -> No
     g = _chain(4096)  # 64 MiB: fits any node whole, so only parallelism could cut it
     quick = ClusterFigures.uniform(3, 768 * MiB, latency_us=50)
     slow = ClusterFigures.uniform(3, 768 * MiB, latency_us=500_000)
-    assert len(tile_graph(g, plan_sizes(quick)).grids["y"]) >= 6  # 2 tasks per executor
-    assert len(tile_graph(g, plan_sizes(slow)).grids["y"]) == 1   # 10x a 0.5 s latency: never worth it
+    # Enough tasks for every executor; not more than halving once past them pays for
+    # (each extra task costs latency and dispatch and moves no fewer bytes).
+    assert 3 <= len(tile_graph(g, plan_sizes(quick)).grids["y"]) <= 6
+    assert len(tile_graph(g, plan_sizes(slow)).grids["y"]) == 1   # a 0.5 s latency: never worth it
 
 
 def test_figures_from_placements_node_records() -> None:

@@ -30,8 +30,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from triplane.proto import dtypes as dt
+from triplane.proto import optable
 from triplane.proto.builder import Builder, Ref
 from triplane.proto.ir import Node, TensorType
+from triplane.proto.ops.fused import body_type, reduce_step
 from triplane.proto.optable import SplitDecl, broadcast_shapes, normalise_axes, normalise_axis
 from triplane.scheduler.compiler.tiling.grid import Region, full_region, region_shape
 
@@ -278,6 +280,41 @@ def _reduce(node: Node, ins: Sequence[TensorType], decl: SplitDecl) -> Space | N
     return Space(tuple(axes), task, combine=combine, finish=finish)
 
 
+def _fused(node: Node, ins: Sequence[TensorType], decl: SplitDecl) -> Space | None:
+    """An elementwise program splits as elementwise ops do; one ending in a reduction
+    splits as that reduction over the program's body (kept axes cut the output, reduced
+    axes make partial reductions of the body's regions, merged by the reduction's
+    combine), each input read over the region of the body it broadcasts to."""
+    epilogue = reduce_step(node.attrs)
+    if epilogue is None:
+        return _elementwise(node, ins, decl)
+    op, ra = epilogue
+    body = body_type(ins, node.attrs).shape
+    n = len(body)
+    red = normalise_axes(ra["axes"], n)
+    if any(body[i] == 0 for i in red):
+        return None  # an empty reduction is a constant; keep it whole
+    kept = [i for i in range(n) if i not in red]
+    out_dim = {i: (i if ra["keepdims"] else kept.index(i)) for i in kept}
+    axes = [Axis(f"d{out_dim[i]}", body[i], out_dim[i], _bcast_aligns(i, n, ins, body)) for i in kept]
+    combine = _combinable(optable.get(op).split.combine, node.type.dtype)  # type: ignore[union-attr]
+    if combine:
+        axes += [Axis(f"r{i}", body[i], None, _bcast_aligns(i, n, ins, body)) for i in red]
+    name = {i: f"d{out_dim[i]}" for i in kept} | {i: f"r{i}" for i in red}
+    program = node.attrs["program"]
+    summing = {**node.attrs, "program": (*program[:-1], ("sum", *program[-1][1:]))}
+
+    def task(r: Ranges, partial: bool) -> Task:
+        reg = tuple(rng(r, name[i], body[i]) for i in range(n))
+        attrs = summing if partial and op == "mean" else node.attrs
+        return Task("fused", attrs, tuple((i, bcast_region(reg, t.shape)) for i, t in enumerate(ins)))
+
+    count = 1
+    for i in red:
+        count *= body[i]
+    return Space(tuple(axes), task, combine=combine, finish=_divide_by(count) if op == "mean" else None)
+
+
 def _argreduce(node: Node, ins: Sequence[TensorType], decl: SplitDecl) -> Space | None:
     x, a = ins[0], node.attrs
     if a["axis"] is None:
@@ -434,6 +471,7 @@ RULES: dict[str, Rule] = {
     "random": _random,
     "matmul": _matmul,
     "reduce": _reduce,
+    "fused": _fused,
     "argreduce": _argreduce,
     "softmax": _softmax,
     "layer_norm": _layer_norm,

@@ -10,13 +10,18 @@ the tiling pass needs; :func:`plan_sizes` turns them into :class:`TileSizes`:
   therefore always cut; a graph whose peak (the memory plan's, tensors freed after their
   last reader) exceeds the cluster's total memory is refused with a LimitError naming the
   tensor and the limit.
-* **compute vs communication (soft)**: a task is cut further for parallelism only while
-  its predicted compute time stays at least ``ratio`` (10) times its predicted
-  communication time: ``latency`` per input plus the bytes of every input but its
-  largest (placement runs a task where its largest input lives) over the bandwidth.
-  Compute time is the roofline ``max(flops / GFLOP/s, bytes / GB/s)`` of the slowest node.
-* **parallelism**: large ops are cut into at least ``tasks_per_executor`` (2) tasks per
-  executor, so every executor is busy, as far as the ratio allows.
+* **parallelism vs communication (soft)**: a fitting op is cut further (towards
+  ``tasks_per_executor`` (2) tasks per executor) only while its predicted *span* on the
+  cluster drops. The span of ``n`` tasks on ``E`` executors is ``max(1, n / E)`` waves
+  of one task's time -- compute (the roofline ``max(flops / GFLOP/s, bytes / GB/s)`` of
+  the slowest node) plus communication (``latency`` per input plus the bytes of every
+  input but its largest over the bandwidth: placement runs a task where its largest
+  input lives) plus the dispatch overhead -- plus, for a contraction split, the combine
+  tree's tasks. So a 34 GFLOP matmul is split across two nodes even when its weight
+  takes a quarter of a task's time to move (the whole op would move it too), and an
+  elementwise op is not cut into more tasks than executors unless that moves fewer
+  bytes. A task is also never cut below ``ratio`` (10) times its fixed costs (latency per
+  input plus dispatch overhead): tiny tasks are dominated by them.
 * **tiny graphs**: a graph whose tensors total at most ``unsplit_bytes`` is not cut at all.
 
 ``explicit`` fixes the cut of chosen nodes (tests; a user's hint): node id -> axis name ->
@@ -98,6 +103,8 @@ class TileSizes:
     gbps: float = 10.0
     bandwidth_gbps: float = 1.0
     latency_s: float = 200e-6
+    executors: int = 1
+    task_overhead_s: float = 200e-6  # the cost model's dispatch round trip per task
     explicit: Mapping[str, Mapping[str, int | Sequence[int]]] = field(default_factory=dict)
 
     def compute_s(self, flops: float, nbytes: float) -> float:
@@ -108,6 +115,14 @@ class TileSizes:
             return 0.0
         moved = sum(in_bytes) - max(in_bytes)
         return self.latency_s * len(in_bytes) + moved / (self.bandwidth_gbps * 1e9)
+
+    def fixed_s(self, inputs: int) -> float:
+        """A task's costs that do not shrink with its size: latency per input, dispatch."""
+        return self.latency_s * inputs + self.task_overhead_s
+
+    def span_s(self, tasks: int, task_s: float) -> float:
+        """Predicted time of ``tasks`` equal tasks of ``task_s`` spread over the executors."""
+        return task_s * max(1.0, tasks / max(1, self.executors))
 
 
 def plan_sizes(figures: ClusterFigures, *, headroom: float = 0.5, ratio: float = 10.0,
@@ -127,6 +142,7 @@ def plan_sizes(figures: ClusterFigures, *, headroom: float = 0.5, ratio: float =
         gbps=min(n.gbps for n in figures.nodes),
         bandwidth_gbps=figures.bandwidth_gbps,
         latency_s=figures.latency_us * 1e-6,
+        executors=len(figures.nodes),
         explicit=dict(explicit or {}),
     )
 

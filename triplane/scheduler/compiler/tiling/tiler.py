@@ -15,8 +15,10 @@ Per node, in topological order:
    and nothing moves); then each interval is halved along the axis that shrinks the
    largest task most (output axes before contraction axes) until the task's inputs plus
    output fit ``max_task_bytes`` (LimitError if nothing can shrink it), then further while
-   there are fewer than ``min_tasks`` tasks and compute still outweighs communication by
-   ``ratio``. A graph totalling at most ``unsplit_bytes`` is not cut at all.
+   there are fewer than ``min_tasks`` tasks, the node's predicted span on the cluster
+   drops (compute, communication and combine tree: :meth:`_Tiler._span`) and a task's
+   compute stays ``ratio`` times its fixed costs. A graph totalling at most
+   ``unsplit_bytes`` is not cut at all.
 2. each output cell becomes a task (several, plus a combine tree and ``finish``, when a
    contraction axis is cut) reading input regions through :meth:`_Tiler.region_of`: the
    producer's tile when the region is one, a ``slice`` of the one tile holding it, or
@@ -215,18 +217,39 @@ class _Tiler:
             cuts, ws = trial
         if not self.cut_enabled:
             return cuts
-        flops = self._flops(node, ins)
+        work = self._cost(node, ins)
+        span = self._span(node, ins, space, cuts, work)
         while _count(cuts) < self.sizes.min_tasks:
             trial = self._refined(node, ins, space, cuts, ws)
             if trial is None:
                 break
-            _, stats = self._work(node, ins, space, trial[0])
-            in_bytes, out_bytes, fraction = stats
-            compute = self.sizes.compute_s(flops * fraction, sum(in_bytes) + out_bytes)
-            if compute < self.sizes.ratio * self.sizes.comm_s(in_bytes):
+            _, (in_bytes, out_bytes, fraction) = self._work(node, ins, space, trial[0])
+            compute = self._compute_s(work, fraction, sum(in_bytes) + out_bytes)
+            if compute < self.sizes.ratio * self.sizes.fixed_s(len(in_bytes)):
+                break  # tasks this small are dominated by latency and dispatch
+            trial_span = self._span(node, ins, space, trial[0], work)
+            if trial_span >= span:
                 break
             cuts, ws = trial
+            span = trial_span
         return cuts
+
+    def _span(self, node: Node, ins: Sequence[TensorType], space: Space, cuts: dict[str, Cuts],
+              work: tuple[float, float]) -> float:
+        """Predicted time of the node's tasks on the cluster with these cuts (sizing's
+        ``span_s``), with the combine tree of a contraction split: ``parts - 1`` combine
+        tasks per output tile, each reading two partials."""
+        _, (in_bytes, out_bytes, fraction) = self._work(node, ins, space, cuts)
+        s = self.sizes
+        task = self._compute_s(work, fraction, sum(in_bytes) + out_bytes) + s.comm_s(in_bytes) + s.fixed_s(0)
+        span = s.span_s(_count(cuts), task)
+        parts = math.prod(len(cuts[a.name]) - 1 for a in space.axes if a.out_dim is None)
+        if parts > 1:
+            elements = out_bytes / node.type.dtype.itemsize
+            combine = s.compute_s(elements, 3 * out_bytes) + s.comm_s([out_bytes] * 2) + s.fixed_s(0)
+            tiles = _count(cuts) // parts
+            span += max(combine * math.ceil(math.log2(parts)), s.span_s(tiles * (parts - 1), combine))
+        return span
 
     def _refined(self, node: Node, ins: Sequence[TensorType], space: Space, cuts: dict[str, Cuts],
                  ws: int) -> tuple[dict[str, Cuts], int] | None:
@@ -266,11 +289,18 @@ class _Tiler:
             ws = max(ws, 3 * out_bytes)
         return ws, (in_bytes, out_bytes, fraction)
 
-    def _flops(self, node: Node, ins: Sequence[TensorType]) -> float:
+    def _cost(self, node: Node, ins: Sequence[TensorType]) -> tuple[float, float]:
+        """The op table's (flops, bytes) of the whole node."""
         try:
-            return float(optable.get(node.op).cost(ins, node.type, node.attrs).flops)
+            c = optable.get(node.op).cost(ins, node.type, node.attrs)
+            return float(c.flops), float(c.bytes)
         except Exception:  # a user op's cost function may not expect odd shapes
-            return float(node.type.size)
+            return float(node.type.size), 0.0
+
+    def _compute_s(self, work: tuple[float, float], fraction: float, region_bytes: int) -> float:
+        """A task's compute time: its share of the node's work, and at least the bytes of
+        its regions (a fused program's cost counts its steps' passes, more than those)."""
+        return self.sizes.compute_s(work[0] * fraction, max(work[1] * fraction, region_bytes))
 
     # --- emitting tasks ------------------------------------------------------------------
 

@@ -1,0 +1,81 @@
+"""The MLP training step of bench/compute.py (issue 4) is split for parallelism: the batch
+(M) of the forward and backward matmuls is cut across the executors and the weight
+gradients ``x.T @ d`` become K-split partial sums, because that lowers the predicted
+makespan even where moving a weight costs a quarter of a matmul task (one host's
+loopback network). Plans only at full size; a small step is run tiled and untiled."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+import triplane as tp
+from triplane.proto.ir import Graph
+from triplane.scheduler.compiler.costmodel import NodeFigures
+from triplane.scheduler.compiler.pipeline import canonicalize, compile_graph
+from triplane.scheduler.compiler.placement import place
+from triplane.scheduler.compiler.tiling import TileSizes, tile_graph
+from triplane.scheduler.layout import lay_out
+from triplane.sdk.tensor import build_graph
+
+GiB = 1 << 30
+# Two executors of one 2-core host as the scheduler sees them: ~110 GFLOP/s with one BLAS
+# thread, ~20 GB/s, and the loopback network each executor measures at start (a 4 MiB
+# round trip through its data port: 0.3-1 GB/s, ~300 µs here).
+ONE_HOST = [NodeFigures(f"e{i}", 110.0, 20.0, 6 * GiB, bandwidth_gbps=0.4, latency_us=300.0)
+            for i in range(2)]
+
+
+def _mlp_step(n: int, width: int, seed: int = 1) -> Graph:
+    """bench/compute_workloads.py's step (loss, SGD update of three weights), compiled."""
+    x, y = tp.randn((n, width), seed=seed), tp.randn((n, width), seed=seed + 1)
+    ws = [tp.randn((width, width), seed=seed + 2 + i) * (1 / width**0.5) for i in range(3)]
+    h1 = tp.relu(x @ ws[0])
+    h2 = tp.relu(h1 @ ws[1])
+    diff = h2 @ ws[2] - y
+    loss = (diff * diff).sum() / n
+    grads = tp.grad(loss, ws)
+    graph, _, _ = build_graph([w - 0.1 * g for w, g in zip(ws, grads)] + [loss])
+    return compile_graph(canonicalize(graph)[0]).graph
+
+
+def _matmuls(g: Graph) -> tuple[list[str], list[str]]:
+    """(batch-major matmuls: forward and the data gradients, weight-gradient matmuls)."""
+    mm = [nid for nid, node in g.nodes.items() if node.op == "matmul"]
+    weight = [m for m in mm if g.type_of(g[m].inputs[0]).shape[1] > g[m].shape[0]]  # K = batch
+    return [m for m in mm if m not in weight], weight
+
+
+def test_the_full_size_mlp_step_is_split_across_two_nodes_and_predicted_faster() -> None:
+    g = _mlp_step(4096, 2048)
+    batch_major, weight = _matmuls(g)
+    assert len(batch_major) == 5 and len(weight) == 3
+    lay = lay_out(g, ONE_HOST)
+    assert lay.tiled and lay.placement is not None
+    for m in batch_major:
+        assert lay.grids[m].counts[0] >= 2, f"{m} {g[m].shape}: batch not cut ({lay.grids[m].counts})"
+    for m in weight:  # partial products over batch slices, summed
+        parts = [t for t, o in lay.origin.items() if o == m and lay.graph[t].op == "matmul"]
+        ks = {lay.graph.type_of(lay.graph[t].inputs[1]).shape[0] for t in parts}
+        assert len(parts) >= 2 and max(ks) < 4096, f"{m}: not K-split ({len(parts)} tasks, K {ks})"
+    used = {p.node for t, p in lay.placement.tasks.items() if lay.graph[t].op == "matmul"}
+    assert used == {"e0", "e1"}
+    whole = place(g, ONE_HOST)
+    assert lay.placement.makespan < 0.75 * whole.makespan, (lay.placement.makespan, whole.makespan)
+
+
+def test_a_small_mlp_step_gives_the_same_results_tiled_and_untiled(run: Any, seed: int) -> None:
+    g = _mlp_step(96, 40, seed=seed % 1000)
+    # Free communication and two executors: every op is cut as far as parallelism asks.
+    sizes = TileSizes(min_tasks=4, executors=2, ratio=0.0, latency_s=0.0, task_overhead_s=0.0)
+    tiled = tile_graph(g, sizes)
+    batch_major, weight = _matmuls(g)
+    assert all(tiled.grids[m].counts[0] >= 2 for m in batch_major)
+    assert all(any(tiled.roles[t] == "partial" for t, o in tiled.origin.items() if o == m) for m in weight)
+    want = run(g, {})
+    got = run(tiled.graph, {})
+    for out in g.outputs:
+        # float32; K-split sums add in another order: a few ulp of the largest term
+        np.testing.assert_allclose(tiled.assemble(out, got), want[out], rtol=2e-5, atol=2e-6,
+                                   err_msg=f"{out} (seed {seed})")
