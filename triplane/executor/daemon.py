@@ -160,10 +160,14 @@ class Executor:
         await self.stop()
 
     def stats(self) -> dict[str, Any]:
-        """Counters: packet drops by reason, tasks, data-port requests, memory."""
+        """Counters: packet drops by reason, tasks, data-port requests, memory, the upload
+        cache (the scheduler reads ``cache.evictions`` to forget what this node evicted)."""
+        store, runs = self.store, self.runner.stats
         return {"node": self.name, **self.packets.stats(), "data_port": dict(self.data.stats),
-                "memory": {"capacity": self.store.capacity(), "used": self.store.used(),
-                           "tiles": len(self.store)}}
+                "memory": {"capacity": store.capacity(), "used": store.used(), "tiles": len(store),
+                           "cached": store.cached(), "free": store.free()},
+                "cache": {"entries": len(store.cache_keys()), "bytes": store.cached(),
+                          "hits": runs["upload_hits"], "pulls": runs["upload_pulls"], **store.cache_stats}}
 
     # --- registry records ------------------------------------------------------------------
 
@@ -172,6 +176,8 @@ class Executor:
                         triplane.__version__, self.started_at, os.getpid())
 
     def _memory_info(self) -> MemoryEngineInfo:
+        # free() counts cache entries not in use as free: they are evicted for any tile
+        # that needs the room, so placement may plan with those bytes.
         return MemoryEngineInfo(self.name, self.store.name, self.store.kind, self.store.capacity(),
                                 self.store.free())
 

@@ -12,13 +12,21 @@ cancellation): the process must never die from one task. Error kinds follow
   tile lost), memory full, this node's engine does not support the op/dtypes, the engine
   raised anything other than a user ``KernelError``.
 
-Pulled inputs are used for this task only and not kept: the scheduler tracks where tiles
-live and releases them, so a private copy here would leak capacity.
+Pulled job tiles are used for this task only and not kept: the scheduler tracks where
+tiles live and releases them, so a private copy here would leak capacity. Tiles of
+uploaded tensors (``u-<32 hex>``, whole or a region ``u-<hex>@lo:hi,...``) are immutable
+and nobody releases them: they are kept as *cache entries* of the memory engine
+(reclaimable, evicted least recently used first when a tile needs the room), so a later
+task here, of this job or another, reads them without a pull. Concurrent tasks needing
+the same upload tile share one pull. An entry is in use (not evictable) while a task
+reads it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import re
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -33,7 +41,7 @@ from triplane.proto.errors import GraphError, KernelError
 from triplane.proto.ir import TensorType
 from triplane.proto.packet import Reply, TaskError, TaskPacket, TileInfo, Timings
 
-__all__ = ["INLINE_BYTES", "MAX_MESSAGE_CHARS", "Puller", "TaskRunner"]
+__all__ = ["INLINE_BYTES", "MAX_MESSAGE_CHARS", "Puller", "TaskRunner", "is_upload_tile"]
 
 Puller = Callable[[str, str], Awaitable[np.ndarray]]  # (node, tile) -> array
 
@@ -42,12 +50,18 @@ Puller = Callable[[str, str], Awaitable[np.ndarray]]  # (node, tile) -> array
 INLINE_BYTES = 64 * 1024
 # Keeps an error reply (task id, message, signature) inside one 1472-byte datagram.
 MAX_MESSAGE_CHARS = 1000
+_UPLOAD_TILE = re.compile(r"u-[0-9a-f]{32}(@[0-9:,]*)?")
 
 
 class _Fail(Exception):
     def __init__(self, kind: str, message: str) -> None:
         self.kind = kind
         super().__init__(message)
+
+
+def is_upload_tile(tile: str) -> bool:
+    """An uploaded tensor's tile (``u-<32 hex>`` or a region of one): immutable, cacheable."""
+    return _UPLOAD_TILE.fullmatch(tile) is not None
 
 
 def _clip(message: str) -> str:
@@ -71,7 +85,9 @@ class TaskRunner:
         self.node = node
         self.inline_bytes = inline_bytes
         self.pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="kernel")
-        self.stats = {"ok": 0, "user_errors": 0, "infra_errors": 0, "pulled_bytes": 0}
+        self.stats = {"ok": 0, "user_errors": 0, "infra_errors": 0, "pulled_bytes": 0,
+                      "upload_pulls": 0, "upload_hits": 0}
+        self._pulling: dict[str, asyncio.Task[np.ndarray]] = {}  # upload tile -> its pull
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
@@ -104,8 +120,16 @@ class TaskRunner:
             raise _Fail("user", str(e)) from None
         if len(task.outputs) != 1:
             raise _Fail("user", f"{task.op}: a task has exactly one output tile, got {len(task.outputs)}")
+        inputs, in_use = await self._gather(task)
+        try:
+            return await self._compute(task, op_def, inputs, in_use, on_slow)
+        finally:
+            for key in in_use:
+                self.store.cache_done(key)
+
+    async def _compute(self, task: TaskPacket, op_def: Any, inputs: list[np.ndarray], in_use: list[str],
+                       on_slow: Callable[[str], None] | None) -> tuple[TileInfo, float, float]:
         out_tile = task.outputs[0]
-        inputs = await self._gather(task)
         try:
             attrs = op_def.normalise_attrs(task.attrs)
             out_t = op_def.check([TensorType(a.shape, dt.dtype(a.dtype)) for a in inputs], attrs)
@@ -117,7 +141,17 @@ class TaskRunner:
         try:
             self.store.reserve(out_t.nbytes, out_tile)
         except MemoryFullError as e:
-            raise _Fail("infra", str(e)) from None
+            if not in_use:
+                raise _Fail("infra", str(e)) from None
+            # Our own inputs, kept as cache entries, take the room: give them up (this task
+            # holds their arrays still) rather than fail where an uncached run would not.
+            for key in in_use:
+                self.store.cache_drop(key)
+            in_use.clear()
+            try:
+                self.store.reserve(out_t.nbytes, out_tile)
+            except MemoryFullError as e2:
+                raise _Fail("infra", str(e2)) from None
         try:
             start = time.time()
             result = await self._kernel(task, inputs, attrs, out_t, on_slow)
@@ -147,28 +181,79 @@ class TaskRunner:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.pool, self.engine.run, task.op, inputs, attrs, out_t)
 
-    async def _gather(self, task: TaskPacket) -> list[np.ndarray]:
-        """Inputs in argument order: local tiles from the store, the others pulled at once
-        (each distinct tile once, concurrently)."""
+    async def _gather(self, task: TaskPacket) -> tuple[list[np.ndarray], list[str]]:
+        """(inputs in argument order, cache entries now in use): local tiles from the store,
+        upload tiles from the cache, the others pulled at once (each distinct tile once,
+        concurrently). On failure nothing stays in use."""
         have: dict[str, np.ndarray] = {}
-        to_pull: dict[str, str] = {}
-        for tile in dict.fromkeys(task.inputs):
-            node = task.pull_from.get(tile)
-            if tile in self.store:
-                have[tile] = self.store.get(tile)
-            elif node is not None and node != self.node:
-                to_pull[tile] = node
-            else:
-                raise _Fail("infra", f"input tile {tile} is not held on node {self.node}"
-                            + ("" if node is None else " (the packet says it is here)"))
-        if to_pull:
-            results = await asyncio.gather(*(self.pull(n, t) for t, n in to_pull.items()),
-                                           return_exceptions=True)
-            for (tile, node), res in zip(to_pull.items(), results):
-                if isinstance(res, BaseException):
-                    if isinstance(res, asyncio.CancelledError):
-                        raise res
-                    raise _Fail("infra", f"pulling input {tile} from node {node} failed: {res}")
-                have[tile] = res
-                self.stats["pulled_bytes"] += int(res.nbytes)
-        return [have[t] for t in task.inputs]
+        in_use: list[str] = []
+        fetch: dict[str, str] = {}  # tile -> node to pull it from
+        try:
+            for tile in dict.fromkeys(task.inputs):
+                node = task.pull_from.get(tile)
+                cached = self.store.cache_take(tile) if is_upload_tile(tile) else None
+                if cached is not None:
+                    in_use.append(tile)
+                    have[tile] = cached
+                    self.stats["upload_hits"] += 1
+                elif tile in self.store:
+                    have[tile] = self.store.get(tile)
+                elif node is not None and node != self.node:
+                    fetch[tile] = node
+                else:
+                    raise _Fail("infra", f"input tile {tile} is not held on node {self.node}"
+                                + ("" if node is None else " (the packet says it is here)"))
+            if fetch:
+                results = await asyncio.gather(*(self._fetch(n, t) for t, n in fetch.items()),
+                                               return_exceptions=True)
+                failed: tuple[str, str, BaseException] | None = None
+                for (tile, node), res in zip(fetch.items(), results):
+                    if isinstance(res, BaseException):
+                        if isinstance(res, asyncio.CancelledError):
+                            raise res
+                        failed = failed or (tile, node, res)
+                        continue
+                    have[tile], kept = res
+                    if kept:
+                        in_use.append(tile)
+                if failed is not None:
+                    tile, node, err = failed
+                    raise _Fail("infra", f"pulling input {tile} from node {node} failed: {err}")
+        except BaseException:
+            for key in in_use:
+                self.store.cache_done(key)
+            raise
+        return [have[t] for t in task.inputs], in_use
+
+    async def _fetch(self, node: str, tile: str) -> tuple[np.ndarray, bool]:
+        """(array, in use as a cache entry): an upload tile through the cache, any other
+        tile pulled for this task only."""
+        if is_upload_tile(tile):
+            return await self._upload(node, tile)
+        arr = await self.pull(node, tile)
+        self.stats["pulled_bytes"] += int(arr.nbytes)
+        return arr, False
+
+    async def _upload(self, node: str, tile: str) -> tuple[np.ndarray, bool]:
+        """An upload tile not in the cache: pulled (one pull shared by every task asking
+        meanwhile) and kept as a cache entry if it fits. (array, in use as a cache entry)."""
+        pull = self._pulling.get(tile)
+        if pull is None:
+            pull = asyncio.get_running_loop().create_task(self._pull_and_keep(node, tile))
+            self._pulling[tile] = pull
+            pull.add_done_callback(functools.partial(self._pulled, tile))
+        pulled = await asyncio.shield(pull)
+        kept = self.store.cache_take(tile)  # may have been evicted meanwhile: then use ours once
+        return (kept, True) if kept is not None else (pulled, False)
+
+    def _pulled(self, tile: str, pull: asyncio.Task[np.ndarray]) -> None:
+        self._pulling.pop(tile, None)
+        if not pull.cancelled():
+            pull.exception()  # retrieved: every task that waited for it reports it already
+
+    async def _pull_and_keep(self, node: str, tile: str) -> np.ndarray:
+        arr = await self.pull(node, tile)
+        self.stats["pulled_bytes"] += int(arr.nbytes)
+        self.stats["upload_pulls"] += 1
+        self.store.cache_put(tile, arr)
+        return arr

@@ -69,3 +69,46 @@ def test_reservations_hold_capacity_until_put_or_release() -> None:
 def test_capacity_must_be_positive() -> None:
     with pytest.raises(ValueError, match="positive"):
         HostMemoryEngine(0)
+
+
+# --- cache entries (upload tiles kept by the executor) ----------------------------------
+
+
+def test_cache_entries_are_reclaimable_and_evicted_least_recently_used_first() -> None:
+    m = HostMemoryEngine(1000)
+    assert m.cache_put("u-a", np.zeros(100, np.float32))  # 400 bytes
+    assert m.cache_put("u-b", np.zeros(100, np.float32))  # 400 bytes
+    assert (m.used(), m.cached(), m.free(), len(m)) == (0, 800, 1000, 0)  # reclaimable: free
+    m.get("u-a")  # a read makes u-a the most recently used
+    m.put("t", np.zeros(100, np.float32))  # needs 400: u-b goes, u-a stays
+    assert m.cache_keys() == ["u-a"] and "u-b" not in m and "u-a" in m
+    assert m.cache_stats["evictions"] == 1 and m.cache_stats["evicted_bytes"] == 400
+    m.reserve(600)  # a reservation evicts too
+    assert m.cache_keys() == [] and m.cached() == 0 and m.used() == 400
+
+
+def test_an_entry_in_use_is_not_evicted_and_does_not_count_as_free() -> None:
+    m = HostMemoryEngine(1000)
+    assert m.cache_put("u-a", np.zeros(150, np.float32))  # 600 bytes
+    got = m.cache_take("u-a")
+    assert got is not None and not got.flags.writeable and m.free() == 400
+    with pytest.raises(MemoryFullError):
+        m.put("t", np.zeros(150, np.float32))  # the entry is read by a running task
+    assert m.cache_keys() == ["u-a"] and m.used() == 0
+    m.cache_done("u-a")
+    m.put("t", np.zeros(150, np.float32))  # now it is evicted for the tile
+    assert m.cache_keys() == [] and m.used() == 600
+
+
+def test_cache_never_displaces_tiles_or_reservations() -> None:
+    m = HostMemoryEngine(1000)
+    m.put("t", np.zeros(150, np.float32))  # 600
+    m.reserve(200)
+    assert not m.cache_put("u-a", np.zeros(100, np.float32))  # 400 > the 200 left
+    assert m.cache_stats["refused"] == 1  # the scheduler learns of it (docs/executor.md)
+    assert m.cache_put("u-b", np.zeros(50, np.float32))  # 200 fit
+    assert not m.cache_put("t", np.zeros(1, np.float32))  # a tile of that id wins
+    assert m.cache_take("u-missing") is None
+    assert (m.used(), m.cached(), m.free()) == (600, 200, 200)
+    m.delete("u-b")  # delete drops an entry too
+    assert m.cached() == 0 and "u-b" not in m
