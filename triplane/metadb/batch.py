@@ -1,4 +1,5 @@
-"""Batched writes for the dispatcher's hot path: task transitions, events, job progress.
+"""Batched writes for the dispatcher's hot path: task transitions, tile locations, events,
+job progress.
 
 A job of thousands of tasks makes several writes per task (ready, dispatched, running, done,
 each with an event). One commit each would cap the scheduler at the database's commit rate
@@ -7,9 +8,9 @@ background thread writes them in one transaction per batch: when ``max_items`` a
 the oldest has waited ``max_delay`` seconds, whichever comes first.
 
 Contract:
-- ``transition``/``event``/``job_progress`` validate at once (raising the errors of
-  ``errors.py``: unknown job or task, bad state, oversized payload) and never block on the
-  database; a queued item is therefore always writable.
+- ``transition``/``transitions``/``tiles``/``event``/``job_progress`` validate at once
+  (raising the errors of ``errors.py``: unknown job or task, bad state, oversized payload)
+  and never block on the database; a queued item is therefore always writable.
 - Items are written in the order queued; transitions of the same task in one batch collapse
   to their last values (the same result as applying them one by one).
 - ``flush()`` returns once everything queued before it is committed. If the database fails,
@@ -33,15 +34,17 @@ import sqlalchemy as sa
 from triplane.metadb import validate as v
 from triplane.metadb.db import MetaDB
 from triplane.metadb.errors import BatchWriteError, UnknownJobError, UnknownTaskError
+from triplane.metadb.fast import update_many
 from triplane.metadb.models import Event, Job, Task
-from triplane.metadb.records import NewEvent
-from triplane.metadb.tasks import event_row, task_changes
+from triplane.metadb.records import NewEvent, TileLocation
+from triplane.metadb.tasks import event_row, task_changes, tile_row, upsert_tiles
 
 log = logging.getLogger(__name__)
 
 _TASK = 0
 _EVENT = 1
 _JOB = 2
+_TILE = 3
 
 
 @dataclass
@@ -68,7 +71,7 @@ class BatchWriter:
         self.max_pending = max_pending
         self.retry_delay = retry_delay
         self.stats = BatchStats()
-        self._pending: list[tuple[int, Any, dict[str, Any]]] = []
+        self._pending: list[tuple[int, Any, Any]] = []
         self._first_at = 0.0
         self._cond = threading.Condition()
         self._flush_lock = threading.Lock()  # one batch in flight at a time keeps the order
@@ -85,6 +88,24 @@ class BatchWriter:
         values = task_changes(state, fields)
         self._check_task(job_id, task_id)
         self._put(_TASK, (job_id, task_id), values)
+
+    def transitions(self, job_id: str, changes: list[tuple[str, str, dict[str, Any]]]) -> None:
+        """Queue many transitions of one job: (task id, state, fields) each, checked like
+        ``transition``; all or none are queued (one lock for the lot: the dispatcher's
+        journal hands over thousands at a time)."""
+        items = []
+        for task_id, state, fields in changes:
+            values = task_changes(state, fields)
+            self._check_task(job_id, task_id)
+            items.append((_TASK, (job_id, task_id), values))
+        self._put_many(items)
+
+    def tiles(self, job_id: str, locations: list[TileLocation]) -> None:
+        """Queue tile locations of a job (upserted by tensor and index, as ``record_tiles``)."""
+        now = time.time()
+        rows = [tile_row(job_id, t, now) for t in locations]
+        self._check_job(job_id)
+        self._put_many([(_TILE, None, r) for r in rows])
 
     def event(self, job_id: str, kind: str, *, task_id: str | None = None,
               stimulus_id: str | None = None, at: float | None = None, payload: Any = None) -> None:
@@ -110,17 +131,23 @@ class BatchWriter:
         self._put(_JOB, job_id, values)
 
     def _put(self, kind: int, key: Any, values: dict[str, Any]) -> None:
+        self._put_many([(kind, key, values)])
+
+    def _put_many(self, items: list[tuple[int, Any, Any]]) -> None:
+        if not items:
+            return
         with self._cond:
             if self._closed:
                 raise BatchWriteError("the batch writer is closed")
-            if len(self._pending) >= self.max_pending:
+            if len(self._pending) + len(items) > self.max_pending:
                 raise BatchWriteError(
                     f"{len(self._pending)} writes are waiting for the database (limit "
                     f"{self.max_pending}); last error: {self.stats.last_error}")
-            if not self._pending:
+            was = len(self._pending)
+            if not was:
                 self._first_at = time.monotonic()
-            self._pending.append((kind, key, values))
-            if len(self._pending) == 1 or len(self._pending) >= self.max_items:
+            self._pending.extend(items)
+            if was == 0 or len(self._pending) >= self.max_items:
                 self._cond.notify()
 
     # Known ids are cached so that validation costs one query per job, not one per item.
@@ -191,23 +218,34 @@ class BatchWriter:
                 self.stats.items += len(batch)
                 written += len(batch)
 
-    def _write(self, batch: list[tuple[int, Any, dict[str, Any]]]) -> None:
+    def _write(self, batch: list[tuple[int, Any, Any]]) -> None:
         tasks: dict[tuple[str, str], dict[str, Any]] = {}
         jobs: dict[str, dict[str, Any]] = {}
         events: list[dict[str, Any]] = []
+        tiles: list[tuple[Any, ...]] = []
         for kind, key, values in batch:
             if kind == _TASK:
-                tasks.setdefault(key, {}).update(values)
+                known = tasks.get(key)
+                if known is None:
+                    tasks[key] = values
+                else:
+                    tasks[key] = {**known, **values}
+            elif kind == _TILE:
+                tiles.append(values)
             elif kind == _JOB:
                 jobs.setdefault(key, {}).update(values)
             else:
                 events.append(values)
         with self._db.engine.begin() as conn:
-            for cols, rows in _by_columns(
-                    {"_job": k[0], "_task": k[1], **vals} for k, vals in tasks.items()).items():
-                conn.execute(sa.update(Task).where(
-                    Task.job_id == sa.bindparam("_job"), Task.task_id == sa.bindparam("_task"),
-                ).values({c: sa.bindparam(c) for c in cols}), rows)
+            # Driver-level executemany (fast.py): one statement per set of columns changed.
+            groups: dict[tuple[str, ...], list[tuple[Any, ...]]] = defaultdict(list)
+            for (job_id, task_id), vals in tasks.items():
+                cols = tuple(sorted(vals))
+                groups[cols].append((*(vals[c] for c in cols), job_id, task_id))
+            for cols, values in groups.items():
+                update_many(conn, Task.__table__, cols, ("job_id", "task_id"), values)
+            if tiles:
+                upsert_tiles(conn, tiles)
             for cols, rows in _by_columns({"_job": k, **vals} for k, vals in jobs.items()).items():
                 conn.execute(sa.update(Job).where(Job.id == sa.bindparam("_job"))
                              .values({c: sa.bindparam(c) for c in cols}), rows)

@@ -49,8 +49,10 @@ def _node_count(canonical: bytes) -> int:
     return len(doc["nodes"])
 
 
-def put_graph(session: Session, graph_hash: str, canonical: bytes, *, now: float | None = None) -> GraphInfo:
-    """Store a graph once per hash and return it.
+def put_graph(session: Session, graph_hash: str, canonical: bytes, *, now: float | None = None,
+              node_count: int | None = None) -> GraphInfo:
+    """Store a graph once per hash and return it. ``node_count``: the caller's count, when it
+    has the graph parsed already (else the JSON is parsed here to count its nodes).
 
     Storing the same (hash, bytes) again is a no-op, also when two sessions race. The same hash
     with different bytes raises ConflictError (a hash collision or a client lying about it).
@@ -61,7 +63,7 @@ def put_graph(session: Session, graph_hash: str, canonical: bytes, *, now: float
     if len(canonical) > v.MAX_GRAPH_BYTES:
         raise v.PayloadTooLargeError(f"graph is {len(canonical)} bytes (at most {v.MAX_GRAPH_BYTES})")
     canonical = bytes(canonical)
-    count = _node_count(canonical)
+    count = _node_count(canonical) if node_count is None else v.check_count("node_count", node_count)
     stmt = upsert_insert(session, Graph).values(
         hash=graph_hash, canonical=canonical, node_count=count,
         created_at=time.time() if now is None else now,
@@ -83,8 +85,9 @@ def get_graph(session: Session, graph_hash: str) -> GraphInfo:
 
 def create_job(session: Session, *, graph_hash: str, graph_json: bytes, fetch: Sequence[str],
                owner: str | None = None, job_id: str | None = None, state: str = "submitted",
-               now: float | None = None) -> JobInfo:
-    """Create a job in ``state`` with its graph (stored once per hash). Returns the job.
+               now: float | None = None, node_count: int | None = None) -> JobInfo:
+    """Create a job in ``state`` with its graph (stored once per hash; ``node_count`` as
+    ``put_graph``). Returns the job.
 
     ``fetch`` lists the tensors the client will read. ``job_id`` defaults to a fresh id; an id
     already used raises ConflictError.
@@ -97,7 +100,7 @@ def create_job(session: Session, *, graph_hash: str, graph_json: bytes, fetch: S
     if len(fetch) > v.MAX_FETCH:
         raise v.PayloadTooLargeError(f"fetch lists {len(fetch)} tensors (at most {v.MAX_FETCH})")
     names = [v.check_id(f"fetch[{i}]", name) for i, name in enumerate(fetch)]
-    put_graph(session, graph_hash, graph_json, now=now)
+    put_graph(session, graph_hash, graph_json, now=now, node_count=node_count)
     if session.get(Job, job_id) is not None:
         raise ConflictError(f"job id {job_id!r} already exists")
     t = time.time() if now is None else now

@@ -8,6 +8,7 @@ changes in one transaction per batch.
 
 from __future__ import annotations
 
+import math
 import time
 from collections import defaultdict
 from collections.abc import Iterable
@@ -18,7 +19,7 @@ from sqlalchemy.orm import Session
 
 from triplane.metadb import validate as v
 from triplane.metadb.errors import ConflictError, InvalidInputError, UnknownJobError, UnknownTaskError
-from triplane.metadb.jobs import upsert_insert
+from triplane.metadb.fast import insert_many, json_text
 from triplane.metadb.models import Event, Job, Task, Tile
 from triplane.metadb.records import (
     EventInfo,
@@ -35,27 +36,36 @@ TASK_FIELDS = ("attempt", "node", "queued_at", "started_at", "finished_at", "pre
                "actual_s", "error_kind", "error_message")
 
 
+_TASK_FIELDS = frozenset(TASK_FIELDS)
+_TIMES = frozenset({"queued_at", "started_at", "finished_at", "predicted_s", "actual_s"})
+
+
 def task_changes(state: str, fields: dict[str, Any]) -> dict[str, Any]:
     """The checked column values of a task transition to ``state`` plus ``fields``.
 
     Fields not given are left as stored. Unknown field names, bad types and unknown states
     raise InvalidInputError; error messages are clipped to MAX_ERROR_CHARS.
     """
-    unknown = sorted(set(fields) - set(TASK_FIELDS))
-    if unknown:
+    if not _TASK_FIELDS.issuperset(fields):
+        unknown = sorted(set(fields) - _TASK_FIELDS)
         raise InvalidInputError(f"unknown task fields {unknown} (known: {list(TASK_FIELDS)})")
     out: dict[str, Any] = {"state": v.check_state("state", state, v.TASK_STATES)}
+    # The dispatcher's journal calls this for every task of every job: the usual values
+    # (an int attempt, a short node name, a finite float time) are accepted inline, anything
+    # else goes through the full check, which raises or normalises.
     for name, value in fields.items():
-        if name == "attempt":
-            out[name] = v.check_count(name, value)
+        t = type(value)
+        if name in _TIMES:
+            out[name] = value if t is float and math.isfinite(value) else v.check_time(name, value)
         elif name == "node":
-            out[name] = v.check_optional_id(name, value)
+            ok = value is None or (t is str and 0 < len(value) <= v.MAX_ID and "\x00" not in value)
+            out[name] = value if ok else v.check_optional_id(name, value)
+        elif name == "attempt":
+            out[name] = value if t is int and value >= 0 else v.check_count(name, value)
         elif name == "error_kind":
             out[name] = None if value is None else v.check_state(name, value, v.ERROR_KINDS)
-        elif name == "error_message":
+        else:  # error_message
             out[name] = v.clip_error(value)
-        else:
-            out[name] = v.check_time(name, value)
     return out
 
 
@@ -76,26 +86,39 @@ def insert_tasks(session: Session, job_id: str, tasks: Iterable[NewTask]) -> int
     A task id repeated in ``tasks`` or already stored raises ConflictError (nothing inserted).
     """
     require_jobs(session, [job_id])
-    rows: list[dict[str, Any]] = []
+    rows: list[tuple[Any, ...]] = []
     seen: set[str] = set()
+    # The checks of validate.py, inlined for the common case (a job of 10^4 tasks is
+    # submitted on the request path): the same errors as check_id & co. for anything else.
+    states = v.TASK_STATES
     for t in tasks:
-        if not isinstance(t, NewTask):
+        if type(t) is not NewTask and not isinstance(t, NewTask):
             raise InvalidInputError(f"tasks must be NewTask records, got {type(t).__name__}")
-        tid = v.check_id("task_id", t.task_id)
+        tid, op, node, predicted = t.task_id, t.op, t.node, t.predicted_s
+        if not (type(tid) is str and 0 < len(tid) <= v.MAX_ID and "\x00" not in tid):
+            v.check_id("task_id", tid)
         if tid in seen:
             raise ConflictError(f"task id {tid!r} appears twice")
         seen.add(tid)
-        rows.append({"job_id": job_id, "task_id": tid, "op": v.check_id("op", t.op),
-                     "state": v.check_state("state", t.state, v.TASK_STATES), "attempt": 0,
-                     "node": v.check_optional_id("node", t.node),
-                     "predicted_s": v.check_time("predicted_s", t.predicted_s)})
+        if not (type(op) is str and 0 < len(op) <= v.MAX_ID and "\x00" not in op):
+            v.check_id("op", op)
+        if t.state not in states:
+            v.check_state("state", t.state, states)
+        if node is not None:
+            v.check_id("node", node)
+        if predicted is not None and not (type(predicted) is float and math.isfinite(predicted)):
+            predicted = v.check_time("predicted_s", predicted)
+        rows.append((job_id, tid, op, t.state, 0, node, predicted))
     if not rows:
         return 0
-    clash = session.scalars(sa.select(Task.task_id).where(
+    # A new job (the usual case) has no tasks yet: one indexed probe instead of a 10^4-id IN.
+    has_tasks = session.scalars(sa.select(Task.task_id).where(Task.job_id == job_id).limit(1)).first()
+    clash = None if has_tasks is None else session.scalars(sa.select(Task.task_id).where(
         Task.job_id == job_id, Task.task_id.in_(seen)).limit(1)).first()
     if clash is not None:
         raise ConflictError(f"task {clash!r} of job {job_id!r} already exists")
-    session.execute(sa.insert(Task.__table__), rows)  # Core executemany: no ORM bulk overhead
+    insert_many(session.connection(), Task.__table__,
+                ("job_id", "task_id", "op", "state", "attempt", "node", "predicted_s"), rows)
     session.execute(sa.update(Job).where(Job.id == job_id).values(
         tasks_total=Job.tasks_total + len(rows), updated_at=time.time()))
     return len(rows)
@@ -139,16 +162,36 @@ def transition_task(session: Session, job_id: str, task_id: str, state: str, *,
     return get_task(session, job_id, task_id)
 
 
-def _tile_row(job_id: str, t: TileLocation, now: float) -> dict[str, Any]:
-    if not isinstance(t, TileLocation):
+TILE_COLUMNS = ("job_id", "tensor", "index", "index_key", "shape", "dtype", "nbytes", "node", "memory_engine",
+                "state", "updated_at")
+_TILE_KEY = ("job_id", "tensor", "index_key")
+_TILE_UPDATE = ("shape", "dtype", "nbytes", "node", "memory_engine", "state", "updated_at")
+
+
+def tile_row(job_id: str, t: TileLocation, now: float) -> tuple[Any, ...]:
+    """The checked column values of a tile location, in TILE_COLUMNS order (JSON as text)."""
+    if type(t) is not TileLocation and not isinstance(t, TileLocation):
         raise InvalidInputError(f"tiles must be TileLocation records, got {type(t).__name__}")
-    index = v.check_ints("index", t.index)
-    return {"job_id": job_id, "tensor": v.check_id("tensor", t.tensor), "index": index,
-            "index_key": ".".join(map(str, index)), "shape": v.check_ints("shape", t.shape),
-            "dtype": v.check_id("dtype", t.dtype), "nbytes": v.check_count("nbytes", t.nbytes),
-            "node": v.check_optional_id("node", t.node),
-            "memory_engine": v.check_optional_id("memory_engine", t.memory_engine),
-            "state": v.check_state("state", t.state, v.TILE_STATES), "updated_at": now}
+    # A task's output tile is 0-d-indexed (and often 0-d): skip the list checks then.
+    index = v.check_ints("index", t.index) if t.index else []
+    shape = v.check_ints("shape", t.shape) if t.shape else []
+    if t.state not in v.TILE_STATES:
+        v.check_state("state", t.state, v.TILE_STATES)
+    nbytes = t.nbytes
+    if type(nbytes) is not int or nbytes < 0:
+        v.check_count("nbytes", nbytes)
+    return (job_id, v.check_id("tensor", t.tensor), json_text(index) if index else "[]",
+            ".".join(map(str, index)), json_text(shape) if shape else "[]", v.check_id("dtype", t.dtype),
+            nbytes, v.check_optional_id("node", t.node),
+            v.check_optional_id("memory_engine", t.memory_engine), t.state, now)
+
+
+def upsert_tiles(conn: sa.Connection, rows: Iterable[tuple[Any, ...]]) -> int:
+    """Write ``tile_row`` tuples; the last of several rows for one (job, tensor, index) wins."""
+    by_key = {(r[0], r[1], r[3]): r for r in rows}
+    insert_many(conn, Tile.__table__, TILE_COLUMNS, list(by_key.values()), conflict=_TILE_KEY,
+                update=_TILE_UPDATE)
+    return len(by_key)
 
 
 def record_tiles(session: Session, job_id: str, tiles: Iterable[TileLocation],
@@ -159,19 +202,7 @@ def record_tiles(session: Session, job_id: str, tiles: Iterable[TileLocation],
     """
     require_jobs(session, [job_id])
     t = time.time() if now is None else now
-    by_key = {}
-    for tile in tiles:
-        row = _tile_row(job_id, tile, t)
-        by_key[(row["tensor"], row["index_key"])] = row  # the last report of a tile wins
-    if not by_key:
-        return 0
-    stmt = upsert_insert(session, Tile.__table__)  # Core, not the slower ORM bulk path
-    stmt = stmt.on_conflict_do_update(
-        index_elements=["job_id", "tensor", "index_key"],
-        set_={c: stmt.excluded[c] for c in
-              ("shape", "dtype", "nbytes", "node", "memory_engine", "state", "updated_at")})
-    session.execute(stmt, list(by_key.values()))
-    return len(by_key)
+    return upsert_tiles(session.connection(), [tile_row(job_id, tile, t) for tile in tiles])
 
 
 def list_tiles(session: Session, job_id: str, tensor: str) -> list[TileInfo]:

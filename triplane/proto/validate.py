@@ -54,7 +54,9 @@ def validate(graph: Graph, limits: Limits = DEFAULT_LIMITS) -> Graph:
         except GraphError as e:
             raise e.at(node=nid, op=node.op) from None
         types[nid] = out_nodes[nid].type
-    return Graph(out_nodes, graph.outputs, graph.version)
+    out = Graph(out_nodes, graph.outputs, graph.version)
+    out._cache["topo"] = order  # its nodes are stored in this order: the passes reuse it
+    return out
 
 
 def _check_node(node: Node, types: dict[str, TensorType], limits: Limits) -> Node:

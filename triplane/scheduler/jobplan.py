@@ -38,7 +38,7 @@ from triplane.scheduler.compiler.pipeline import CompileOptions, Plan, PlanCache
 from triplane.scheduler.compiler.placement import PlacementError
 from triplane.scheduler.compiler.tiling import TileGrid
 from triplane.scheduler.dispatch.state import TaskSpec
-from triplane.scheduler.layout import Layout, lay_out
+from triplane.scheduler.layout import Cached, Layout, lay_out
 
 NOMINAL_FLOPS = 1e9  # per second: a modest core; deadlines are 10x the cost anyway
 NOMINAL_BYTES_PER_S = 2e9
@@ -177,14 +177,16 @@ def plan_job(
     options: CompileOptions | None = None,
     figures: Sequence[NodeFigures] | None = None,
     explicit: Mapping[str, Mapping[str, Any]] | None = None,
+    cached: Cached | None = None,
 ) -> JobPlan:
     """The job of a canonical graph: ``args`` binds ``argN`` inputs to uploaded tensor ids,
     ``fetch`` maps fetched names to canonical ids, ``back`` canonical ids to submitted ones.
     With ``figures`` (the executors) the plan is tiled and placed first (``lay_out``;
-    LimitError / PlacementError naming the submitted node when it cannot fit)."""
+    LimitError / PlacementError naming the submitted node when it cannot fit); ``cached``
+    (``Residency.lookup``) says where upload tiles are cached, for placement."""
     if options is None:
         options = CompileOptions(limits=limits) if limits else CompileOptions()
-    lay = (figures, explicit)
+    lay = (figures, explicit, cached)
     try:
         return _plan_job(job, cgraph, args, fetch, back, cache, options, lay)
     except _PacketTooSmall:
@@ -205,7 +207,8 @@ def _plan_job(
     back: Mapping[str, str],
     cache: PlanCache,
     options: CompileOptions,
-    lay: tuple[Sequence[NodeFigures] | None, Mapping[str, Mapping[str, Any]] | None] = (None, None),
+    lay: tuple[Sequence[NodeFigures] | None, Mapping[str, Mapping[str, Any]] | None, Cached | None] = (
+        None, None, None),
 ) -> JobPlan:
     try:
         plan = cache.get_or_compile(cgraph, options)
@@ -213,10 +216,10 @@ def _plan_job(
         raise _renamed(e, back) from None
     plan_uploads = _uploads(plan.graph, args, back)
     layout: Layout | None = None
-    figures, explicit = lay
+    figures, explicit, cached = lay
     if figures:
         try:
-            layout = lay_out(plan.graph, figures, explicit=explicit)
+            layout = lay_out(plan.graph, figures, explicit=explicit, cached=cached)
         except PlacementError as e:
             name = back.get(e.node or "", e.node)
             what = e.what.replace(repr(e.node), repr(name), 1) if e.node else e.what
@@ -232,36 +235,39 @@ def _plan_job(
     outputs = set(g.outputs)
     specs: list[TaskSpec] = []
     templates: dict[str, TaskTemplate] = {}
-    for nid, node in g.nodes.items():
-        if node.op == "input":
+    nodes = g.nodes
+    # Once per node of a graph of up to 10^4-10^5 tasks, on the submit's critical path (the
+    # executors wait for it): each type is built once, and the attributes' packet size is
+    # only measured when a cheap bound cannot rule out MAX_ATTRS_BYTES.
+    types = {nid: node.type for nid, node in nodes.items()}
+    for nid, node in nodes.items():
+        op = node.op
+        if op == "input":
             continue
-        opdef = optable.get(node.op)
-        c = opdef.cost([g.nodes[i].type for i in node.inputs], node.type, node.attrs)
+        out_type = types[nid]
+        ins = node.inputs
+        c = optable.get(op).cost([types[i] for i in ins], out_type, node.attrs)
         attrs = thaw(node.attrs) if node.attrs else {}
-        if attrs and len(canonical(attrs)) > MAX_ATTRS_BYTES:
-            raise (_PacketTooSmall if node.op == "fused" and options.fuse else GraphError)(
+        if attrs and not _surely_small(attrs) and len(canonical(attrs)) > MAX_ATTRS_BYTES:
+            raise (_PacketTooSmall if op == "fused" and options.fuse else GraphError)(
                 f"attributes of {len(canonical(attrs))} bytes do not fit a task packet "
                 f"(at most {MAX_ATTRS_BYTES}); upload large data as a tensor",
                 node=back.get(nid, nid),
-                op=node.op,
+                op=op,
             )
-        in_tiles = tuple(uploads[i] if i in uploads else tile_id(job, i) for i in node.inputs)
-        region = _upload_region(node, g, uploads)
-        if region is not None:
-            in_tiles, attrs = region
-        deps = tuple(dict.fromkeys(i for i in node.inputs if i not in uploads))
+        if ins:
+            in_tiles = tuple(uploads[i] if i in uploads else tile_id(job, i) for i in ins)
+            region = _upload_region(node, g, uploads)
+            if region is not None:
+                in_tiles, attrs = region
+            deps = tuple(dict.fromkeys(i for i in ins if i not in uploads))
+            pulled = tuple(dict.fromkeys(t for t, i in zip(in_tiles, ins) if i in uploads))
+        else:
+            in_tiles = deps = pulled = ()
         tp = placed.tasks.get(nid) if placed is not None else None
         cost = tp.compute_s + tp.comm_s if tp is not None else cost_seconds(c.flops, c.bytes)
-        specs.append(
-            TaskSpec(nid, node.op, deps, cost, node.type.nbytes, nid in outputs, tp.node if tp else None)
-        )
-        templates[nid] = TaskTemplate(
-            node.op,
-            in_tiles,
-            tuple(dict.fromkeys(t for t, i in zip(in_tiles, node.inputs) if i in uploads)),
-            attrs,
-            node.type,
-        )
+        specs.append(TaskSpec(nid, op, deps, cost, out_type.nbytes, nid in outputs, tp.node if tp else None))
+        templates[nid] = TaskTemplate(op, in_tiles, pulled, attrs, out_type)
     return JobPlan(
         job,
         plan,
@@ -273,6 +279,30 @@ def _plan_job(
         dict(back),
         layout,
     )
+
+
+_SMALL_SCALARS = (bool, int, float, type(None))
+
+
+def _surely_small(attrs: Mapping[str, Any], budget: int = MAX_ATTRS_BYTES // 2) -> bool:
+    """True when the canonical JSON of ``attrs`` (thawed) is certainly at most ``budget``
+    bytes, judged without encoding it: scalars (a float or an int within 2**53 is at most
+    24 characters), and strings and flat lists counted generously. False means "measure it"."""
+    size = 2
+    for k, v in attrs.items():
+        size += len(k) * 6 + 4  # a key escaped at worst, quotes, colon, comma
+        t = type(v)
+        if t in _SMALL_SCALARS:
+            size += 26
+        elif t is str:
+            size += len(v) * 6 + 2
+        elif t is list and len(v) <= 64 and all(type(x) in _SMALL_SCALARS for x in v):
+            size += 27 * len(v) + 2
+        else:
+            return False
+        if size > budget:
+            return False
+    return True
 
 
 def _uploads(g: Graph, args: Sequence[str], back: Mapping[str, str]) -> dict[str, str]:

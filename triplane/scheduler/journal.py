@@ -4,9 +4,10 @@ The hot path only fills dicts on the event loop (``transitions``, ``output``); e
 ``period_s`` the journal hands the *latest* transition of each task to the metadb
 ``BatchWriter`` (so a task that went ready -> dispatched -> done in between costs one
 row update), appends an event row only for the unusual transitions (drift, lineage
-recompute, failure: the normal path is in the tasks table already), and upserts output
-tile locations in one transaction. A database error is logged and the next period tries
-again; nothing here blocks the event loop.
+recompute, failure: the normal path is in the tasks table already), and queues the output
+tile locations beside them (written in the same batches, one transaction each). A
+database error is logged and the next period tries again; nothing here blocks the event
+loop.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ TASK_STATE = {
 
 
 class Journal:
-    """Collects what the metadb must learn; ``flush`` queues it, ``write_tiles`` writes tiles.
+    """Collects what the metadb must learn; ``flush`` queues it to the BatchWriter.
     ``progress(job)`` gives (running?, tasks done) for the job counters."""
 
     def __init__(self, db: mdb.MetaDB, progress: Callable[[str], tuple[bool, int]]) -> None:
@@ -76,10 +77,14 @@ class Journal:
                 self.writer.close()
             except mdb.BatchWriteError as e:
                 log.error("metadb writes lost at shutdown: %s", e)
-        self.write_tiles()
 
     def transitions(self, ts: list[Transitioned]) -> None:
+        held = self._held
         for t in ts:
+            if held and t.finish == "ready" and t.job in held and t.stimulus_id == f"submit:{t.job}":
+                # A job being stored: its rows are inserted in exactly the state the submit
+                # gives (ready or pending). Rewriting them would cost a row update per task.
+                continue
             self._tx[(t.job, t.task)] = t
             if t.start in ("dispatched", "done") and t.finish in ("ready", "waiting", "failed"):
                 self._events.append(t)
@@ -93,44 +98,58 @@ class Journal:
             await asyncio.sleep(period_s)
             try:
                 self.flush()
-                tiles = self._take_tiles()
-                if tiles:
-                    await asyncio.to_thread(self._write_tiles, tiles)
             except Exception:
                 log.exception("persisting dispatcher state failed (retrying)")
 
     def flush(self) -> None:
-        """Queue the latest transition of each task (and the unusual ones as events)."""
+        """Queue the latest transition of each task, the unusual ones as events, and the
+        output tile locations (one BatchWriter call per job: thousands of tasks at a time)."""
         w = self.writer
-        if w is None or not (self._tx or self._events):
+        if w is None or not (self._tx or self._events or self._tiles):
             return
         tx, self._tx = self._tx, {}
         events, self._events = self._events, []
+        tiles = self._take_tiles()
         if self._held:
             self._tx = {k: t for k, t in tx.items() if k[0] in self._held}
             self._events = [t for t in events if t.job in self._held]
             tx = {k: t for k, t in tx.items() if k[0] not in self._held}
             events = [t for t in events if t.job not in self._held]
+        by_job: dict[str, list[tuple[str, str, dict[str, Any]]]] = defaultdict(list)
         for (job, task), t in tx.items():
             fields: dict[str, Any] = {"attempt": t.attempt, "node": t.node}
             if t.finish == "dispatched":
                 fields["started_at"] = t.at
             elif t.finish in ("done", "failed", "cancelled"):
                 fields["finished_at"] = t.at
-            w.transition(job, task, TASK_STATE[t.finish], **fields)
+            by_job[job].append((task, TASK_STATE[t.finish], fields))
+        for job, changes in by_job.items():
+            try:
+                w.transitions(job, changes)
+                if job in tiles:
+                    w.tiles(job, tiles.pop(job))
+                running, done = self.progress(job)
+                if running:
+                    w.job_progress(job, tasks_done=done)
+            except mdb.MetaDBError as e:  # one job's bad record must not lose the others'
+                log.error("cannot record the tasks of job %s: %s", job, e)
+        for job, locs in tiles.items():
+            try:
+                w.tiles(job, locs)
+            except mdb.MetaDBError as e:
+                log.error("cannot record the tiles of job %s: %s", job, e)
         for t in events:
-            w.event(
-                t.job,
-                f"task.{t.finish}",
-                task_id=t.task,
-                stimulus_id=t.stimulus_id[:128],
-                at=t.at,
-                payload={"from": t.start, "attempt": t.attempt, "node": t.node},
-            )
-        for job in {j for j, _ in tx}:
-            running, done = self.progress(job)
-            if running:
-                w.job_progress(job, tasks_done=done)
+            try:
+                w.event(
+                    t.job,
+                    f"task.{t.finish}",
+                    task_id=t.task,
+                    stimulus_id=t.stimulus_id[:128],
+                    at=t.at,
+                    payload={"from": t.start, "attempt": t.attempt, "node": t.node},
+                )
+            except mdb.MetaDBError as e:
+                log.error("cannot record an event of job %s: %s", t.job, e)
 
     def job_ended(self, job: str, state: str, done: int, error: str | None) -> None:
         if self.writer is None:
@@ -145,19 +164,8 @@ class Journal:
             log.error("cannot record the end of job %s: %s", job, e)
 
     def _take_tiles(self) -> dict[str, list[mdb.TileLocation]]:
-        """The tile locations to write now (on the event loop, where ``output`` appends)."""
+        """The tile locations to write now (those of held jobs stay)."""
         tiles, self._tiles = self._tiles, defaultdict(list)
         for job in self._held & tiles.keys():
             self._tiles[job] = tiles.pop(job)
         return tiles
-
-    def write_tiles(self) -> None:
-        """Write every tile location not held back (blocking: call it in a thread)."""
-        self._write_tiles(self._take_tiles())
-
-    def _write_tiles(self, tiles: dict[str, list[mdb.TileLocation]]) -> None:
-        if not tiles:
-            return
-        with self.db.transaction() as s:
-            for job, locs in tiles.items():
-                mdb.record_tiles(s, job, locs)

@@ -26,7 +26,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,11 +44,15 @@ from triplane.scheduler.compiler.placement import (
 )
 from triplane.scheduler.compiler.tiling import ClusterFigures, Region, TileGrid, plan_sizes, tile_graph
 
-__all__ = ["UNSPLIT_BYTES", "Layout", "check_support", "figures_from_json", "figures_to_json",
+__all__ = ["UNSPLIT_BYTES", "Cached", "Layout", "check_support", "figures_from_json", "figures_to_json",
            "lay_out", "same_host_figures", "structure_hash"]
 
 UNSPLIT_BYTES = 4 << 20  # plan_sizes' default: graphs this small are not cut
 MAX_PLACED_TASKS = 5000  # placement is superlinear; a bigger untiled graph is not placed on demand
+
+# (an ``input`` node's ``tensor`` attribute ("argN"), the region it reads or None for the
+# whole upload) -> the executors that keep that upload tile in their cache.
+Cached = Callable[[str, "Region | None"], Sequence[str]]
 
 
 @dataclass(frozen=True)
@@ -59,7 +64,9 @@ class Layout:
     ``figures``: the cluster it was laid out for. ``regions``: ``input`` nodes of ``graph``
     that stand for a region of an upload (node -> (whole input node, region)): the tiler's
     ``slice`` of an input becomes such a node, so consumers pull just that region from
-    the scheduler's data server (``u-<hex>@lo:hi,...``) and placement counts just its bytes."""
+    the scheduler's data server (``u-<hex>@lo:hi,...``) and placement counts just its bytes.
+    ``cached``: ``input`` nodes of ``graph`` -> executors known to keep that upload tile in
+    their cache (placement saw those reads as local)."""
 
     graph: Graph
     tiled: bool
@@ -68,6 +75,7 @@ class Layout:
     placement: Placement | None
     figures: tuple[NodeFigures, ...]
     regions: Mapping[str, tuple[str, Region]] = dataclasses.field(default_factory=dict)
+    cached: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
 
     def preferred(self, task: str) -> str | None:
         p = self.placement
@@ -82,14 +90,17 @@ class Layout:
         if tasks > MAX_PLACED_TASKS:
             raise ValueError(f"the job has {tasks} tasks; plans are computed for at most "
                              f"{MAX_PLACED_TASKS} (it ran on the dispatcher's own choice of nodes)")
-        return dataclasses.replace(self, placement=_place(self.graph, self.figures, self.origin))
+        return dataclasses.replace(self, placement=_place(self.graph, self.figures, self.origin, self.cached))
 
 
 def lay_out(graph: Graph, figures: Sequence[NodeFigures], *, unsplit_bytes: int = UNSPLIT_BYTES,
-            explicit: Mapping[str, Mapping[str, Any]] | None = None) -> Layout:
+            explicit: Mapping[str, Mapping[str, Any]] | None = None, cached: Cached | None = None) -> Layout:
     """Tile and place the compiled ``graph`` for ``figures`` (see the module doc).
     ``explicit`` fixes the cut of chosen plan nodes (``TileSizes.explicit``) and forces
-    tiling even of a tiny graph."""
+    tiling even of a tiny graph. ``cached`` says which executors keep which upload tiles
+    (``scheduler/residency.py``): placement counts reading them there as local, so a job
+    submitted again runs its tasks where their inputs already are. Only where a task runs
+    depends on it, never the tiles or the task ids."""
     figs = tuple(figures)
     if not figs:
         raise ValueError("no executor figures to lay the job out for")
@@ -101,7 +112,8 @@ def lay_out(graph: Graph, figures: Sequence[NodeFigures], *, unsplit_bytes: int 
     while True:
         try:
             return _tile_and_place(graph, figs, plan_sizes(ClusterFigures.from_nodes(figs), headroom=headroom,
-                                                           unsplit_bytes=unsplit_bytes, explicit=explicit))
+                                                           unsplit_bytes=unsplit_bytes, explicit=explicit),
+                                   cached)
         except PlacementError as e:
             # Unschedulable (not ...AndUnresolvable): the nodes' memory is held by tiles
             # still to be read. Smaller tiles need less at once: halve the task size, a
@@ -111,7 +123,7 @@ def lay_out(graph: Graph, figures: Sequence[NodeFigures], *, unsplit_bytes: int 
             headroom /= 2
 
 
-def _tile_and_place(graph: Graph, figs: tuple[NodeFigures, ...], sizes: Any) -> Layout:
+def _tile_and_place(graph: Graph, figs: tuple[NodeFigures, ...], sizes: Any, cached: Cached | None) -> Layout:
     tiled = tile_graph(graph, sizes)  # LimitError names the plan node and the limit
     # Task names must mean the same tiles when a restarted scheduler lays the job out again
     # from the stored graph, whose nodes may be stored in another order: name them in an
@@ -139,7 +151,24 @@ def _tile_and_place(graph: Graph, figs: tuple[NodeFigures, ...], sizes: Any) -> 
         origin.setdefault(new, old if old in graph.nodes else tiled.origin.get(old, old))
     grids = {nid: dataclasses.replace(g, tiles={c: rename[t] for c, t in g.tiles.items()})
              for nid, g in tiled.grids.items()}
-    return Layout(tgraph, True, grids, origin, _place(tgraph, figs, origin), figs, regions)
+    held = _cached_inputs(tgraph, regions, figs, cached)
+    return Layout(tgraph, True, grids, origin, _place(tgraph, figs, origin, held), figs, regions, held)
+
+
+def _cached_inputs(graph: Graph, regions: Mapping[str, tuple[str, Region]], figs: Sequence[NodeFigures],
+                   cached: Cached | None) -> dict[str, tuple[str, ...]]:
+    """``input`` node -> the executors (of ``figs``, sorted) keeping its tile cached."""
+    if cached is None:
+        return {}
+    names = {f.name for f in figs}
+    held = {}
+    for nid, node in graph.nodes.items():
+        arg = node.attrs.get("tensor") if node.op == "input" else None
+        if arg is not None:
+            at = tuple(sorted(set(cached(str(arg), regions[nid][1] if nid in regions else None)) & names))
+            if at:
+                held[nid] = at
+    return held
 
 
 def _upload_region(node: Node, nodes: Mapping[str, Node]) -> Region | None:
@@ -152,9 +181,10 @@ def _upload_region(node: Node, nodes: Mapping[str, Node]) -> Region | None:
     return tuple((int(a), int(b)) for a, b in zip(node.attrs["starts"], node.attrs["stops"]))
 
 
-def _place(graph: Graph, figs: Sequence[NodeFigures], origin: Mapping[str, str]) -> Placement:
+def _place(graph: Graph, figs: Sequence[NodeFigures], origin: Mapping[str, str],
+           cached: Mapping[str, tuple[str, ...]] | None = None) -> Placement:
     try:
-        return place(graph, figs)
+        return place(graph, figs, cached=cached)
     except PlacementError as e:
         raise _named(e, graph, origin) from None
 
@@ -191,21 +221,27 @@ def check_support(graph: Graph, figures: Sequence[NodeFigures]) -> None:
 
 
 def same_host_figures(figures: Sequence[NodeFigures], hosts: Mapping[str, str]) -> list[NodeFigures]:
-    """``figures`` with the best GFLOP/s and GB/s of each host (``hosts``: node -> address)
-    given to every node on it. Executors started together on one machine benchmark at the
-    same moment and disturb each other (measured here: 1.8, 5.5 and 125 GFLOP/s for three
-    executors of one 2-core host), and placement would then crowd every task onto the
-    luckiest one; they measure the same hardware, so the best figure is the honest one."""
-    best: dict[str, tuple[float, float]] = {}
+    """``figures`` with the best GFLOP/s, GB/s, network bandwidth and latency of each host
+    (``hosts``: node -> address) given to every node on it. Executors started together on
+    one machine benchmark at the same moment and disturb each other (measured here: 1.8,
+    5.5 and 125 GFLOP/s for three executors of one 2-core host; 0.75 and 0.12 GB/s for the
+    loopback of two), and placement would then crowd every task onto the luckiest one --
+    with cached uploads, for good; they measure the same hardware, so the best figure is
+    the honest one."""
+    best: dict[str, tuple[float, float, float, float]] = {}
     for n in figures:
         h = hosts.get(n.name)
         if h is not None:
-            g, b = best.get(h, (0.0, 0.0))
-            best[h] = (max(g, n.gflops), max(b, n.gbps))
+            g, b, bw, lat = best.get(h, (0.0, 0.0, 0.0, math.inf))
+            best[h] = (max(g, n.gflops), max(b, n.gbps), max(bw, n.bandwidth_gbps), min(lat, n.latency_us))
     out = []
     for n in figures:
         h = hosts.get(n.name)
-        out.append(dataclasses.replace(n, gflops=best[h][0], gbps=best[h][1]) if h is not None else n)
+        if h is None:
+            out.append(n)
+            continue
+        g, b, bw, lat = best[h]
+        out.append(dataclasses.replace(n, gflops=g, gbps=b, bandwidth_gbps=bw, latency_us=lat))
     return out
 
 

@@ -11,10 +11,11 @@ Failure semantics:
   a 400/503 for the API) a graph it could never run: malformed, an op no registered engine
   supports, an unknown upload, or no executor at all. Nothing is half-submitted: the job
   is stored (with its tasks) in one transaction, then handed to the dispatcher.
-* Task transitions reach metadb in batches (one commit per batch, not per task); a task's
-  output location is recorded in the ``tiles`` table, also batched.
+* Task transitions reach metadb in batches (one commit per batch, not per task); a done
+  task's row (state, node) is where its output tile lives. Fetched outputs also get a
+  ``tiles`` row (shape, dtype, bytes), in the same batches.
 * On start (and when a standby becomes leader) non-terminal jobs are resumed from metadb:
-  tasks whose output is recorded on a live executor count as done, the rest run again.
+  tasks recorded done on a live executor count as done, the rest run again.
 * With ``elect=True`` (etcd) the scheduler campaigns for ``scheduler/leader`` and serves
   as a standby until it wins; job calls then raise ``NotLeader`` naming the leader. If it
   loses the lease, it stops (``stopped`` is set) rather than risk two leaders.
@@ -33,11 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import sqlalchemy as sa
-
 from triplane import metadb as mdb
 from triplane.metadb.models import Job as JobRow
-from triplane.metadb.models import Tile
 from triplane.proto.errors import GraphError
 from triplane.proto.ir import Graph
 from triplane.registry import (
@@ -63,6 +61,7 @@ from triplane.scheduler.journal import Journal
 from triplane.scheduler.layout import figures_from_json, figures_to_json, same_host_figures, structure_hash
 from triplane.scheduler.leading import Leading
 from triplane.scheduler.planview import plan_document
+from triplane.scheduler.residency import Residency, read_evictions
 from triplane.scheduler.store import DataPortClient, DataServer, StoredTensor, TensorStore
 
 log = logging.getLogger(__name__)
@@ -109,6 +108,7 @@ class LiveJob:
     error: dict[str, Any] | None = None
     ended: asyncio.Event = field(default_factory=asyncio.Event)
     fetched_released: bool = False
+    fetched_tasks: frozenset[str] = frozenset()  # tasks holding fetched tiles (tiles table)
     actual: dict[str, tuple[float, float]] = field(default_factory=dict)  # task -> kernel start, end
     # task -> node holding its output, kept when the job is done: fetches need it after the
     # dispatcher's state is gone (a scheduler that stepped down and leads again).
@@ -179,6 +179,7 @@ class Scheduler(Leading):
             slots=slots,
         )
         self.jobs: dict[str, LiveJob] = {}
+        self.residency = Residency()  # upload tiles cached on executors, for placement
         self.stopped = asyncio.Event()
         self._packet_port, self._data_port = packet_port, data_port
         self.data_port = 0
@@ -224,7 +225,7 @@ class Scheduler(Leading):
 
     async def _resume(self, live_nodes: set[str]) -> None:
         resumed = await asyncio.to_thread(self._load_resumable)
-        for info, cgraph, bindings, tiles in resumed:
+        for info, cgraph, bindings, tasks in resumed:
             try:
                 # A tiled job is laid out again for the figures it was submitted with, so
                 # its task ids mean the same tiles as the recorded ones.
@@ -234,15 +235,16 @@ class Scheduler(Leading):
             except (GraphError, KeyError, TypeError, IndexError, ValueError) as e:  # not a graph we accepted
                 await asyncio.to_thread(self._set_failed, info.id, f"cannot resume: {e}")
                 continue
+            # A done task's row names the node holding its output tile (docs/scheduler.md).
             done = tuple(
-                (t.tensor, t.node)
-                for t in tiles
-                if t.state == "present" and t.node in live_nodes and t.tensor in plan.templates
+                (t.task_id, t.node)
+                for t in tasks
+                if t.state == "done" and t.node in live_nodes and t.task_id in plan.templates
             )
             self._dispatch(plan, info.created_at, done)
             log.info("resumed job %s (%d of %d tasks already done)", info.id, len(done), len(plan.specs))
 
-    def _load_resumable(self) -> list[tuple[mdb.JobInfo, Graph, dict[str, Any], list[mdb.TileInfo]]]:
+    def _load_resumable(self) -> list[tuple[mdb.JobInfo, Graph, dict[str, Any], tuple[mdb.TaskInfo, ...]]]:
         out = []
         with self.db.read() as s:
             for r in mdb.jobs_to_resume(s):
@@ -251,11 +253,7 @@ class Scheduler(Leading):
                 g = Graph.from_json(mdb.get_graph(s, r.job.graph_hash).canonical)
                 ev = mdb.list_events(s, r.job.id, limit=1)
                 bindings = ev[0].payload if ev and ev[0].kind == "job.bindings" else {}
-                # One query per job (the repository reads one tensor at a time).
-                tiles = [
-                    mdb.TileInfo.of(row) for row in s.scalars(sa.select(Tile).where(Tile.job_id == r.job.id))
-                ]
-                out.append((r.job, g, bindings, tiles))
+                out.append((r.job, g, bindings, r.tasks))
         return out
 
     def _set_failed(self, job: str, error: str) -> None:
@@ -347,7 +345,7 @@ class Scheduler(Leading):
         fetch_map = {name: rename[name] for name in fetch}
         plan = plan_job(
             new_job_id(), cgraph, args, fetch_map, {v: k for k, v in rename.items()}, self.plans,
-            figures=figures,
+            figures=figures, cached=self.residency.lookup(args),
         )
         return cgraph, args, plan
 
@@ -360,6 +358,8 @@ class Scheduler(Leading):
             hosts = {n.node: n.address for n in await list_nodes(self.registry)}
             figs = same_host_figures(await figures_from_registry(self.registry), hosts)
             self._figs = (now, figs)
+            if len(self.residency):
+                await read_evictions(self.registry, self.residency)
         return figs
 
     def _store_job(
@@ -376,6 +376,7 @@ class Scheduler(Leading):
                 job_id=plan.job,
                 state="running",
                 now=now,
+                node_count=len(cgraph.nodes),
             )
             mdb.insert_tasks(
                 s,
@@ -409,6 +410,7 @@ class Scheduler(Leading):
         back: dict[str, str] | None = None,
     ) -> LiveJob:
         live = LiveJob(plan, back or {}, created, time.time())
+        live.fetched_tasks = frozenset(self._fetched_tasks(live))
         self.jobs[plan.job] = live
         self.templates[plan.job] = dict(plan.templates)
         self.shell.handle(SubmitJob(f"submit:{plan.job}", plan.job, plan.specs, time.time(), done))
@@ -630,10 +632,17 @@ class Scheduler(Leading):
         return (False, 0) if js is None else (js.state == "running", len(js.tasks) - js.remaining)
 
     def _output(self, job: str, task: str, node: str, r: Any) -> None:
+        tpl = self.templates.get(job, {}).get(task)
+        if tpl is not None and tpl.uploads:
+            self.residency.learn(node, tpl.uploads)  # the executor keeps what it read
         live = self.jobs.get(job)
         if live is not None:
             live.actual[task] = (r.timings.start, r.timings.end)
-        self.journal.output(job, task, node, r)
+        if live is None or task in live.fetched_tasks:
+            # Only the results a client will read get a tiles row: every other output's
+            # location is its task row (done, node), written anyway -- 10^4 tile rows per job
+            # cost the scheduler more CPU than the tasks themselves (docs/scheduler.md).
+            self.journal.output(job, task, node, r)
 
     @staticmethod
     def _fetched_tasks(live: LiveJob) -> set[str]:
@@ -645,6 +654,7 @@ class Scheduler(Leading):
 
     def _node_down(self, node: str) -> None:
         log.warning("executor %s is gone", node)
+        self.residency.forget_node(node)
 
     async def _release(self, job: str, *, keep_fetched: bool) -> None:
         """Delete a job's tiles on the executors (the fetched ones too unless ``keep_fetched``)."""

@@ -148,3 +148,54 @@ def test_two_threads_share_one_writer_without_loss(db: MetaDB) -> None:
         events = mdb.list_events(s, job, limit=5000)
     for name in ("a", "b"):
         assert [e.payload["i"] for e in events if e.payload["w"] == name] == list(range(1000))
+
+
+def test_bulk_transitions_and_tiles_are_written_in_few_commits(db: MetaDB) -> None:
+    # The dispatcher's journal hands over a job's transitions and output tiles in bulk.
+    job = make_job(db, 3000)
+    commits = CommitCounter(db.engine)
+    with BatchWriter(db, max_items=2000, max_delay=30) as w:
+        w.transitions(job, [(f"t{i:05d}", "done", {"attempt": 0, "node": "n1", "finished_at": 2.0 + i})
+                            for i in range(3000)])
+        w.tiles(job, [mdb.TileLocation(f"t{i:05d}", (), (), "float32", 4, "n1") for i in range(3000)])
+        w.tiles(job, [mdb.TileLocation("t00007", (0, 1), (2, 3), "float64", 48, "n2")])
+        w.flush()
+        assert (w.stats.items, w.stats.failures) == (6001, 0)
+    commits.remove()
+    assert 4 <= commits.count <= 8  # 6001 items, at most 2000 per batch (drained as they come)
+    with db.read() as s:
+        tasks = mdb.list_tasks(s, job)
+        t7 = mdb.list_tiles(s, job, "t00007")
+    assert all(t.state == "done" and t.node == "n1" for t in tasks)
+    assert tasks[7].finished_at == 9.0
+    assert [(t.index, t.shape, t.dtype, t.nbytes, t.node) for t in t7] == [
+        ((), (), "float32", 4, "n1"), ((0, 1), (2, 3), "float64", 48, "n2")]
+    # A tile reported again (recomputed elsewhere) replaces its row.
+    with BatchWriter(db) as w:
+        w.tiles(job, [mdb.TileLocation("t00007", (), (), "float32", 4, "n3")])
+    with db.read() as s:
+        assert [t.node for t in mdb.list_tiles(s, job, "t00007")] == ["n3", "n2"]
+
+
+@pytest.mark.parametrize("bad", [
+    ("t-missing", "done", {}),
+    ("t00001", "exploded", {}),
+    ("t00001", "done", {"attempt": -1}),
+    ("t00001", "done", {"node": ""}),
+    ("t00001", "done", {"finished_at": float("inf")}),
+    ("t00001", "done", {"colour": "red"}),
+])
+def test_bulk_transitions_are_checked_and_queued_all_or_none(db: MetaDB, bad: tuple[str, str, dict]) -> None:
+    job = make_job(db, 2)
+    with BatchWriter(db, max_delay=30) as w:
+        with pytest.raises((mdb.InvalidInputError, mdb.UnknownTaskError)):
+            w.transitions(job, [("t00000", "done", {"node": "n1"}), bad])
+        with pytest.raises(mdb.InvalidInputError):
+            w.tiles(job, [mdb.TileLocation("t00000", (), (), "float32", 4, "n1"),
+                          mdb.TileLocation("t00001", (), (), "float32", -4, "n1")])
+        with pytest.raises(mdb.UnknownJobError):
+            w.tiles("j-missing", [mdb.TileLocation("t00000", (), (), "float32", 4, "n1")])
+        assert w.flush() == 0
+    with db.read() as s:
+        assert [t.state for t in mdb.list_tasks(s, job)] == ["pending", "pending"]
+        assert mdb.list_tiles(s, job, "t00000") == []

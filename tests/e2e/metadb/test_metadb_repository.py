@@ -245,3 +245,23 @@ def test_two_threads_writing_events_lose_nothing(db: MetaDB) -> None:
         assert mdb.get_task(s, job, "t0").attempt == 49
     for name in ("a", "b"):  # each writer's events are all there, in its own order
         assert [e.payload["i"] for e in events if e.payload["w"] == name] == list(range(50))
+
+
+@pytest.mark.parametrize("bad", [
+    NewTask("", "relu"),
+    NewTask("t5", ""),
+    NewTask("t5", "relu", state="exploded"),
+    NewTask("t5", "relu", node="n" * 500),
+    NewTask("t5", "relu", predicted_s=float("inf")),
+    NewTask("t5", "relu", predicted_s=float("nan")),
+    NewTask("t5", "relu", predicted_s="1.0"),  # type: ignore[arg-type]
+])
+def test_insert_tasks_checks_every_field_and_inserts_nothing(db: MetaDB, bad: NewTask) -> None:
+    job = make_job(db, 1)
+    with pytest.raises(mdb.InvalidInputError), db.transaction() as s:
+        mdb.insert_tasks(s, job, [NewTask("t4", "relu", predicted_s=2), bad])
+    with db.transaction() as s:  # an int prediction is stored as seconds (a float)
+        mdb.insert_tasks(s, job, [NewTask("t4", "relu", predicted_s=2, node="n1")])
+    with db.read() as s:
+        assert [(t.task_id, t.predicted_s, t.node) for t in mdb.list_tasks(s, job)] == [
+            ("t0", 0.01, None), ("t4", 2.0, "n1")]

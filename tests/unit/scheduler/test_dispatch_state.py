@@ -239,3 +239,32 @@ def test_random_chaos_always_ends_in_a_final_state(seed: int) -> None:
         if done:
             break
     assert done == [JobFinished("j", "done")], f"seed {seed}: {done or 'job did not finish'}"
+
+
+def small(i: int) -> TaskSpec:
+    return TaskSpec(f"s{i}", "full", cost_s=1e-6, output_bytes=4)
+
+
+def test_small_tasks_fill_more_slots_than_heavy_ones() -> None:
+    s = cluster("n1", "n2", slots=2, policy=Policy(retry_backoff_s=0.0, small_slots=5))
+    out = s.handle(SubmitJob(sid(), "j", tuple(small(i) for i in range(20)), 0.0))
+    first = sends(out)
+    assert len(first) == 10 and {x.node for x in first} == {"n1", "n2"}  # 5 per node, not 2
+    s.validate_state()
+    (one,) = sends(ok(s, first[0]))  # a freed slot takes the next small task
+    assert one.task == "s10"
+    # A task that is not small (big output) waits until fewer than `slots` run on a node,
+    # and the small ones behind it wait too (oldest first).
+    s2 = cluster("n1", slots=2, policy=Policy(retry_backoff_s=0.0, small_slots=5))
+    big = TaskSpec("big", "full", cost_s=1e-6, output_bytes=1 << 20)
+    out = s2.handle(SubmitJob(sid(), "j", (small(0), small(1), small(2), big, small(3)), 0.0))
+    assert [x.task for x in sends(out)] == ["s0", "s1", "s2"]
+    assert sends(ok(s2, sends(out)[0])) == []  # still 2 running: "big" does not fit yet
+    assert [x.task for x in sends(ok(s2, sends(out)[1]))] == ["big", "s3"]
+
+
+def test_small_slots_below_slots_change_nothing() -> None:
+    s = cluster("n1", slots=3, policy=Policy(retry_backoff_s=0.0, small_slots=1))
+    out = s.handle(SubmitJob(sid(), "j", tuple(small(i) for i in range(6)), 0.0))
+    assert len(sends(out)) == 3
+    s.validate_state()

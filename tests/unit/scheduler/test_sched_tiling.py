@@ -247,10 +247,14 @@ def test_submit_refuses_an_op_on_a_dtype_no_engine_takes_with_400(tmp_path: Path
 def test_executors_of_one_host_share_its_best_measured_figures() -> None:
     from triplane.scheduler.layout import same_host_figures
 
-    figs = [NodeFigures("e0", 1.8, 13.0, MiB), NodeFigures("e1", 125.0, 4.9, MiB),
-            NodeFigures("e2", 5.5, 6.7, MiB), NodeFigures("far", 20.0, 2.0, MiB)]
+    figs = [NodeFigures("e0", 1.8, 13.0, MiB, bandwidth_gbps=0.75, latency_us=178.0),
+            NodeFigures("e1", 125.0, 4.9, MiB, bandwidth_gbps=0.12, latency_us=190.0),
+            NodeFigures("e2", 5.5, 6.7, MiB, bandwidth_gbps=0.5, latency_us=150.0),
+            NodeFigures("far", 20.0, 2.0, MiB, bandwidth_gbps=0.1, latency_us=900.0)]
     out = same_host_figures(figs, {"e0": "10.0.0.1", "e1": "10.0.0.1", "e2": "10.0.0.1", "far": "10.0.0.2"})
     assert [(n.gflops, n.gbps) for n in out] == [(125.0, 13.0)] * 3 + [(20.0, 2.0)]
+    # the loopback too (pulls to a node that measured it badly would look 6x slower)
+    assert [(n.bandwidth_gbps, n.latency_us) for n in out] == [(0.75, 150.0)] * 3 + [(0.1, 900.0)]
 
 
 def test_task_names_do_not_depend_on_how_the_graph_was_stored() -> None:

@@ -8,22 +8,12 @@ those whose inputs are placed, and each goes to the node where it is predicted t
 *finish* earliest, given when that node has a free slot, when its inputs can be pulled
 there (one pull after another on the node's link) and when its memory has room.
 
-The framework is a few narrow extension points, after the Kubernetes scheduler's:
-
-* **Filter** ``filter(task, node, estimate, state) -> Status``: may this node run it?
-  ``Unschedulable`` means "not here now" (memory is held by tensors whose readers are
-  not placed yet); ``UnschedulableAndUnresolvable`` means "never here" (no engine for
-  the op, not enough memory at all). If every node is filtered out, placement fails
-  with :class:`PlacementError` whose status says why for the whole cluster
-  (``no engine supports conv2d on bfloat16``; ``needs 900 MiB ..., the largest free
-  memory is 768 MiB on n2``). ``Error`` stops placement at once.
-* **Score** ``score(task, node, estimate, state) -> float`` (higher is better), weighted
-  and normalised to 0..100 over the candidates: ranks the nodes whose predicted finish
-  ties with the earliest (within ``tie_s``); predicted finish time itself always comes
-  first, since it is the objective.
-* **Bind** ``bind(task, node, estimate, state) -> Status``: record the decision. Binders
-  run in order; the first that does not answer ``Skip`` decides. The default commits the
-  decision to the state (slot, copies of inputs, memory intervals).
+The framework is a few narrow extension points, after the Kubernetes scheduler's --
+filters, scores and binders returning a coded :class:`Status` -- defined with the
+built-in plugins in ``placement_plugins.py`` (re-exported here). If every node is
+filtered out, placement fails with :class:`PlacementError` whose status says why for the
+whole cluster (``no engine supports conv2d on bfloat16``; ``needs 900 MiB ..., the
+largest free memory is 768 MiB on n2``).
 
 Memory is tracked as intervals per node: a tensor's copy occupies its node from when it
 is made (a task's start, or a pull's start) until the last reader there has finished
@@ -36,11 +26,10 @@ conservative. ``Placement.peak_memory`` is the exact peak of the final intervals
 from __future__ import annotations
 
 import bisect
-import enum
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from triplane.proto.errors import GraphError
 from triplane.proto.ir import Graph, Node, TensorType
@@ -49,9 +38,23 @@ from triplane.scheduler.compiler.costmodel import (
     CostModel,
     NodeFigures,
     TaskCost,
-    format_bytes,
     task_cost,
     type_text,
+)
+from triplane.scheduler.compiler.placement_plugins import (
+    SUCCESS,
+    Binder,
+    BindPlugin,
+    Code,
+    EngineSpeed,
+    FilterPlugin,
+    FitsMemory,
+    Framework,
+    LeastLoaded,
+    LocalBytes,
+    ScorePlugin,
+    Status,
+    SupportsOp,
 )
 
 __all__ = [
@@ -60,35 +63,6 @@ __all__ = [
     "Pull", "ScorePlugin", "Status", "SupportsOp", "TaskPlacement", "TaskView", "place", "task_views",
     "upward_ranks",
 ]
-
-
-class Code(enum.Enum):
-    """What a plugin's answer means for the framework."""
-
-    SUCCESS = "Success"
-    UNSCHEDULABLE = "Unschedulable"
-    UNSCHEDULABLE_AND_UNRESOLVABLE = "UnschedulableAndUnresolvable"
-    ERROR = "Error"
-    SKIP = "Skip"
-
-
-@dataclass(frozen=True)
-class Status:
-    """A plugin's coded answer with a reason a person can act on."""
-
-    code: Code = Code.SUCCESS
-    reason: str = ""
-    plugin: str = ""
-
-    @property
-    def ok(self) -> bool:
-        return self.code is Code.SUCCESS
-
-    def to_dict(self) -> dict[str, str]:
-        return {"code": self.code.value, "reason": self.reason, "plugin": self.plugin}
-
-
-SUCCESS = Status()
 
 
 class PlacementError(GraphError):
@@ -206,7 +180,7 @@ class PlacementState:
     """Everything decided so far; plugins read it, binders write it through :meth:`commit`."""
 
     def __init__(self, graph: Graph, nodes: Sequence[NodeFigures], model: CostModel,
-                 locations: Mapping[str, str]) -> None:
+                 locations: Mapping[str, str], cached: Mapping[str, Sequence[str]] | None = None) -> None:
         self.graph = graph
         self.model = model
         self.figures = {n.name: n for n in nodes}
@@ -230,6 +204,15 @@ class PlacementState:
                 elif where != SCHEDULER:
                     raise ValueError(f"input {nid!r} is said to be on {where!r}, which is not a node "
                                      f"(nodes: {sorted(self.figures)})")
+        # Inputs an executor keeps in its cache: local there (no pull, LocalBytes counts
+        # them) but never a pull source (uploads are pulled from their holder), and
+        # reclaimable, so they take memory only while tasks placed there read them.
+        self.cached: dict[str, frozenset[str]] = {}
+        for nid, names in (cached or {}).items():
+            if nid in self.copies:
+                at = frozenset(names) & (self.memory.keys() - self.copies[nid].keys())
+                self.cached[nid] = at
+                self.copies[nid].update(dict.fromkeys(sorted(at), 0.0))
 
     def _hold(self, tensor: str, node: str, start: float) -> None:
         iv = _Interval(tensor, self.graph.nodes[tensor].type.nbytes, start)
@@ -259,7 +242,8 @@ class PlacementState:
         fig = self.figures[node]
         dispatch = max((min(self.copies[i].values()) for i in task.inputs), default=0.0)
         missing = [i for i in task.inputs if node not in self.copies[i]]
-        new_bytes = task.out.nbytes + sum(task.in_bytes[i] for i in missing)
+        new_bytes = task.out.nbytes + sum(task.in_bytes[i] for i in missing) + sum(
+            task.in_bytes[i] for i in self._cache_hits(task, node))
         fit = self.memory[node].earliest_fit(new_bytes, fig.free, dispatch)
         if fit is None:
             return None
@@ -275,9 +259,16 @@ class PlacementState:
         return Estimate(node, dispatch, start, start + compute, compute,
                         sum(p.seconds for p in pulls), tuple(pulls), new_bytes)
 
+    def _cache_hits(self, task: TaskView, node: str) -> list[str]:
+        """Inputs read from ``node``'s cache that no task placed there reads yet."""
+        return [i for i in task.inputs
+                if node in self.cached.get(i, ()) and node not in self.intervals.get(i, {})]
+
     def _best_source(self, tensor: str, dst: str, nbytes: int) -> tuple[str, float]:
         best: tuple[float, str, float] | None = None
         for src, ready in self.copies[tensor].items():
+            if src in self.cached.get(tensor, ()):
+                continue
             secs = self.model.transfer_time(nbytes, self.figures.get(src), self.figures[dst])
             if best is None or (ready + secs, src) < (best[0], best[1]):
                 best = (ready + secs, src, secs)
@@ -296,6 +287,8 @@ class PlacementState:
             self.copies[p.tensor][node] = t
             self._hold(p.tensor, node, est.dispatch)
             self._read(p.tensor, p.source, t)
+        for i in self._cache_hits(task, node):
+            self._hold(i, node, est.dispatch)
         self.copies[task.id] = {node: est.finish}
         self._hold(task.id, node, est.start)
         for i in task.inputs:
@@ -336,152 +329,6 @@ class PlacementState:
                 peak = max(peak, live)
             peaks[node] = peak
         return peaks
-
-
-# --- plugins ---------------------------------------------------------------------------
-
-
-class FilterPlugin(Protocol):
-    name: str
-
-    def filter(self, task: TaskView, node: NodeFigures, est: Estimate | None,
-               state: PlacementState) -> Status: ...
-
-    def summarize(self, task: TaskView, failed: Mapping[str, Status], state: PlacementState) -> str: ...
-
-
-class ScorePlugin(Protocol):
-    name: str
-
-    def score(self, task: TaskView, node: NodeFigures, est: Estimate, state: PlacementState) -> float: ...
-
-
-class BindPlugin(Protocol):
-    name: str
-
-    def bind(self, task: TaskView, est: Estimate, state: PlacementState) -> Status: ...
-
-
-class SupportsOp:
-    """The node has an engine for the op and every dtype the task reads or writes (a
-    ``fused`` task also needs every op of its program)."""
-
-    name = "SupportsOp"
-
-    def filter(self, task: TaskView, node: NodeFigures, est: Estimate | None,
-               state: PlacementState) -> Status:
-        ops = _ops_needed(task.node)
-        lacking = [op for op in ops if not node.supports_op(op)]
-        if lacking:
-            return Status(Code.UNSCHEDULABLE_AND_UNRESOLVABLE,
-                          f"{node.name} has no engine for {', '.join(lacking)}", self.name)
-        bad = sorted(d for d in task.dtypes if not node.supports_dtype(d))
-        if bad:
-            return Status(Code.UNSCHEDULABLE_AND_UNRESOLVABLE,
-                          f"{node.name}'s engines do not take {', '.join(bad)}", self.name)
-        return SUCCESS
-
-    def summarize(self, task: TaskView, failed: Mapping[str, Status], state: PlacementState) -> str:
-        ops = _ops_needed(task.node)
-        figs = state.figures.values()
-        missing = [op for op in ops if not any(f.supports_op(op) for f in figs)]
-        if missing:
-            return f"no engine supports {', '.join(missing)} (nodes: {', '.join(sorted(failed))})"
-        with_op = [f for f in figs if all(f.supports_op(op) for op in ops)]
-        bad = sorted(d for d in task.dtypes if not any(f.supports_dtype(d) for f in with_op))
-        if bad:
-            return f"no engine supports {task.op} on {', '.join(bad)}"
-        return f"no engine supports {task.op} on {', '.join(sorted(task.dtypes))} together"
-
-
-def _ops_needed(node: Node) -> list[str]:
-    ops = [node.op]
-    if node.op == "fused":
-        for step in node.attrs.get("program", ()):
-            if step[0] not in ops:
-                ops.append(step[0])
-    return ops
-
-
-class FitsMemory:
-    """The task's inputs and output fit the node's memory, beside what is live there."""
-
-    name = "FitsMemory"
-
-    def filter(self, task: TaskView, node: NodeFigures, est: Estimate | None,
-               state: PlacementState) -> Status:
-        need = task.working_set
-        if need > node.free:
-            return Status(Code.UNSCHEDULABLE_AND_UNRESOLVABLE,
-                          f"needs {format_bytes(need)}, {node.name} has {format_bytes(node.free)} free",
-                          self.name)
-        if est is None:
-            live = state.memory[node.name].open_bytes
-            return Status(Code.UNSCHEDULABLE,
-                          f"needs {format_bytes(need)}, {node.name} holds {format_bytes(live)} of "
-                          f"{format_bytes(node.free)} in tensors still to be read", self.name)
-        return SUCCESS
-
-    def summarize(self, task: TaskView, failed: Mapping[str, Status], state: PlacementState) -> str:
-        need = task.working_set
-        largest = max(sorted(state.figures.values(), key=lambda f: f.name), key=lambda f: f.free)
-        if need > largest.free:
-            return (f"needs {format_bytes(need)} (inputs + output), the largest free memory is "
-                    f"{format_bytes(largest.free)} on {largest.name}")
-        return "; ".join(s.reason for s in failed.values())
-
-
-class LocalBytes:
-    """Prefer the node already holding most of the task's input bytes."""
-
-    name = "LocalBytes"
-
-    def score(self, task: TaskView, node: NodeFigures, est: Estimate, state: PlacementState) -> float:
-        return float(state.local_bytes(task, node.name))
-
-
-class LeastLoaded:
-    """Prefer the node with the least predicted busy time so far."""
-
-    name = "LeastLoaded"
-
-    def score(self, task: TaskView, node: NodeFigures, est: Estimate, state: PlacementState) -> float:
-        return -state.busy[node.name]
-
-
-class EngineSpeed:
-    """Prefer the node whose engine runs this task fastest."""
-
-    name = "EngineSpeed"
-
-    def score(self, task: TaskView, node: NodeFigures, est: Estimate, state: PlacementState) -> float:
-        return -est.compute_s
-
-
-class Binder:
-    """The default binder: commit the decision to the state."""
-
-    name = "DefaultBinder"
-
-    def bind(self, task: TaskView, est: Estimate, state: PlacementState) -> Status:
-        state.commit(task, est)
-        return SUCCESS
-
-
-@dataclass
-class Framework:
-    """The plugins placement runs. ``tie_s``: finishes within this many seconds of the
-    earliest count as tied, and scores decide among them. ``pressure``: once tensors
-    still to be read fill this fraction of the cluster's free memory, ready tasks are
-    taken by the memory they free first (then by rank), so that a wide graph finishes
-    branches before it starts new ones."""
-
-    filters: list[FilterPlugin] = field(default_factory=lambda: [SupportsOp(), FitsMemory()])
-    scores: list[tuple[ScorePlugin, float]] = field(
-        default_factory=lambda: [(LocalBytes(), 2.0), (LeastLoaded(), 1.0), (EngineSpeed(), 1.0)])
-    binders: list[BindPlugin] = field(default_factory=lambda: [Binder()])
-    tie_s: float = 1e-9
-    pressure: float = 0.5
 
 
 # --- the result ------------------------------------------------------------------------
@@ -567,12 +414,14 @@ def upward_ranks(graph: Graph, views: Mapping[str, TaskView], nodes: Sequence[No
 
 
 def place(graph: Graph, nodes: Sequence[NodeFigures], *, model: CostModel | None = None,
-          locations: Mapping[str, str] | None = None,
+          locations: Mapping[str, str] | None = None, cached: Mapping[str, Sequence[str]] | None = None,
           framework: Framework | None = None) -> Placement:
     """Place every task of ``graph`` on ``nodes`` to minimise the predicted makespan.
 
     ``locations`` says where ``input`` tensors are held (default: the scheduler's data
-    server, :data:`~triplane.scheduler.compiler.costmodel.SCHEDULER`). Raises
+    server, :data:`~triplane.scheduler.compiler.costmodel.SCHEDULER`); ``cached`` names
+    the nodes that also keep an input in their cache (reads there need no pull; names
+    that are not nodes are ignored, since such knowledge may be stale). Raises
     :class:`PlacementError` naming the task, its op and the limit when no node can run a
     task, or when a plugin answers ``Error``; ``ValueError`` for an empty cluster.
     """
@@ -582,7 +431,7 @@ def place(graph: Graph, nodes: Sequence[NodeFigures], *, model: CostModel | None
         raise ValueError(f"node names repeat: {[n.name for n in nodes]}")
     model = model or CostModel()
     fw = framework or Framework()
-    state = PlacementState(graph, nodes, model, locations or {})
+    state = PlacementState(graph, nodes, model, locations or {}, cached)
     views = task_views(graph)
     rank = upward_ranks(graph, views, nodes, model)
     position = {nid: k for k, nid in enumerate(graph.topo_order())}

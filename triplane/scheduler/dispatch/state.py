@@ -202,7 +202,15 @@ class Policy:
     one attempt without a reply, the task drifts to another node; after ``max_attempts``
     attempts it fails. A drifted task waits ``retry_backoff_s * 2**(attempt - 1)`` (at most
     ``max_backoff_s``) before it is placed again, so a transient fault (a registry
-    restarting, a peer not yet known dead) does not burn every attempt in a millisecond."""
+    restarting, a peer not yet known dead) does not burn every attempt in a millisecond.
+
+    A node runs ``slots`` tasks at once (``NodeUp``), and up to ``small_slots`` when the
+    extra ones are *small*: predicted under ``small_task_s`` with outputs of at most
+    ``small_task_bytes``. A round trip of such a task is mostly waking the processes at
+    both ends; with more of them queued an executor runs them back to back instead of
+    sleeping between packets (measured on the 10,000-task benchmark, 2 executors: 16
+    rather than 4 in flight cut the executors' CPU time per job by about a quarter). A
+    task that is not small still waits until fewer than ``slots`` run there."""
 
     min_timeout_s: float = 0.5
     deadline_factor: float = 10.0
@@ -210,6 +218,15 @@ class Policy:
     max_attempts: int = 8
     retry_backoff_s: float = 0.05
     max_backoff_s: float = 2.0
+    small_task_s: float = 1e-4
+    small_task_bytes: int = 1 << 16
+    small_slots: int = 16
+
+    def capacity(self, spec: TaskSpec, slots: int) -> int:
+        """How many tasks a node with ``slots`` may run when ``spec`` joins them."""
+        if spec.cost_s < self.small_task_s and spec.output_bytes <= self.small_task_bytes:
+            return max(slots, self.small_slots)
+        return slots
 
 
 Placer = Callable[[TaskState, Sequence[NodeState], "DispatchState"], NodeState | None]
@@ -436,9 +453,9 @@ class DispatchState:
             return
         skipped: list[tuple[str, str]] = []  # ready, but every free node is excluded for it
         ready = self._ready
+        policy = self.policy
         while ready:
-            free = [n for n in alive if len(n.running) < n.slots]
-            if not free:
+            if all(len(n.running) >= max(n.slots, policy.small_slots) for n in alive):
                 break
             key = ready.popleft()
             job = self.jobs.get(key[0])
@@ -450,11 +467,18 @@ class DispatchState:
             if t.not_before > now:  # backing off after a failed attempt
                 skipped.append(key)
                 continue
+            spec = t.spec
+            free = [n for n in alive if len(n.running) < policy.capacity(spec, n.slots)]
+            if not free:
+                # Oldest first: a task that does not fit waits at the head of the queue (the
+                # small ones behind it too), so an event costs O(tasks placed).
+                ready.appendleft(key)
+                break
             chosen = self._preferred(t)
             if chosen is not None:
                 # Placement's node: wait for its slot rather than run elsewhere (its memory
                 # and the predicted times were planned for that node).
-                if len(chosen.running) >= chosen.slots:
+                if len(chosen.running) >= policy.capacity(spec, chosen.slots):
                     skipped.append(key)
                     continue
                 node: NodeState | None = chosen
@@ -471,7 +495,7 @@ class DispatchState:
             t.deadline = now + self._timeout(t)
             node.running.add(key)
             self._move(t, "dispatched", ev.stimulus_id, now, out, queue=False)
-            out.append(Send(t.job, t.spec.id, t.attempt, node.name, t.deadline, self._pull_from(t)))
+            out.append(Send(t.job, spec.id, t.attempt, node.name, t.deadline, self._pull_from(t)))
         ready.extendleft(reversed(skipped))
 
     # --- helpers -----------------------------------------------------------------------------
@@ -552,7 +576,10 @@ class DispatchState:
         for n in self.nodes.values():
             for job_id, task_id in n.running:
                 assert self.jobs[job_id].tasks[task_id].state == "dispatched"
-            assert len(n.running) <= n.slots or not n.alive
+            assert len(n.running) <= max(n.slots, self.policy.small_slots) or not n.alive
+            heavy = sum(1 for j, t in n.running
+                        if self.policy.capacity(self.jobs[j].tasks[t].spec, n.slots) == n.slots)
+            assert heavy <= n.slots or not n.alive
 
     def tasks_of(self, job: str) -> Iterable[TaskState]:
         return self.jobs[job].tasks.values()

@@ -1,0 +1,103 @@
+"""Driver-level ``executemany`` for the hot path: thousands of rows per statement.
+
+SQLAlchemy Core spends about 10 µs per row of an executemany building bind parameters
+(``construct_params``, type processors) before the driver sees it; for a job of 10^4
+tasks that is a tenth of a second per statement, on the scheduler's GIL. These helpers
+build the statement text once and hand the driver plain tuples, which is 2-4x cheaper
+(measured: 10,000 task updates 168 ms through Core, 65 ms here, SQLite); inserts carry
+many rows per statement.
+
+Callers validate their values first (the checks of ``validate.py``) and serialise JSON
+columns themselves (``json_text``). Both backends take the same SQL: ``ON CONFLICT ...
+DO UPDATE SET c = excluded.c`` is SQLite and PostgreSQL syntax alike; only the
+placeholder differs (``?`` for sqlite3, ``%s`` for psycopg).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import sqlalchemy as sa
+
+from triplane.metadb.errors import InvalidInputError
+
+__all__ = ["insert_many", "json_text", "update_many"]
+
+
+def json_text(value: Any) -> str:
+    """A JSON column's value as the text SQLAlchemy's JSON type would bind."""
+    return json.dumps(value)
+
+
+def _mark(conn: sa.Connection) -> str:
+    style = conn.dialect.paramstyle
+    if style == "qmark":
+        return "?"
+    if style in ("format", "pyformat"):
+        return "%s"
+    raise InvalidInputError(f"unsupported driver parameter style {style!r} (known: qmark, format, pyformat)")
+
+
+def _names(conn: sa.Connection, columns: Sequence[str]) -> list[str]:
+    quote = conn.dialect.identifier_preparer.quote  # "index" is a reserved word
+    return [quote(c) for c in columns]
+
+
+# Rows per INSERT statement: as many as the database binds in one statement. One
+# statement per row would release and retake the GIL per row inside the driver; while the
+# event loop is busy dispatching, each retake waits for it (up to the 5 ms switch
+# interval), which made storing a 10,000-task job take seconds of wall time.
+_MAX_VALUES = 32766
+
+
+def _max_values(conn: sa.Connection) -> int:
+    if conn.dialect.name != "sqlite":
+        return _MAX_VALUES  # PostgreSQL binds up to 65535
+    getlimit = getattr(conn.connection.driver_connection, "getlimit", None)  # Python >= 3.11
+    if getlimit is None:
+        return 999  # SQLite's historical default
+    import sqlite3
+
+    return min(_MAX_VALUES, int(getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)))
+
+
+def insert_many(conn: sa.Connection, table: sa.FromClause, columns: Sequence[str],
+                rows: Sequence[tuple[Any, ...]], *, conflict: Sequence[str] = (),
+                update: Sequence[str] = ()) -> None:
+    """INSERT ``rows`` (tuples in ``columns`` order), many rows per statement; with
+    ``conflict`` (a unique key) and ``update``, a row whose key exists replaces those
+    columns instead (an upsert; ``rows`` must not repeat a key)."""
+    if not rows:
+        return
+    mark = _mark(conn)
+    cols = _names(conn, columns)
+    head = f"INSERT INTO {conn.dialect.identifier_preparer.format_table(table)} ({', '.join(cols)}) VALUES "
+    tail = ""
+    if conflict:
+        sets = ", ".join(f"{c} = excluded.{c}" for c in _names(conn, update))
+        tail = f" ON CONFLICT ({', '.join(_names(conn, conflict))}) DO UPDATE SET {sets}"
+    one = f"({', '.join([mark] * len(cols))})"
+    per = max(1, _max_values(conn) // len(cols))
+    full_sql = head + ", ".join([one] * per) + tail
+    chunks = [rows[i:i + per] for i in range(0, len(rows), per)]
+    whole = [tuple(v for row in c for v in row) for c in chunks if len(c) == per]
+    if whole:
+        conn.exec_driver_sql(full_sql, whole)
+    rest = chunks[-1] if len(chunks[-1]) < per else None
+    if rest:
+        flat = tuple(v for row in rest for v in row)
+        conn.exec_driver_sql(head + ", ".join([one] * len(rest)) + tail, flat)
+
+
+def update_many(conn: sa.Connection, table: sa.FromClause, columns: Sequence[str], keys: Sequence[str],
+                rows: Sequence[tuple[Any, ...]]) -> None:
+    """UPDATE one row per tuple: the values of ``columns``, then those of ``keys`` (WHERE)."""
+    if not rows:
+        return
+    mark = _mark(conn)
+    sets = ", ".join(f"{c} = {mark}" for c in _names(conn, columns))
+    where = " AND ".join(f"{k} = {mark}" for k in _names(conn, keys))
+    conn.exec_driver_sql(
+        f"UPDATE {conn.dialect.identifier_preparer.format_table(table)} SET {sets} WHERE {where}", list(rows))

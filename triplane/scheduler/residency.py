@@ -1,0 +1,132 @@
+"""Which executors keep which upload tiles in their cache: the scheduler's knowledge (pure).
+
+Executors keep the tiles of uploaded tensors they pull (``u-<hex>`` or a region
+``u-<hex>@lo:hi,...``) as reclaimable cache entries (docs/executor.md). The scheduler
+learns that a node holds one when a task that read it *completes* there (the executor
+kept it unless memory was short), and forgets
+
+* everything of a node that goes down (``forget_node``);
+* everything of a node whose executor reports that it lost cache entries since the last
+  report (``evicted``: its published counters of entries evicted, refused for lack of
+  room or given up grew) -- the report does not say which, and a forgotten tile only
+  costs a pull where it could have been local;
+* the uploads learned longest ago, beyond ``capacity`` tiles in all (a training loop
+  uploads a new batch each step: the map must not grow for ever).
+
+This knowledge only steers placement (``layout.lay_out(..., cached=...)``): the packets
+still name the scheduler as the holder of every upload tile, and an executor that no
+longer has the tile pulls it. So stale knowledge costs a pull, never a failure.
+
+The map is mutated on the event loop and read by a submit's planning thread
+(:meth:`lookup` takes a snapshot under a lock). :func:`read_evictions` is the one piece
+of I/O: the executors' eviction counters from the registry (``stats/<node>``).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from triplane.scheduler.compiler.tiling import Region
+from triplane.scheduler.jobplan import region_tile
+from triplane.scheduler.layout import Cached
+
+__all__ = ["Residency", "read_evictions"]
+
+DEFAULT_CAPACITY = 65536
+
+
+class Residency:
+    """Upload tile id -> the executors known to keep it cached (sorted, deterministic)."""
+
+    def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
+        self.capacity = capacity
+        # upload -> its tiles -> nodes; uploads least recently learned first
+        self._uploads: OrderedDict[str, dict[str, set[str]]] = OrderedDict()
+        self._tiles = 0
+        self._evictions: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def learn(self, node: str, tiles: Iterable[str]) -> None:
+        """A task that read ``tiles`` completed on ``node``: it keeps them now."""
+        with self._lock:
+            for tile in tiles:
+                upload = tile.partition("@")[0]
+                entry = self._uploads.get(upload)
+                if entry is None:
+                    entry = self._uploads[upload] = {}
+                else:
+                    self._uploads.move_to_end(upload)
+                if tile not in entry:
+                    entry[tile] = set()
+                    self._tiles += 1
+                entry[tile].add(node)
+            while self._tiles > self.capacity and len(self._uploads) > 1:
+                _, old = self._uploads.popitem(last=False)
+                self._tiles -= len(old)
+
+    def forget_node(self, node: str) -> None:
+        """``node`` is gone (or evicted some of its cache): it holds nothing we know of."""
+        with self._lock:
+            self._forget_locked(node)
+
+    def _forget_locked(self, node: str) -> None:
+        for upload in list(self._uploads):
+            entry = self._uploads[upload]
+            for tile in [t for t, nodes in entry.items() if node in nodes]:
+                entry[tile].discard(node)
+                if not entry[tile]:
+                    del entry[tile]
+                    self._tiles -= 1
+            if not entry:
+                del self._uploads[upload]
+
+    def evicted(self, node: str, count: int) -> None:
+        """The executor ``node`` reports ``count`` cache evictions in all; if that grew since
+        its last report, forget what it holds (the report does not say which went)."""
+        with self._lock:
+            if count > self._evictions.get(node, 0):
+                self._forget_locked(node)
+            self._evictions[node] = count
+
+    def holders(self, tile: str) -> tuple[str, ...]:
+        with self._lock:
+            return tuple(sorted(self._uploads.get(tile.partition("@")[0], {}).get(tile, ())))
+
+    def __len__(self) -> int:
+        """Tiles known to be cached somewhere."""
+        return self._tiles
+
+    def lookup(self, args: Sequence[str]) -> Cached:
+        """For ``layout.lay_out(..., cached=...)``: (``argN``, region) -> holders, where
+        ``args[N]`` is the upload bound to ``argN``. Reads a snapshot of the tiles of
+        these uploads (safe to call from another thread while the map changes)."""
+        snap: dict[str, tuple[str, ...]] = {}
+        with self._lock:
+            for upload in set(args):
+                for tile, nodes in self._uploads.get(upload, {}).items():
+                    snap[tile] = tuple(sorted(nodes))
+
+        def cached(arg: str, region: Region | None) -> tuple[str, ...]:
+            try:
+                tensor = args[int(arg[3:])]
+            except (ValueError, IndexError):
+                return ()
+            return snap.get(tensor if region is None else region_tile(tensor, region), ())
+
+        return cached
+
+
+async def read_evictions(registry: Any, residency: Residency) -> None:
+    """Feed each executor's published count of cache entries lost (``stats/<node>`` JSON:
+    ``cache.evictions + refused + dropped``) to ``residency``; unreadable records are skipped."""
+    for entry in await registry.get_prefix("stats/"):
+        try:
+            cache = json.loads(entry.value)["cache"]
+            count = sum(int(cache[k]) for k in ("evictions", "refused", "dropped"))
+        except (ValueError, KeyError, TypeError):
+            continue
+        residency.evicted(entry.key.removeprefix("stats/"), count)
