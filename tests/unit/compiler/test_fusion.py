@@ -67,7 +67,7 @@ def test_no_fusion_across_two_readers_or_an_output() -> None:
 
 def test_broadcast_operands_are_external_inputs(seed: int) -> None:
     rng = np.random.default_rng(seed)
-    n, m = 300, 250  # 75000 elements: the kernel runs several slices
+    n, m = 400, 350  # 140,000 elements: the kernel runs several slices
     assert n * m > 2 * SLICE_ELEMENTS
     b = Builder()
     col = b.op("input", tensor="c", shape=(n, 1), dtype="float64")
@@ -147,3 +147,31 @@ def test_fusion_allocates_fewer_temporaries(seed: int) -> None:
     assert len(fused.graph) == 3  # input, the shared 0-d constant 0.5 (after CSE), fused
     ratio = _peak(fused, data) / _peak(plain, data)
     assert ratio < 0.7, f"fused peak is {ratio:.2f} of the unfused peak"
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_kept_buffers_give_the_bits_of_the_kernel_path(dtype: str, seed: int) -> None:
+    # _Steps runs plain ufunc steps into buffers kept across slices and computes constant
+    # steps once; the general path (each step's kernel, a new array each) is the oracle.
+    from triplane.engines.op.numpy_kernels.fused import _Steps
+    from triplane.proto.ir import TensorType
+    from triplane.proto.ops.fused import program_types
+
+    rng = np.random.default_rng(seed)
+    b = Builder()
+    x = b.op("input", tensor="x", shape=(64, 33), dtype=dtype)
+    r = b.op("input", tensor="r", shape=(1, 33), dtype=dtype)
+    two = b.op("full", shape=(), value=2.0, dtype=dtype)
+    y = b.op("tanh", b.op("sub", b.op("exp", b.op("mul", b.op("add", x, r), two)), b.op("square", x)))
+    plan = compile_graph(b.graph([y]))
+    node = plan.graph[y.id]
+    assert node.op == "fused"
+    ins = [rng.standard_normal((64, 33)).astype(dtype) if plan.graph[i].shape == (64, 33)
+           else rng.standard_normal((1, 33)).astype(dtype) for i in node.inputs]
+    types = program_types([TensorType(a.shape, node.type.dtype) for a in ins], node.attrs)
+    steps = _Steps(node.attrs["program"], types)
+    for rows in (64, 17, 64):  # buffers reused across calls, a shorter slice in between
+        part = [a[:rows] if a.shape[0] == 64 else a for a in ins]
+        fast = np.array(steps.run(part, (rows, 33)))
+        general = steps.run(part, (rows, 33), asarray=lambda v: v)
+        np.testing.assert_array_equal(fast, general)
