@@ -57,6 +57,14 @@ SCHEDULER_DATA_KEY = "scheduler/data"
 _PEER_TTL_S = 2.0
 
 
+def usable_cpus() -> int:
+    """The CPU cores this process may run on (its affinity mask where the OS has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
 def default_node_name() -> str:
     """``<host>-<pid>``, restricted to characters valid in packet ids and registry keys."""
     host = re.sub(r"[^A-Za-z0-9_-]", "-", socket.gethostname().split(".")[0])[:40] or "node"
@@ -100,8 +108,10 @@ class Executor:
         self.client = DataClient(secret)
         self.data = DataServer(self.store, secret, host=host)
         self.intake = Intake(secret)
-        self.runner = TaskRunner(_Engines(self.op_engines), self.store, self._pull, node=self.name,
-                                 workers=workers)
+        # One engine (the usual case) is used as it is: the wrapper would ask it twice per task
+        # whether it supports the op.
+        engine = self.op_engines[0] if len(self.op_engines) == 1 else _Engines(self.op_engines)
+        self.runner = TaskRunner(engine, self.store, self._pull, node=self.name, workers=workers)
         self.packets = PacketServer(self.intake, self.runner, host=host, drop_udp=drop_udp,
                                     fault_seed=fault_seed)
         self.registration: NodeRegistration | None = None
@@ -173,7 +183,7 @@ class Executor:
 
     def _node_info(self) -> NodeInfo:
         return NodeInfo(self.name, self.host, self.packets.port, self.packets.port, self.data.port,
-                        triplane.__version__, self.started_at, os.getpid())
+                        triplane.__version__, self.started_at, os.getpid(), usable_cpus())
 
     def _memory_info(self) -> MemoryEngineInfo:
         # free() counts cache entries not in use as free: they are evicted for any tile

@@ -77,6 +77,7 @@ class NodeInfo(Record):
     version: str
     started_at: float
     pid: int
+    cpus: int = 0  # CPU cores the executor may use (0: not reported); executors of one host share them
 
     kind_prefix: ClassVar[str] = "nodes/"
 
@@ -185,7 +186,8 @@ def _check_field(cls_name: str, name: str, hint: Any, value: Any) -> Any:
 def decode(cls: type[R], raw: bytes, *, key: str = "?") -> R:
     """The record of type ``cls`` in ``raw``; :class:`RecordError` naming ``key`` if malformed.
 
-    Unknown extra fields are ignored (a newer writer may add some); missing ones are errors.
+    Unknown extra fields are ignored (a newer writer may add some); missing ones are errors,
+    but for fields with a default (added later: an older writer's record lacks them).
     """
     try:
         data = json.loads(raw)
@@ -195,6 +197,8 @@ def decode(cls: type[R], raw: bytes, *, key: str = "?") -> R:
         values = {}
         for f in dataclasses.fields(cls):
             if f.name not in data:
+                if f.default is not dataclasses.MISSING:
+                    continue  # a field added later, with a default: an older writer's record
                 raise KeyError(f"missing field {f.name!r}")
             values[f.name] = _check_field(cls.__name__, f.name, hints[f.name], data[f.name])
         record = cls(**values)

@@ -77,7 +77,7 @@ async def next_event(events: Any, timeout_s: float = 5.0) -> WatchEvent:
 
 def sample_node(name: str, *, port: int = 7000) -> NodeInfo:
     return NodeInfo(node=name, address="127.0.0.1", udp_port=port, tcp_port=port, data_port=port + 1,
-                    version="0.1.0", started_at=1_700_000_000.5, pid=os.getpid())
+                    version="0.1.0", started_at=1_700_000_000.5, pid=os.getpid(), cpus=2)
 
 
 # Lease timing: TTL 1 s asked; etcd rounds up to ~2 s. Expiry must come within TTL + slack.

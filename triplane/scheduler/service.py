@@ -355,8 +355,10 @@ class Scheduler(Leading):
         at, figs = self._figs
         now = time.monotonic()
         if now - at > max_age_s or not figs:
-            hosts = {n.node: n.address for n in await list_nodes(self.registry)}
-            figs = same_host_figures(await figures_from_registry(self.registry), hosts)
+            nodes = await list_nodes(self.registry)
+            hosts = {n.node: n.address for n in nodes}
+            figs = same_host_figures(await figures_from_registry(self.registry), hosts,
+                                     {n.node: n.cpus for n in nodes})
             self._figs = (now, figs)
             if len(self.residency):
                 await read_evictions(self.registry, self.residency)

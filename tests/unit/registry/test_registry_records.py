@@ -67,6 +67,17 @@ def test_field_types_are_checked() -> None:
     assert decode(NodeInfo, json.dumps({**good, "zone": "a"}).encode(), key="nodes/n1") == sample_node("n1")
 
 
+def test_a_field_added_with_a_default_may_be_missing_from_an_older_record() -> None:
+    good = json.loads(encode(sample_node("n1")))
+    assert good["cpus"] == sample_node("n1").cpus
+    older = {k: v for k, v in good.items() if k != "cpus"}
+    assert decode(NodeInfo, json.dumps(older).encode(), key="nodes/n1").cpus == 0
+    with pytest.raises(RecordError, match="missing field 'pid'"):  # no default: still required
+        decode(NodeInfo, json.dumps({k: v for k, v in good.items() if k != "pid"}).encode(), key="nodes/n1")
+    with pytest.raises(RecordError, match="cpus"):
+        decode(NodeInfo, json.dumps({**good, "cpus": "two"}).encode(), key="nodes/n1")
+
+
 def test_record_under_the_wrong_key_is_rejected() -> None:
     with pytest.raises(RecordError, match="belong under 'nodes/n1'"):
         decode(NodeInfo, encode(sample_node("n1")), key="nodes/n2")

@@ -257,6 +257,19 @@ def test_executors_of_one_host_share_its_best_measured_figures() -> None:
     assert [(n.bandwidth_gbps, n.latency_us) for n in out] == [(0.75, 150.0)] * 3 + [(0.1, 900.0)]
 
 
+def test_executors_beyond_a_hosts_cores_share_its_compute() -> None:
+    from triplane.scheduler.layout import same_host_figures
+
+    figs = [NodeFigures(f"e{i}", 120.0, 12.0, MiB) for i in range(3)] + [NodeFigures("far", 90.0, 9.0, MiB)]
+    hosts = {"e0": "10.0.0.1", "e1": "10.0.0.1", "e2": "10.0.0.1", "far": "10.0.0.2"}
+    # three executors on two cores: two thirds of a core's figures each; one on 8 cores: all
+    out = same_host_figures(figs, hosts, {"e0": 2, "e1": 2, "e2": 2, "far": 8})
+    assert [(n.gflops, n.gbps) for n in out] == [(80.0, 8.0)] * 3 + [(90.0, 9.0)]
+    # as many cores as executors, or cores not reported (0): unchanged
+    for cpus in ({"e0": 3, "e1": 3, "e2": 3}, {}):
+        assert [n.gflops for n in same_host_figures(figs, hosts, cpus)] == [120.0] * 3 + [90.0]
+
+
 def test_task_names_do_not_depend_on_how_the_graph_was_stored() -> None:
     # A restarted scheduler lays a job out again from the stored graph, whose nodes may come
     # back in another order: task tN must still name the same tile, or recorded tiles would

@@ -174,14 +174,20 @@ def task_cost(graph: Graph, task: str) -> TaskCost:
     return TaskCost(float(c.flops), float(c.bytes), out.nbytes)
 
 
+# Ops whose kernels run far below the engine's measured rates: the counter-based random
+# numbers are integer mixing and float64 transcendentals per element (numpy here, 4096^2
+# float32: normal 0.7-0.88 s, uniform 0.19 s, against roofline times of 7.4 and 5.5 ms).
+DEFAULT_OP_SCALE: Mapping[str, float] = {"normal": 100.0, "uniform": 35.0}
+
+
 @dataclass(frozen=True)
 class CostModel:
     """Turns work into seconds on a node. ``op_scale`` multiplies the roofline time of
     named ops (calibration: an op whose kernel runs at a fraction of the engine's
-    measured rates, such as counter-based random generation)."""
+    measured rates, such as counter-based random generation: ``DEFAULT_OP_SCALE``)."""
 
     task_overhead_s: float = 200e-6
-    op_scale: Mapping[str, float] = field(default_factory=dict)
+    op_scale: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_OP_SCALE))
 
     def compute_time(self, cost: TaskCost, node: NodeFigures, op: str = "") -> float:
         """Predicted seconds of one task's kernel on ``node`` (with the task overhead)."""

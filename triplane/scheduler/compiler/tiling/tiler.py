@@ -44,6 +44,7 @@ from triplane.proto import optable
 from triplane.proto.builder import Builder
 from triplane.proto.errors import LimitError
 from triplane.proto.ir import Graph, Node, TensorType
+from triplane.scheduler.compiler.costmodel import DEFAULT_OP_SCALE
 from triplane.scheduler.compiler.memory import plan_memory
 from triplane.scheduler.compiler.tiling.grid import (
     Cuts,
@@ -290,12 +291,14 @@ class _Tiler:
         return ws, (in_bytes, out_bytes, fraction)
 
     def _cost(self, node: Node, ins: Sequence[TensorType]) -> tuple[float, float]:
-        """The op table's (flops, bytes) of the whole node."""
+        """The op table's (flops, bytes) of the whole node, times the cost model's
+        calibration of its op (random numbers cost far more than their bytes)."""
         try:
             c = optable.get(node.op).cost(ins, node.type, node.attrs)
-            return float(c.flops), float(c.bytes)
         except Exception:  # a user op's cost function may not expect odd shapes
             return float(node.type.size), 0.0
+        scale = DEFAULT_OP_SCALE.get(node.op, 1.0)
+        return float(c.flops) * scale, float(c.bytes) * scale
 
     def _compute_s(self, work: tuple[float, float], fraction: float, region_bytes: int) -> float:
         """A task's compute time: its share of the node's work, and at least the bytes of
