@@ -136,10 +136,11 @@ class TaskRunner:
         except GraphError as e:
             raise _Fail("user", str(e)) from None
         in_dtypes = [dt.dtype(a.dtype).name for a in inputs]
+        nbytes = out_t.nbytes  # a computed property: once per task
         if not self.engine.supports(task.op, in_dtypes):
             raise _Fail("infra", f"engine {self.engine.name!r} does not support {task.op} on {in_dtypes}")
         try:
-            self.store.reserve(out_t.nbytes, out_tile)
+            self.store.reserve(nbytes, out_tile)
         except MemoryFullError as e:
             if not in_use:
                 raise _Fail("infra", str(e)) from None
@@ -149,31 +150,31 @@ class TaskRunner:
                 self.store.cache_drop(key)
             in_use.clear()
             try:
-                self.store.reserve(out_t.nbytes, out_tile)
+                self.store.reserve(nbytes, out_tile)
             except MemoryFullError as e2:
                 raise _Fail("infra", str(e2)) from None
         try:
             start = time.time()
-            result = await self._kernel(task, inputs, attrs, out_t, on_slow)
+            result = await self._kernel(task, inputs, attrs, out_t, nbytes, on_slow)
             end = time.time()
         except KernelError as e:
-            self.store.release(out_t.nbytes)
+            self.store.release(nbytes)
             raise _Fail("infra" if e.kind == "infra" else "user", str(e)) from None
         except BaseException as e:
-            self.store.release(out_t.nbytes)
+            self.store.release(nbytes)
             if isinstance(e, Exception):
                 raise _Fail("infra", f"engine {self.engine.name!r} crashed: "
                                      f"{type(e).__name__}: {e}") from None
             raise
         try:
-            self.store.put(out_tile, result, reserved=out_t.nbytes)
+            self.store.put(out_tile, result, reserved=nbytes)
         except MemoryFullError as e:
             raise _Fail("infra", str(e)) from None
         return TileInfo(out_tile, tuple(result.shape), out_t.dtype.name, int(result.nbytes)), start, end
 
     async def _kernel(self, task: TaskPacket, inputs: list[np.ndarray], attrs: Any, out_t: TensorType,
-                      on_slow: Callable[[str], None] | None) -> np.ndarray:
-        touched = out_t.nbytes + sum(a.nbytes for a in inputs)
+                      out_bytes: int, on_slow: Callable[[str], None] | None) -> np.ndarray:
+        touched = out_bytes + sum(a.nbytes for a in inputs)
         if touched <= self.inline_bytes:
             return self.engine.run(task.op, inputs, attrs, out_t)
         if on_slow is not None:

@@ -32,15 +32,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from triplane.proto.ir import Graph, Node
-from triplane.scheduler.compiler.costmodel import NodeFigures, type_text
+from triplane.scheduler.compiler.costmodel import NodeFigures, task_cost, type_text
 from triplane.scheduler.compiler.placement import (
     Code,
     Placement,
     PlacementError,
     Status,
     SupportsOp,
+    TaskView,
     place,
-    task_views,
 )
 from triplane.scheduler.compiler.tiling import ClusterFigures, Region, TileGrid, plan_sizes, tile_graph
 
@@ -104,8 +104,7 @@ def lay_out(graph: Graph, figures: Sequence[NodeFigures], *, unsplit_bytes: int 
     figs = tuple(figures)
     if not figs:
         raise ValueError("no executor figures to lay the job out for")
-    total = sum(n.type.nbytes for n in graph.nodes.values())
-    if total <= unsplit_bytes and not explicit:
+    if not explicit and not _bigger_than(graph, unsplit_bytes):
         check_support(graph, figs)
         return Layout(graph, False, {}, {}, None, figs)
     headroom = 0.5
@@ -197,16 +196,41 @@ def _named(e: PlacementError, graph: Graph, origin: Mapping[str, str]) -> Placem
     return PlacementError(e.status, node=orig, op=e.op, what=what)
 
 
+def _bigger_than(graph: Graph, limit: int) -> bool:
+    """Whether the tensors of ``graph`` total more than ``limit`` bytes. Stops at the node
+    that passes it, and sizes each (shape, dtype) once: submit-time cost on big graphs."""
+    total = 0
+    sizes: dict[tuple[tuple[int, ...], str], int] = {}
+    for n in graph.nodes.values():
+        key = (n.shape, n.dtype)
+        size = sizes.get(key)
+        if size is None:
+            size = sizes[key] = n.type.nbytes
+        total += size
+        if total > limit:
+            return True
+    return False
+
+
 def check_support(graph: Graph, figures: Sequence[NodeFigures]) -> None:
     """PlacementError (UnschedulableAndUnresolvable) for the first task whose op or dtypes
     no node's engines take; cheap (no placement), for graphs that are not placed at submit."""
     f = SupportsOp()
     checked: set[tuple[str, frozenset[str]]] = set()
-    for tid, view in task_views(graph).items():
-        key = (view.op if view.op != "fused" else f"fused:{tid}", view.dtypes)
+    nodes = graph.nodes
+    for tid, node in nodes.items():
+        # De-duplicated by (op, dtypes) before a view is built: a submit of 10,000 scalar
+        # tasks has one or two distinct keys, and a view costs the op's cost function.
+        if node.op == "input":
+            continue
+        ins = tuple(dict.fromkeys(node.inputs))
+        in_dtypes = tuple([nodes[i].dtype for i in ins])
+        key = (node.op if node.op != "fused" else f"fused:{tid}", frozenset({node.dtype, *in_dtypes}))
         if key in checked:
             continue
         checked.add(key)
+        view = TaskView(tid, node, ins, {i: nodes[i].type.nbytes for i in ins}, node.type,
+                        task_cost(graph, tid), in_dtypes=in_dtypes)  # as placement.task_views
         if any(f.filter(view, n, None, None).ok for n in figures):  # type: ignore[arg-type]
             continue
         lacking = [n for n in figures if not n.supports_op(view.op)]

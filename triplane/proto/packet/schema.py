@@ -106,6 +106,7 @@ def parse_task_id(task: str) -> tuple[str, str, int]:
 _id_match = _ID.fullmatch
 _ids_match = re.compile(r"[A-Za-z0-9_.:/@+=,~-]{1,128}(?: [A-Za-z0-9_.:/@+=,~-]{1,128})*").fullmatch
 _task_id_match = _TASK_ID.fullmatch
+_dtype_match = _DTYPE.fullmatch
 
 
 def _bad_id(v: Any, path: str) -> NoReturn:
@@ -232,31 +233,37 @@ def task_from_wire(d: dict[str, Any]) -> TaskPacket:
                       src, _attrs(d["attrs"]))
 
 
-def _tile_from_wire(d: Any, path: str) -> TileInfo:
-    _keys(d, _TILE_KEYS, path)
+def _tile_from_wire(d: Any, i: int) -> TileInfo:
+    # Field paths are formatted only on failure: a scheduler decodes one reply per task.
+    if type(d) is not dict or d.keys() != _TILE_KEYS:
+        _keys(d, _TILE_KEYS, f"outputs[{i}]")
     shape = d["shape"]
     if type(shape) is not list and type(shape) is not tuple:
-        invalid_field(f"{path}.shape", "expected a list of dimensions")
-    for i, n in enumerate(shape):
+        invalid_field(f"outputs[{i}].shape", "expected a list of dimensions")
+    for j, n in enumerate(shape):
         if type(n) is not int or not 0 <= n <= _INT64[1]:
-            invalid_field(f"{path}.shape[{i}]", f"expected a non-negative integer, got {n!r:.40}")
-    dtype, nbytes = d["dtype"], d["bytes"]
-    if type(dtype) is not str or _DTYPE.fullmatch(dtype) is None:
-        invalid_field(f"{path}.dtype", f"expected a dtype name, got {dtype!r:.40}")
+            invalid_field(f"outputs[{i}].shape[{j}]", f"expected a non-negative integer, got {n!r:.40}")
+    tile, dtype, nbytes = d["tile"], d["dtype"], d["bytes"]
+    if type(dtype) is not str or _dtype_match(dtype) is None:
+        invalid_field(f"outputs[{i}].dtype", f"expected a dtype name, got {dtype!r:.40}")
     if type(nbytes) is not int or not 0 <= nbytes <= _INT64[1]:
-        invalid_field(f"{path}.bytes", f"expected a non-negative integer, got {nbytes!r:.40}")
-    return TileInfo(_id(d["tile"], f"{path}.tile"), tuple(shape), dtype, nbytes)
+        invalid_field(f"outputs[{i}].bytes", f"expected a non-negative integer, got {nbytes!r:.40}")
+    if type(tile) is not str or _id_match(tile) is None:
+        _bad_id(tile, f"outputs[{i}].tile")
+    return TileInfo(tile, tuple(shape), dtype, nbytes)
 
 
 def reply_from_wire(d: dict[str, Any]) -> Reply:
     _keys(d, _REPLY_KEYS, "")
-    parse_task_id(d["task"])
+    task = d["task"]
+    if type(task) is not str or _task_id_match(task) is None:
+        parse_task_id(task)  # raises, explaining
     ok, err, outs = d["ok"], d["error"], d["outputs"]
     if type(ok) is not bool:
         invalid_field("ok", f"expected true or false, got {ok!r:.40}")
     if type(outs) is not list and type(outs) is not tuple:
         invalid_field("outputs", "expected a list")
-    outputs = tuple([_tile_from_wire(o, f"outputs[{i}]") for i, o in enumerate(outs)])
+    outputs = tuple([_tile_from_wire(o, i) for i, o in enumerate(outs)])
     error = None
     if ok:
         if err is not None:
@@ -272,8 +279,9 @@ def reply_from_wire(d: dict[str, Any]) -> Reply:
         error = TaskError(err["kind"], err["message"])
     t = d["timings"]
     _keys(t, _TIMING_KEYS, "timings")
-    timings = Timings(*(_time(t[k], f"timings.{k}") for k in ("queued", "start", "end")))
-    return Reply(d["task"], ok, timings, outputs, error)
+    timings = Timings(_time(t["queued"], "timings.queued"), _time(t["start"], "timings.start"),
+                      _time(t["end"], "timings.end"))
+    return Reply(task, ok, timings, outputs, error)
 
 
 def control_from_wire(d: dict[str, Any]) -> Control:

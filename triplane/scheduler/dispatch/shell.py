@@ -317,7 +317,7 @@ class DispatchShell:
     def packet_for(self, s: Send) -> bytes:
         """The signed packet of one Send instruction."""
         tpl = self.templates[s.job][s.task]
-        pull = {u: SCHEDULER_NODE for u in tpl.uploads}
+        pull = dict.fromkeys(tpl.uploads, SCHEDULER_NODE)
         for dep, node in s.pull_from:
             pull[tile_id(s.job, dep)] = node
         p = TaskPacket(
