@@ -9,7 +9,6 @@ bounded in time and torn down on failure (tests/integration/cluster/conftest.py)
 
 from __future__ import annotations
 
-import importlib.util
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -26,21 +25,8 @@ from triplane.sdk.remote import RemoteSession
 from triplane.sdk.session import EmbeddedSession, use_session
 
 
-def _cluster_helpers() -> Any:
-    # The cluster tests' bounded, always-torn-down launcher (tests/ has no packages).
-    path = Path(__file__).resolve().parents[1] / "cluster" / "conftest.py"
-    spec = importlib.util.spec_from_file_location("_tiling_cluster_helpers", path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-running_cluster = _cluster_helpers().running_cluster
-
-
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+def cluster(tmp_path_factory: pytest.TempPathFactory, running_cluster: Any) -> Iterator[LocalCluster]:
     with running_cluster(tmp_path_factory.mktemp("tiled"), bound_s=300.0, executors=3, memory="64MiB") as c:
         yield c
 
@@ -193,7 +179,7 @@ N = 12288
 
 
 @pytest.mark.slow
-def test_12288_matmul_on_three_768_mib_executors(tmp_path: Path) -> None:
+def test_12288_matmul_on_three_768_mib_executors(tmp_path: Path, running_cluster: Any) -> None:
     with running_cluster(tmp_path / "big", bound_s=900.0, executors=3, memory="768MiB") as c:
         s = RemoteSession(c.url, c.token, job_timeout_s=800.0, timeout_s=300.0, poll_s=5.0)
         t0 = time.perf_counter()

@@ -10,11 +10,9 @@ as many cache hits as upload tiles read, and the result is the same.
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -29,19 +27,10 @@ from triplane.sdk.remote import RemoteSession
 from triplane.sdk.tensor import build_graph
 
 
-def _cluster_helpers() -> Any:
-    path = Path(__file__).resolve().parents[1] / "cluster" / "conftest.py"
-    spec = importlib.util.spec_from_file_location("_upload_cache_cluster_helpers", path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+def cluster(tmp_path_factory: pytest.TempPathFactory, running_cluster: Any) -> Iterator[LocalCluster]:
     # 64 MiB each: a 40 MB input must be cut into tiles, a few per executor.
-    with _cluster_helpers().running_cluster(tmp_path_factory.mktemp("upcache"), bound_s=240.0,
+    with running_cluster(tmp_path_factory.mktemp("upcache"), bound_s=240.0,
                                             executors=2, memory="64MiB") as c:
         yield c
 

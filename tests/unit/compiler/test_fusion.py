@@ -3,7 +3,7 @@ compute what the unfused graph does (slice by slice, with fewer temporaries)."""
 
 from __future__ import annotations
 
-import tracemalloc
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -124,18 +124,7 @@ def test_all_constant_group_is_left_for_folding() -> None:
     assert run_plan(plan, {}, get_op_engine("numpy"))[c.id] == pytest.approx(-np.e)
 
 
-def _peak(plan: object, data: dict[str, np.ndarray]) -> int:
-    eng = get_op_engine("numpy")
-    run_plan(plan, data, eng)  # warm up (imports, caches)
-    tracemalloc.start()
-    try:
-        run_plan(plan, data, eng)
-        return tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
-
-
-def test_fusion_allocates_fewer_temporaries(seed: int) -> None:
+def test_fusion_allocates_fewer_temporaries(seed: int, peak_bytes: Callable[..., int]) -> None:
     b = Builder()
     x = b.op("input", tensor="x", shape=(512, 1024), dtype="float32")  # 2 MiB
     y: Ref = x
@@ -145,7 +134,7 @@ def test_fusion_allocates_fewer_temporaries(seed: int) -> None:
     data = {"x": np.random.default_rng(seed).standard_normal((512, 1024)).astype(np.float32)}
     fused, plain = compile_graph(g), compile_graph(g, UNFUSED)
     assert len(fused.graph) == 3  # input, the shared 0-d constant 0.5 (after CSE), fused
-    ratio = _peak(fused, data) / _peak(plain, data)
+    ratio = peak_bytes(fused, data) / peak_bytes(plain, data)
     assert ratio < 0.7, f"fused peak is {ratio:.2f} of the unfused peak"
 
 
