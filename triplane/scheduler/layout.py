@@ -32,15 +32,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from triplane.proto.ir import Graph, Node
-from triplane.scheduler.compiler.costmodel import NodeFigures, task_cost, type_text
+from triplane.scheduler.compiler.costmodel import NodeFigures, type_text
 from triplane.scheduler.compiler.placement import (
     Code,
     Placement,
     PlacementError,
     Status,
     SupportsOp,
-    TaskView,
     place,
+    task_view,
 )
 from triplane.scheduler.compiler.tiling import ClusterFigures, Region, TileGrid, plan_sizes, tile_graph
 
@@ -223,14 +223,12 @@ def check_support(graph: Graph, figures: Sequence[NodeFigures]) -> None:
         # tasks has one or two distinct keys, and a view costs the op's cost function.
         if node.op == "input":
             continue
-        ins = tuple(dict.fromkeys(node.inputs))
-        in_dtypes = tuple([nodes[i].dtype for i in ins])
-        key = (node.op if node.op != "fused" else f"fused:{tid}", frozenset({node.dtype, *in_dtypes}))
+        key = (node.op if node.op != "fused" else f"fused:{tid}",
+               frozenset({node.dtype, *(nodes[i].dtype for i in node.inputs)}))
         if key in checked:
             continue
         checked.add(key)
-        view = TaskView(tid, node, ins, {i: nodes[i].type.nbytes for i in ins}, node.type,
-                        task_cost(graph, tid), in_dtypes=in_dtypes)  # as placement.task_views
+        view = task_view(graph, tid)
         if any(f.filter(view, n, None, None).ok for n in figures):  # type: ignore[arg-type]
             continue
         lacking = [n for n in figures if not n.supports_op(view.op)]

@@ -25,14 +25,15 @@ def _figs(dtypes: frozenset[str] | None = None) -> list[NodeFigures]:
 
 
 def _count_task_costs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The tasks whose view (and with it the op's cost function) the support check builds."""
     seen: list[str] = []
-    real = layout.task_cost
+    real = layout.task_view
 
     def counting(graph: Graph, task: str) -> Any:
         seen.append(task)
         return real(graph, task)
 
-    monkeypatch.setattr(layout, "task_cost", counting)
+    monkeypatch.setattr(layout, "task_view", counting)
     return seen
 
 

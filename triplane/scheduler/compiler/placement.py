@@ -60,8 +60,8 @@ from triplane.scheduler.compiler.placement_plugins import (
 __all__ = [
     "Binder", "BindPlugin", "Code", "EngineSpeed", "Estimate", "FilterPlugin", "FitsMemory",
     "Framework", "LeastLoaded", "LocalBytes", "Placement", "PlacementError", "PlacementState",
-    "Pull", "ScorePlugin", "Status", "SupportsOp", "TaskPlacement", "TaskView", "place", "task_views",
-    "upward_ranks",
+    "Pull", "ScorePlugin", "Status", "SupportsOp", "TaskPlacement", "TaskView", "place", "task_view",
+    "task_views", "upward_ranks",
 ]
 
 
@@ -382,17 +382,17 @@ class Placement:
 # --- list scheduling -------------------------------------------------------------------
 
 
+def task_view(graph: Graph, nid: str) -> TaskView:
+    """The :class:`TaskView` of task ``nid`` (a non-``input`` node) of ``graph``."""
+    node = graph.nodes[nid]
+    ins = tuple(dict.fromkeys(node.inputs))
+    return TaskView(nid, node, ins, {i: graph.nodes[i].type.nbytes for i in ins}, node.type,
+                    task_cost(graph, nid), in_dtypes=tuple(graph.nodes[i].dtype for i in ins))
+
+
 def task_views(graph: Graph) -> dict[str, TaskView]:
     """A :class:`TaskView` for every task (non-``input`` node) of ``graph``."""
-    views = {}
-    for nid, node in graph.nodes.items():
-        if node.op == "input":
-            continue
-        ins = tuple(dict.fromkeys(node.inputs))
-        views[nid] = TaskView(nid, node, ins, {i: graph.nodes[i].type.nbytes for i in ins}, node.type,
-                              task_cost(graph, nid),
-                              in_dtypes=tuple(graph.nodes[i].dtype for i in ins))
-    return views
+    return {nid: task_view(graph, nid) for nid, node in graph.nodes.items() if node.op != "input"}
 
 
 def upward_ranks(graph: Graph, views: Mapping[str, TaskView], nodes: Sequence[NodeFigures],
