@@ -338,14 +338,16 @@ def live_cluster(run: RunDir) -> dict[str, Any] | None:
     info = run.read_cluster()
     if info is None:
         return None
+    return info if any(is_ours(p, marker) for p, marker in _markers(info)) else None
+
+
+def _markers(info: dict[str, Any]) -> list[tuple[int, str]]:
+    """(pid, what its command line must contain) of every recorded process; none for a
+    record too damaged to name them."""
     try:
         pids = recorded_pids(info)
     except (TypeError, ValueError, AttributeError):
-        return None
-    return info if any(is_ours(p, marker) for p, marker in _markers(info, pids)) else None
-
-
-def _markers(info: dict[str, Any], pids: list[int]) -> list[tuple[int, str]]:
+        return []
     etcd_pid = int(info["etcd"].get("pid", 0)) if isinstance(info.get("etcd"), dict) else 0
     return [(p, "etcd" if p == etcd_pid else "triplane") for p in pids]
 
@@ -357,11 +359,7 @@ def stop_recorded(run: RunDir, grace_s: float = 5.0) -> dict[str, Any] | None:
         info = run.read_cluster()
         if info is None:
             return None
-        try:
-            pids = recorded_pids(info)
-        except (TypeError, ValueError, AttributeError):
-            pids = []
-        markers = _markers(info, pids)
+        markers = _markers(info)
         # triplane processes first, then etcd (stop_pids checks the marker for each).
         stop_pids([p for p, m in markers if m == "triplane"], grace_s)
         stop_pids([p for p, m in markers if m == "etcd"], grace_s, marker="etcd")
