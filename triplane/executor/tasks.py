@@ -69,6 +69,13 @@ def _clip(message: str) -> str:
     return message if len(message) <= MAX_MESSAGE_CHARS else message[:MAX_MESSAGE_CHARS - 3] + "..."
 
 
+def _timed(engine: Any, op: str, inputs: list[np.ndarray], attrs: Any,
+           out_t: TensorType) -> tuple[float, np.ndarray, float]:
+    start = time.time()
+    result = engine.run(op, inputs, attrs, out_t)
+    return start, result, time.time()
+
+
 class TaskRunner:
     """Runs tasks on ``engine`` (an OpEngine) with tiles in ``store`` (a host memory engine).
 
@@ -154,9 +161,7 @@ class TaskRunner:
             except MemoryFullError as e2:
                 raise _Fail("infra", str(e2)) from None
         try:
-            start = time.time()
-            result = await self._kernel(task, inputs, attrs, out_t, nbytes, on_slow)
-            end = time.time()
+            start, result, end = await self._kernel(task, inputs, attrs, out_t, nbytes, on_slow)
         except KernelError as e:
             self.store.release(nbytes)
             raise _Fail("infra" if e.kind == "infra" else "user", str(e)) from None
@@ -173,14 +178,17 @@ class TaskRunner:
         return TileInfo(out_tile, tuple(result.shape), out_t.dtype.name, int(result.nbytes)), start, end
 
     async def _kernel(self, task: TaskPacket, inputs: list[np.ndarray], attrs: Any, out_t: TensorType,
-                      out_bytes: int, on_slow: Callable[[str], None] | None) -> np.ndarray:
+                      out_bytes: int, on_slow: Callable[[str], None] | None) -> tuple[float, np.ndarray, float]:
+        """(start, result, end): the kernel's own times, taken where it runs -- a task queued
+        behind another one's kernel in the pool has not started (the plan's actual times
+        compare kernel time with predicted compute time)."""
         touched = out_bytes + sum(a.nbytes for a in inputs)
         if touched <= self.inline_bytes:
-            return self.engine.run(task.op, inputs, attrs, out_t)
+            return _timed(self.engine, task.op, inputs, attrs, out_t)
         if on_slow is not None:
             on_slow(task.task)
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.pool, self.engine.run, task.op, inputs, attrs, out_t)
+        return await loop.run_in_executor(self.pool, _timed, self.engine, task.op, inputs, attrs, out_t)
 
     async def _gather(self, task: TaskPacket) -> tuple[list[np.ndarray], list[str]]:
         """(inputs in argument order, cache entries now in use): local tiles from the store,

@@ -145,3 +145,39 @@ def test_big_kernels_go_to_the_worker_thread_and_are_announced() -> None:
     store.put("s", np.ones(4, np.float32))
     reply = run(runner, t("j.n2.a0", "neg", ("s",), "s2"), on_slow=slow.append)
     assert reply.ok and slow == ["j.n1.a0"]  # tiny: ran inline, no ack needed
+
+
+class Sleepy:
+    """A numpy engine whose kernels take ``seconds`` (the pool runs one at a time)."""
+
+    name = "sleepy"
+
+    def __init__(self, seconds: float) -> None:
+        self.inner = get_op_engine("numpy")
+        self.seconds = seconds
+
+    def supports(self, op: str, dtypes: Any) -> bool:
+        return self.inner.supports(op, dtypes)
+
+    def run(self, *a: Any) -> Any:
+        time.sleep(self.seconds)
+        return self.inner.run(*a)
+
+
+def test_a_task_queued_behind_another_kernel_reports_its_own_kernel_time() -> None:
+    # Two tasks in flight on a one-thread pool: the second waits for the first's kernel.
+    # Its reported start is when its kernel began, not when it was queued, so the plan's
+    # actual times (end - start) are kernel times to set beside the predicted compute.
+    runner, store = make(capacity=64 << 20, engine=Sleepy(0.2), inline_bytes=0)
+    store.put("x", np.ones((64, 64), np.float32))
+
+    async def both() -> list[Reply]:
+        now = time.time()
+        return list(await asyncio.gather(runner.run(t("j.n1.a0", "neg", ("x",), "y1"), now),
+                                         runner.run(t("j.n2.a0", "neg", ("x",), "y2"), now)))
+
+    first, second = sorted(asyncio.run(asyncio.wait_for(both(), 10)), key=lambda r: r.timings.start)
+    assert first.ok and second.ok
+    assert second.timings.start >= first.timings.end - 1e-3
+    for r in (first, second):
+        assert 0.19 <= r.timings.end - r.timings.start < 0.35, r.timings
