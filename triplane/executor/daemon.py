@@ -93,7 +93,7 @@ class Executor:
     def __init__(self, registry: RegistryBackend, secret: bytes, *, memory_bytes: int,
                  engines: Sequence[str] = ("numpy",), host: str = "127.0.0.1", name: str | None = None,
                  drop_udp: float = 0.0, fault_seed: int = 0, workers: int = 1, ttl_s: float = 5.0,
-                 stats_interval_s: float = 1.0, benchmark_size: int = 256) -> None:
+                 stats_interval_s: float = 1.0, benchmark_size: int = 512) -> None:
         self.registry = registry
         self.secret = secret
         self.name = name or default_node_name()
