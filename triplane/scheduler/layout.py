@@ -66,7 +66,9 @@ class Layout:
     ``slice`` of an input becomes such a node, so consumers pull just that region from
     the scheduler's data server (``u-<hex>@lo:hi,...``) and placement counts just its bytes.
     ``cached``: ``input`` nodes of ``graph`` -> executors known to keep that upload tile in
-    their cache (placement saw those reads as local)."""
+    their cache (placement saw those reads as local). ``sources``: the whole ``input``
+    nodes that ``regions`` are cut from (by the id ``regions`` names; ``graph`` drops those
+    no task reads whole), so the plan document can show an upload's shape and its tiles."""
 
     graph: Graph
     tiled: bool
@@ -76,6 +78,7 @@ class Layout:
     figures: tuple[NodeFigures, ...]
     regions: Mapping[str, tuple[str, Region]] = dataclasses.field(default_factory=dict)
     cached: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    sources: Mapping[str, Node] = dataclasses.field(default_factory=dict)
 
     def preferred(self, task: str) -> str | None:
         p = self.placement
@@ -133,12 +136,14 @@ def _tile_and_place(graph: Graph, figs: tuple[NodeFigures, ...], sizes: Any, cac
     nodes = {rename[old]: tn[old].replace(inputs=[rename[i] for i in tn[old].inputs]) for old in order}
     outputs = tuple(rename[o] for o in tiled.graph.outputs)
     regions: dict[str, tuple[str, Region]] = {}
+    sources: dict[str, Node] = {}
     for old in order:  # an upload's tile is read from the data server, not made by a task
         new = rename[old]
         region = _upload_region(nodes[new], nodes) if tiled.roles.get(old) == "source" else None
         if region is not None and new not in outputs:
             src = nodes[nodes[new].inputs[0]]
             regions[new] = (nodes[new].inputs[0], region)
+            sources[nodes[new].inputs[0]] = src
             nodes[new] = src.replace(shape=[hi - lo for lo, hi in region])
     used = {i for n in nodes.values() for i in n.inputs}
     for nid in [n for n, node in nodes.items() if node.op == "input" and n not in used and n not in regions]:
@@ -151,7 +156,8 @@ def _tile_and_place(graph: Graph, figs: tuple[NodeFigures, ...], sizes: Any, cac
     grids = {nid: dataclasses.replace(g, tiles={c: rename[t] for c, t in g.tiles.items()})
              for nid, g in tiled.grids.items()}
     held = _cached_inputs(tgraph, regions, figs, cached)
-    return Layout(tgraph, True, grids, origin, _place(tgraph, figs, origin, held), figs, regions, held)
+    return Layout(tgraph, True, grids, origin, _place(tgraph, figs, origin, held), figs, regions, held,
+                  sources)
 
 
 def _cached_inputs(graph: Graph, regions: Mapping[str, tuple[str, Region]], figs: Sequence[NodeFigures],

@@ -6,7 +6,8 @@ plan nodes and the executors' recorded kernel times, and returns
 
 * ``"job"``: the job id; ``"tiled"``: whether the plan was cut into tiles;
 * tasks labelled (``origin``) with the *submitted* node they came from, tensors keyed by
-  the submitted names;
+  the submitted names; each task's ``reads`` name the submitted tensor they are part of
+  (``of``), and uploads read in regions are listed with their tiles (their regions);
 * per task, ``actual`` from the executor replies' timings (kernel ``start``/``end``, unix
   seconds on the executors' clocks, shifted so that the first start is 0) once it ran;
   and the makespan's ``actual_s`` and ``ratio`` (actual / predicted) once every task ran.
@@ -21,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from triplane.scheduler.compiler.explain import explain
+from triplane.scheduler.compiler.explain import explain, input_regions
 from triplane.scheduler.layout import Layout
 
 __all__ = ["plan_document"]
@@ -34,10 +35,16 @@ def plan_document(job: str, layout: Layout, back: Mapping[str, str],
     followed = layout.placement is not None
     lay = layout.placed()
     assert lay.placement is not None
-    labels = {t: back.get(lay.origin.get(t, t), lay.origin.get(t, t)) for t in lay.placement.tasks}
+
+    def label(t: str) -> str:  # every node, inputs too: a task's reads name what they are part of
+        o = lay.origin.get(t, t)
+        return back.get(o, o)
+
+    labels = {t: label(t) for t in lay.graph.nodes}
     tiles = {back.get(nid, nid): grid for nid, grid in lay.grids.items()} if lay.tiled else None
     known = {t: se for t, se in actual.items() if t in lay.placement.tasks}
-    doc = explain(lay.graph, lay.placement, nodes=lay.figures, tiles=tiles, origin=labels, actual=known)
+    doc = explain(lay.graph, lay.placement, nodes=lay.figures, tiles=tiles, origin=labels, actual=known,
+                  regions=input_regions(lay.regions, lay.sources, label), cached=lay.cached)
     if not complete:
         doc["makespan"]["actual_s"] = None
         doc["makespan"]["ratio"] = None

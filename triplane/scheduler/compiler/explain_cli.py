@@ -42,7 +42,7 @@ from triplane.scheduler.compiler.costmodel import (
     parse_bytes,
     parse_rate,
 )
-from triplane.scheduler.compiler.explain import explain, render_text
+from triplane.scheduler.compiler.explain import InputRegion, explain, input_regions, render_text
 from triplane.scheduler.compiler.pipeline import canonicalize, compile_graph
 from triplane.scheduler.compiler.placement import PlacementError, place
 
@@ -151,16 +151,27 @@ def explain_target(target: Path, figures: list[NodeFigures], *,
     graph, labels = load_target(target)
     cgraph, rename, _ = canonicalize(graph)
     plan = compile_graph(cgraph)
-    names = {new: labels.get(old, new) for old, new in rename.items()}
+    names: dict[str, str] = {new: labels.get(old, new) for old, new in rename.items()}
+    grids: Mapping[str, Any] = {}
+    origin_of: Mapping[str, str] = {}
+    regions: dict[str, InputRegion] = {}
     if model is not None:  # a calibrated model: place the untiled plan with it
-        lay_graph, placement, grids, origin_of = plan.graph, place(plan.graph, figures, model=model), {}, {}
+        lay_graph, placement = plan.graph, place(plan.graph, figures, model=model)
     else:
         lay = lay_out(plan.graph, figures).placed()
         assert lay.placement is not None
         lay_graph, placement, grids, origin_of = lay.graph, lay.placement, lay.grids, lay.origin
-    origin = {t: names.get(origin_of.get(t, t), origin_of.get(t, t)) for t in placement.tasks}
+
+    def label(t: str) -> str:
+        o = origin_of.get(t, t)
+        return names.get(o, o)
+
+    if model is None:
+        regions = input_regions(lay.regions, lay.sources, label)
+    # every node labelled, inputs too: a task's reads name the tensor each belongs to
+    origin = {t: label(t) for t in lay_graph.nodes}
     tiles = {names.get(n, n): g for n, g in grids.items()} if grids else None
-    doc = explain(lay_graph, placement, nodes=figures, origin=origin, tiles=tiles)
+    doc = explain(lay_graph, placement, nodes=figures, origin=origin, tiles=tiles, regions=regions)
     doc["tiled"] = bool(grids)
     doc["target"] = str(target)
     doc["cluster"] = [{"node": f.name, "gflops": f.gflops, "gbps": f.gbps,

@@ -96,6 +96,7 @@ def test_the_text_names_each_task_its_node_and_times() -> None:
         cells = [c.strip() for c in row.strip("│").split("│")]
         assert cells[1] == tp.op and cells[3] == tp.node
         assert cells[4:8] == [format_seconds(v) for v in (tp.start, tp.finish, tp.compute_s, tp.comm_s)]
+        assert cells[-1] == (", ".join(g.nodes[tid].inputs) or "—")  # untiled: reads by id
     assert "actual" not in text  # no actual times given: no actual columns
 
 
