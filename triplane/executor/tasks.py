@@ -178,7 +178,8 @@ class TaskRunner:
         return TileInfo(out_tile, tuple(result.shape), out_t.dtype.name, int(result.nbytes)), start, end
 
     async def _kernel(self, task: TaskPacket, inputs: list[np.ndarray], attrs: Any, out_t: TensorType,
-                      out_bytes: int, on_slow: Callable[[str], None] | None) -> tuple[float, np.ndarray, float]:
+                      out_bytes: int,
+                      on_slow: Callable[[str], None] | None) -> tuple[float, np.ndarray, float]:
         """(start, result, end): the kernel's own times, taken where it runs -- a task queued
         behind another one's kernel in the pool has not started (the plan's actual times
         compare kernel time with predicted compute time)."""

@@ -84,12 +84,13 @@ class NumpyEngine:
     def benchmark(self, size: int = 512, budget_s: float = 0.25) -> dict[str, float]:
         """Measured figures for the registry: matmul GFLOP/s and elementwise GB/s.
 
-        Each figure is the best of repeated runs (at least 3, then until its share of
-        ``budget_s`` is spent: a quarter for the matmuls, the rest for the slower passes): a single run on a busy machine (several executors starting
-        at once) can be off by 100x, and the tiler and placement size tasks by these
-        numbers. The matmuls run back to back, apart from the elementwise passes: run after
-        a pass over 192 MiB, a 256 x 256 matmul started with cold caches every time and
-        measured 92-104 GFLOP/s on one core here, where tile-sized matmuls ran at 150-157."""
+        Each figure is the best of repeated runs: at least 3, then until its share of
+        ``budget_s`` is spent (a quarter for the matmuls, the rest for the slower passes).
+        A single run on a busy machine (several executors starting at once) can be off by
+        100x, and the tiler and placement size tasks by these numbers. The matmuls run back
+        to back, apart from the elementwise passes: run after a pass over 192 MiB, a
+        256 x 256 matmul started with cold caches every time and measured 92-104 GFLOP/s on
+        one core here, where tile-sized matmuls ran at 150-157."""
         rng = np.random.default_rng(0)
         a = rng.standard_normal((size, size), dtype=np.float32)
         mm = _best(lambda: a @ a, 2 * size**3, budget_s / 4)
