@@ -205,3 +205,13 @@ def get_plan(session: Session, graph_hash: str, structure_hash: str) -> PlanInfo
         Plan.structure_hash == v.check_id("structure_hash", structure_hash),
     ).execution_options(populate_existing=True)).one_or_none()
     return None if row is None else PlanInfo.of(row)
+
+
+def job_plan(session: Session, job_id: str) -> PlanInfo | None:
+    """The plan a job points at (``jobs.plan_id``: the prediction recorded at submit), or
+    None if it has none; UnknownJobError for an unknown job."""
+    row = _job_row(session, job_id)
+    if row.plan_id is None:
+        return None
+    plan = session.get(Plan, row.plan_id, populate_existing=True)
+    return None if plan is None else PlanInfo.of(plan)

@@ -254,15 +254,17 @@ def add_events(session: Session, events: Iterable[NewEvent], *, now: float | Non
 
 
 def list_events(session: Session, job_id: str, *, task_id: str | None = None, after_id: int = 0,
-                limit: int = 1000) -> list[EventInfo]:
-    """A job's events in the order they were written (by id), those with id > ``after_id``,
-    at most ``limit`` — page with ``after_id=last.id``."""
+                limit: int = 1000, kind: str | None = None) -> list[EventInfo]:
+    """A job's events in the order they were written (by id), those with id > ``after_id``
+    (and of ``kind``, if given), at most ``limit`` — page with ``after_id=last.id``."""
     require_jobs(session, [job_id])
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 100_000:
         raise InvalidInputError(f"limit must be an int in 1..100000, got {limit!r}")
     q = sa.select(Event).where(Event.job_id == job_id, Event.id > v.check_count("after_id", after_id))
     if task_id is not None:
         q = q.where(Event.task_id == v.check_id("task_id", task_id))
+    if kind is not None:
+        q = q.where(Event.kind == _kind(kind))
     return [EventInfo.of(r) for r in session.scalars(q.order_by(Event.id).limit(limit))]
 
 

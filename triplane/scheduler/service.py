@@ -15,7 +15,9 @@ Failure semantics:
   task's row (state, node) is where its output tile lives. Fetched outputs also get a
   ``tiles`` row (shape, dtype, bytes), in the same batches.
 * On start (and when a standby becomes leader) non-terminal jobs are resumed from metadb:
-  tasks recorded done on a live executor count as done, the rest run again.
+  tasks recorded done on a live executor count as done, the rest run again. A done job
+  that an earlier process ran keeps its results and plan (``earlier.py``): fetched from
+  the executors its task rows name, until a ``DELETE`` (recorded as ``job.released``).
 * With ``elect=True`` (etcd) the scheduler campaigns for ``scheduler/leader`` and serves
   as a standby until it wins; job calls then raise ``NotLeader`` naming the leader. If it
   loses the lease, it stops (``stopped`` is set) rather than risk two leaders.
@@ -54,6 +56,14 @@ from triplane.scheduler.dispatch.state import (
     JobFinished,
     Policy,
     SubmitJob,
+)
+from triplane.scheduler.earlier import (
+    EarlierJobs,
+    placed_now,
+    read_recorded_plan,
+    read_released,
+    record_released,
+    recorded_document,
 )
 from triplane.scheduler.fetching import FetchError, open_tiled
 from triplane.scheduler.jobplan import JobPlan, TaskTemplate, new_job_id, plan_job, prepare, unsupported_op
@@ -179,6 +189,7 @@ class Scheduler(Leading):
             slots=slots,
         )
         self.jobs: dict[str, LiveJob] = {}
+        self.earlier = EarlierJobs(db, self.plans)  # done jobs an earlier process ran
         self.residency = Residency()  # upload tiles cached on executors, for placement
         self.stopped = asyncio.Event()
         self._packet_port, self._data_port = packet_port, data_port
@@ -482,41 +493,92 @@ class Scheduler(Leading):
         live = self.jobs.get(job)
         if live is None:
             body = self.status(job)  # 404 for an unknown job
+            if body["state"] == "done":  # run by an earlier process: its tiles are still held
+                await self._release_earlier(job)
             return body
         if live.state == "running":
             self.shell.handle(CancelJob(f"cancel:{job}", job, time.time()))
+        released = live.fetched_released
         await self._release(job, keep_fetched=False)
+        if not released:
+            await self._record_released(job)
         return self._body(job, live)
+
+    async def _record_released(self, job: str) -> None:
+        # A later scheduler process must not serve the deleted tiles' job as fetchable.
+        try:
+            await asyncio.to_thread(record_released, self.db, job)
+        except mdb.MetaDBError as e:
+            log.error("cannot record the release of job %s: %s", job, e)
+
+    async def _release_earlier(self, job: str) -> None:
+        """Delete the fetched tiles of a done job an earlier process ran, and record it."""
+        if await asyncio.to_thread(read_released, self.db, job):
+            return
+        try:
+            view = await self.earlier.get(job)
+        except (GraphError, KeyError, TypeError, IndexError, ValueError) as e:
+            log.warning("cannot rebuild job %s to release its tiles: %s", job, e)
+        else:
+            by_node: dict[str, list[str]] = defaultdict(list)
+            for task in self._fetched_tasks_of(view.plan) if view.plan is not None else ():
+                if task in view.holders:
+                    by_node[view.holders[task]].append(f"{job}.{task}")
+            await self._delete_tiles(job, by_node)
+        await self._record_released(job)
 
     async def open_tensor(
         self, job: str, name: str
     ) -> tuple[tuple[int, ...], str, int, AsyncIterator[bytes]]:
-        """(shape, dtype, bytes, chunks) of a fetched tensor. SubmitError 404/409 otherwise."""
+        """(shape, dtype, bytes, chunks) of a fetched tensor. SubmitError 404/409 otherwise.
+
+        A done job that an earlier scheduler process ran is served the same way: its plan
+        is compiled again from the metadb and its tiles read where its task rows say they
+        are (``earlier.py``); a standby answers NotLeader (it tracks no executors)."""
         live = self.jobs.get(job)
         if live is None:
-            self.status(job)  # raises 404 for an unknown job
-            raise SubmitError(
-                404,
-                "not_found",
-                f"job {job} was run by an earlier scheduler process; its tensors are no longer tracked",
-            )
+            return await self._open_earlier(job, name)
         if name not in live.plan.fetch:
-            raise SubmitError(
-                404,
-                "not_found",
-                f"job {job} did not fetch {name!r} (fetched: {sorted(live.plan.fetch)[:20]})",
-                node=name,
-            )
+            raise _not_fetched(job, name, live.plan.fetch)
         if live.state != "done":
             raise SubmitError(
                 409, "not_ready", f"job {job} is {live.state}; results are read when it is done"
             )
         if live.fetched_released:
             raise SubmitError(404, "not_found", f"the tensors of job {job} were released")
-        grid = live.plan.fetch_grid(name)
+        return await self._open_held(job, name, live.plan, live.holders)
+
+    async def _open_earlier(
+        self, job: str, name: str
+    ) -> tuple[tuple[int, ...], str, int, AsyncIterator[bytes]]:
+        """open_tensor for a job not run by this process (see there)."""
+        await self.require_leader()
+        try:
+            view = await self.earlier.get(job)
+        except (mdb.UnknownJobError, mdb.InvalidInputError):
+            raise SubmitError(404, "not_found", f"unknown job {job!r}") from None
+        except (GraphError, KeyError, TypeError, IndexError, ValueError) as e:
+            raise SubmitError(
+                404, "not_found", f"job {job} was run by an earlier scheduler process and its plan "
+                f"cannot be rebuilt from the metadb: {e}"
+            ) from None
+        if name not in view.fetch:
+            raise _not_fetched(job, name, view.fetch)
+        if view.state != "done" or view.plan is None:
+            state = _API_STATE.get(view.state, view.state)
+            raise SubmitError(409, "not_ready", f"job {job} is {state}; results are read when it is done")
+        if await asyncio.to_thread(read_released, self.db, job):
+            raise SubmitError(404, "not_found", f"the tensors of job {job} were released")
+        return await self._open_held(job, name, view.plan, view.holders)
+
+    async def _open_held(
+        self, job: str, name: str, plan: JobPlan, holders: dict[str, str]
+    ) -> tuple[tuple[int, ...], str, int, AsyncIterator[bytes]]:
+        """Stream ``name`` of a done job from the executors that ``holders`` (task -> node) name."""
+        grid = plan.fetch_grid(name)
         if grid is not None and len(grid) > 1:
-            return await self._open_tiled(job, name, grid)
-        tile, task = live.plan.fetch_tile(name)
+            return await self._open_tiled(job, name, grid, holders)
+        tile, task = plan.fetch_tile(name)
         if task is None:
             t = self.store.get(tile)
             if t is None:
@@ -527,12 +589,10 @@ class Scheduler(Leading):
                 yield bytes(data)
 
             return t.shape, t.dtype, t.nbytes, one()
-        node = live.holders.get(task)
+        node = holders.get(task)
         info = self.shell.nodes.get(node or "")
         if info is None:
-            raise SubmitError(
-                404, "not_found", f"tensor {name!r} of job {job} was held by node {node}, which is gone"
-            )
+            raise SubmitError(404, "not_found", _gone(job, name, tile, node))
         from triplane.executor.datawire import DataPortError
 
         try:
@@ -541,13 +601,12 @@ class Scheduler(Leading):
             raise SubmitError(
                 404 if e.missing else 503,
                 "not_found" if e.missing else "unavailable",
-                f"cannot read {name!r} of job {job} from {node}: {e}",
+                f"cannot read {name!r} of job {job} (tile {tile}) from {node}: {e}",
             ) from None
 
     async def _open_tiled(
-        self, job: str, name: str, grid: Any
+        self, job: str, name: str, grid: Any, holders: dict[str, str]
     ) -> tuple[tuple[int, ...], str, int, AsyncIterator[bytes]]:
-        holders = self.jobs[job].holders
         ids = {t: f"{job}.{t}" for t in grid.tiles.values()}
         by_tile = {v: k for k, v in ids.items()}
 
@@ -558,18 +617,18 @@ class Scheduler(Leading):
         try:
             return await open_tiled(self.data_client, grid, ids, holder)
         except FetchError as e:
-            raise SubmitError(
-                404, "not_found", f"a tile of {name!r} of job {job} ({e.tile}) was held by a node now gone"
-            ) from None
+            node = holders.get(by_tile[e.tile])
+            raise SubmitError(404, "not_found", _gone(job, name, e.tile, node)) from None
 
     async def plan(self, job: str) -> dict[str, Any]:
         """Explain's JSON for a job (docs/runtime.md, ``GET /v1/jobs/{id}/plan``): predictions,
-        and actual times of the tasks that ran. 404 for an unknown job or one this process
-        did not run (the prediction on record is then in metadb's plans table)."""
+        and actual times of the tasks that ran. For a job an earlier process ran: the
+        prediction recorded at submit (``recorded: true``, no actual times), or for a done
+        job too small to have been placed at submit, a placement for the executors there
+        are now (``recorded: false``). 404 for an unknown job or one with neither."""
         live = self.jobs.get(job)
         if live is None:
-            self.status(job)  # 404 for an unknown job
-            raise SubmitError(404, "not_found", f"job {job} was run by an earlier scheduler process")
+            return await self._earlier_plan(job)
         lay = live.plan.layout
         if lay is None:
             raise SubmitError(409, "not_ready", f"job {job} was not laid out (no executor was registered)")
@@ -580,6 +639,30 @@ class Scheduler(Leading):
             )
         except (GraphError, ValueError) as e:
             raise SubmitError(413, "limit", str(e)) from None
+
+    async def _earlier_plan(self, job: str) -> dict[str, Any]:
+        try:
+            info, doc = await asyncio.to_thread(read_recorded_plan, self.db, job)
+        except (mdb.UnknownJobError, mdb.InvalidInputError):
+            raise SubmitError(404, "not_found", f"unknown job {job!r}") from None
+        if doc is not None:
+            return recorded_document(job, doc)
+        if info.state == "done":
+            try:
+                view = await self.earlier.get(job)
+            except (GraphError, KeyError, TypeError, IndexError, ValueError) as e:
+                raise SubmitError(404, "not_found", f"job {job}'s plan cannot be rebuilt: {e}") from None
+            figs = await self._figures()
+            if view.plan is not None and view.plan.layout is None and figs:  # not tiled
+                try:
+                    return await asyncio.to_thread(placed_now, job, view.plan, figs)
+                except (GraphError, ValueError) as e:
+                    raise SubmitError(413, "limit", str(e)) from None
+        raise SubmitError(
+            404, "not_found", f"job {job} was run by an earlier scheduler process and no prediction "
+            "was recorded for it (a job too small to tile is placed on demand, once it is done "
+            "and while executors are registered)"
+        )
 
     def upload(self, data: bytes | bytearray, shape: tuple[int, ...], dtype: str) -> StoredTensor:
         return self.store.put(data, shape, dtype)
@@ -646,11 +729,15 @@ class Scheduler(Leading):
             # cost the scheduler more CPU than the tasks themselves (docs/scheduler.md).
             self.journal.output(job, task, node, r)
 
+    @classmethod
+    def _fetched_tasks(cls, live: LiveJob) -> set[str]:
+        return cls._fetched_tasks_of(live.plan)
+
     @staticmethod
-    def _fetched_tasks(live: LiveJob) -> set[str]:
+    def _fetched_tasks_of(plan: JobPlan) -> set[str]:
         keep: set[str] = set()
-        for name, nid in live.plan.fetch.items():
-            grid = live.plan.fetch_grid(name)
+        for name, nid in plan.fetch.items():
+            grid = plan.fetch_grid(name)
             keep.update(grid.tiles.values() if grid is not None else (nid,))
         return keep
 
@@ -673,6 +760,9 @@ class Scheduler(Leading):
                 by_node[node].append(f"{job}.{task}")
         if not keep_fetched:
             live.fetched_released = True
+        await self._delete_tiles(job, by_node)
+
+    async def _delete_tiles(self, job: str, by_node: dict[str, list[str]]) -> None:
         for node, tiles in by_node.items():
             info = self.shell.nodes.get(node)
             if info is None:
@@ -681,6 +771,17 @@ class Scheduler(Leading):
                 await self.data_client.delete(info.address, info.data_port, tiles)
             except Exception as e:  # best effort: the executor frees them with its memory anyway
                 log.debug("releasing %d tiles of %s on %s failed: %s", len(tiles), job, node, e)
+
+
+def _not_fetched(job: str, name: str, fetched: Any) -> SubmitError:
+    return SubmitError(
+        404, "not_found", f"job {job} did not fetch {name!r} (fetched: {sorted(fetched)[:20]})", node=name
+    )
+
+
+def _gone(job: str, name: str, tile: str, node: str | None) -> str:
+    where = f"was held by node {node}, which is gone" if node else "has no recorded holder"
+    return f"tile {tile} of tensor {name!r} of job {job} {where}"
 
 
 def _asdict(record: Any) -> dict[str, Any]:

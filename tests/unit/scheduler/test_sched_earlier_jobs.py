@@ -1,0 +1,234 @@
+"""A restarted scheduler answers for the done jobs an earlier process ran (docs/scheduler.md,
+"Restart and failover"): it streams their fetched tensors from the executors its task rows
+name, serves the plan recorded at submit, and keeps released tensors released.
+
+Two Scheduler objects share one SQLite metadb; neither is started: "executors" are entries
+of the shell's node table and a fake data-port client that serves tiles of one array."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from triplane import metadb as mdb
+from triplane.metadb.jobs import job_plan
+from triplane.registry import MemoryBackend, NodeInfo
+from triplane.scheduler.compiler.costmodel import NodeFigures
+from triplane.scheduler.jobplan import JobPlan
+from triplane.scheduler.layout import figures_to_json
+from triplane.scheduler.service import LiveJob, Scheduler, SubmitError
+
+MiB = 1 << 20
+NODES = ("e0", "e1", "e2")
+
+
+def figs() -> list[NodeFigures]:
+    return [NodeFigures(n, 50.0, 10.0, 8 * MiB) for n in NODES]  # an 8 MiB output: 4 tiles
+
+
+def big(rows: int = 2048, cols: int = 1024) -> dict[str, Any]:
+    """normal -> neg: an 8 MiB output, cut into several tiles for ``figs()``."""
+    nodes = {"x": {"op": "normal", "shape": [rows, cols], "dtype": "float32",
+                   "attrs": {"seed": 3, "shape": [rows, cols], "dtype": "float32"}},
+             "y": {"op": "neg", "inputs": ["x"], "shape": [rows, cols], "dtype": "float32"}}
+    return {"version": 1, "nodes": nodes, "outputs": ["y"]}
+
+
+def tiny() -> dict[str, Any]:
+    nodes = {"x": {"op": "normal", "shape": [4], "dtype": "float32",
+                   "attrs": {"seed": 3, "shape": [4], "dtype": "float32"}},
+             "y": {"op": "neg", "inputs": ["x"], "shape": [4], "dtype": "float32"}}
+    return {"version": 1, "nodes": nodes, "outputs": ["y"]}
+
+
+class FakeDataPort:
+    """Serves tile ``<job>.<task>`` as ``regions[task]`` of ``array``, from the node the test
+    says holds it (by data port); records reads and deletes."""
+
+    def __init__(self, array: np.ndarray, regions: dict[str, tuple[tuple[int, int], ...]],
+                 held: dict[str, str]) -> None:
+        self.array, self.regions, self.held = array, regions, held
+        self.reads: list[tuple[str, str]] = []  # (node, tile)
+        self.deleted: list[tuple[str, str]] = []
+
+    async def open_tile(self, address: str, port: int,
+                        tile: str) -> tuple[tuple[int, ...], str, int, AsyncIterator[bytes]]:
+        from triplane.executor.datawire import DataPortError
+
+        node = NODES[port - 9000]
+        task = tile.split(".", 1)[1]
+        if self.held.get(task) != node:
+            raise DataPortError(f"no such tile: {tile}", missing=True)
+        self.reads.append((node, tile))
+        part = np.ascontiguousarray(self.array[tuple(slice(a, b) for a, b in self.regions[task])])
+
+        async def chunks() -> AsyncIterator[bytes]:
+            yield part.tobytes()
+
+        return part.shape, "float32", part.nbytes, chunks()
+
+    async def delete(self, address: str, port: int, tiles: list[str]) -> None:
+        node = NODES[port - 9000]
+        for tile in tiles:
+            self.deleted.append((node, tile))
+            self.held.pop(tile.split(".", 1)[1], None)
+
+
+def scheduler(db: mdb.MetaDB, tmp_path: Path, live: tuple[str, ...] = NODES) -> Scheduler:
+    s = Scheduler(registry=MemoryBackend(), db=db, run_dir=tmp_path, secret=b"s" * 32)
+    for n in live:
+        s.shell.nodes[n] = NodeInfo(n, "127.0.0.1", 1, 1, 9000 + NODES.index(n), "0", 0.0, 1)
+    return s
+
+
+def run_done(first: Scheduler, db: mdb.MetaDB, graph: dict[str, Any], *, tiled: bool = True,
+             state: str = "done") -> JobPlan:
+    """What the first process records for a job it ran to ``state``: the job as a submit
+    stores it, each task done on the node placement chose (e0 for an unplaced one)."""
+    cgraph, args, plan = first._plan(graph, ["y"], figs())
+    bindings: dict[str, Any] = {"args": list(args), "fetch": dict(plan.fetch)}
+    if tiled:
+        assert plan.layout is not None and plan.layout.tiled
+        bindings["figures"] = figures_to_json(plan.layout.figures)
+    first._store_job(plan, cgraph, ["y"], bindings, time.time())
+    with db.transaction() as s:
+        for t in plan.specs:
+            mdb.transition_task(s, plan.job, t.id, "done", node=t.node or "e0", attempt=0)
+        mdb.set_job_state(s, plan.job, state)
+    return plan
+
+
+def regions_of(plan: JobPlan) -> dict[str, tuple[tuple[int, int], ...]]:
+    grid = plan.fetch_grid("y")
+    assert grid is not None and len(grid) > 1
+    return {grid.tiles[c]: tuple(grid.region(c)) for c in grid.cells()}
+
+
+async def read(s: Scheduler, job: str, name: str = "y") -> tuple[tuple[int, ...], bytes]:
+    shape, _, nbytes, chunks = await s.open_tensor(job, name)
+    buf = b"".join([c async for c in chunks])
+    assert len(buf) == nbytes
+    return tuple(shape), buf
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> mdb.MetaDB:
+    return mdb.open_db(f"sqlite:///{tmp_path / 'meta.sqlite3'}")
+
+
+def test_a_restarted_scheduler_streams_a_done_tiled_tensor_from_the_nodes_its_rows_name(
+        db: mdb.MetaDB, tmp_path: Path) -> None:
+    plan = run_done(scheduler(db, tmp_path), db, big())
+    regions = regions_of(plan)
+    held = {t.id: t.node or "e0" for t in plan.specs}
+    assert len({held[t] for t in regions}) > 1  # the tiles are spread over several nodes
+    want = np.arange(2048 * 1024, dtype=np.float32).reshape(2048, 1024)
+    second = scheduler(db, tmp_path)
+    port = second.data_client = FakeDataPort(want, regions, dict(held))  # type: ignore[assignment]
+
+    async def go() -> list[tuple[tuple[int, ...], bytes]]:
+        return [await read(second, plan.job), await read(second, plan.job)]
+
+    (shape, got), again = asyncio.run(go())
+    assert shape == (2048, 1024) and got == want.tobytes() and again == (shape, got)
+    # Each tile was read from the node its task row names (the fake refuses any other).
+    assert sorted(set(port.reads)) == sorted((held[t], f"{plan.job}.{t}") for t in regions)
+    assert second.earlier.loads == 1 and len(second.earlier) == 1  # compiled once, then cached
+    assert plan.job not in second.jobs  # not dispatched: a view only
+
+
+def test_a_tile_whose_holder_is_gone_is_404_naming_the_tensor_tile_and_node(
+        db: mdb.MetaDB, tmp_path: Path) -> None:
+    plan = run_done(scheduler(db, tmp_path), db, big())
+    regions = regions_of(plan)
+    held = {t.id: t.node or "e0" for t in plan.specs}
+    gone = held[next(iter(regions))]
+    second = scheduler(db, tmp_path, live=tuple(n for n in NODES if n != gone))
+    second.data_client = FakeDataPort(np.zeros((2048, 1024), np.float32), regions, held)  # type: ignore[assignment]
+    with pytest.raises(SubmitError) as e:
+        asyncio.run(read(second, plan.job))
+    assert e.value.status == 404
+    msg = e.value.body["message"]
+    assert "'y'" in msg and plan.job in msg and f"node {gone}" in msg and f"tile {plan.job}.t" in msg
+
+
+def test_the_plan_of_an_earlier_job_is_the_prediction_recorded_at_submit(
+        db: mdb.MetaDB, tmp_path: Path) -> None:
+    plan = run_done(scheduler(db, tmp_path), db, big())
+    with db.read() as s:
+        stored = job_plan(s, plan.job)
+    assert stored is not None
+    doc = asyncio.run(scheduler(db, tmp_path).plan(plan.job))
+    assert doc["recorded"] is True and doc["job"] == plan.job and doc["followed"] is True
+    assert doc["makespan"]["predicted_s"] == pytest.approx(stored.predicted_makespan)
+    assert doc["makespan"]["actual_s"] is None and all(t["actual"] is None for t in doc["tasks"])
+    # The explain schema, with additive fields only.
+    assert set(stored.plan) <= set(doc) and set(doc) - set(stored.plan) == {"recorded"}
+    assert {t["task"] for t in doc["tasks"]} == {t.id for t in plan.specs}
+
+
+def test_a_tiny_earlier_job_is_placed_on_demand_and_says_it_is_not_recorded(
+        db: mdb.MetaDB, tmp_path: Path) -> None:
+    plan = run_done(scheduler(db, tmp_path), db, tiny(), tiled=False)
+    second = scheduler(db, tmp_path)
+    with pytest.raises(SubmitError) as e:  # no executor figures: nothing to place it for
+        asyncio.run(second.plan(plan.job))
+    assert e.value.status == 404 and "no prediction was recorded" in e.value.body["message"]
+    second._figs = (time.monotonic() + 60, figs())  # the registry's figures, as if just read
+    doc = asyncio.run(second.plan(plan.job))
+    assert doc["recorded"] is False and doc["followed"] is False and doc["job"] == plan.job
+    assert {t["task"] for t in doc["tasks"]} == {t.id for t in plan.specs}
+
+
+def test_released_tensors_stay_404_whichever_process_released_them(db: mdb.MetaDB, tmp_path: Path) -> None:
+    first = scheduler(db, tmp_path, live=())
+    by_first = run_done(first, db, big())
+    by_second = run_done(first, db, big())
+    now = time.time()
+    first.jobs[by_first.job] = LiveJob(by_first, {}, now, now, state="done")
+    asyncio.run(first.cancel(by_first.job))  # DELETE answered by the first process
+
+    second = scheduler(db, tmp_path)
+    regions = regions_of(by_second)
+    held = {t.id: t.node or "e0" for t in by_second.specs}
+    port = second.data_client = FakeDataPort(np.zeros((2048, 1024), np.float32), regions,  # type: ignore[assignment]
+                                             dict(held))
+
+    async def go() -> None:
+        with pytest.raises(SubmitError) as e:
+            await second.open_tensor(by_first.job, "y")
+        assert e.value.status == 404 and "released" in e.value.body["message"]
+        await read(second, by_second.job)  # still held
+        body = await second.cancel(by_second.job)  # DELETE of a job the first process ran
+        assert body["state"] == "done"
+        with pytest.raises(SubmitError) as e:
+            await second.open_tensor(by_second.job, "y")
+        assert e.value.status == 404 and "released" in e.value.body["message"]
+
+    asyncio.run(go())
+    # The second process deleted the fetched tiles where they were held.
+    assert sorted(port.deleted) == sorted((held[t], f"{by_second.job}.{t}") for t in regions)
+    third = scheduler(db, tmp_path)
+    for job in (by_first.job, by_second.job):
+        with pytest.raises(SubmitError) as e:
+            asyncio.run(third.open_tensor(job, "y"))
+        assert e.value.status == 404 and "released" in e.value.body["message"]
+
+
+def test_failed_unknown_and_unfetched_keep_their_answers(db: mdb.MetaDB, tmp_path: Path) -> None:
+    failed = run_done(scheduler(db, tmp_path), db, big(), state="failed")
+    done = run_done(scheduler(db, tmp_path), db, big())
+    second = scheduler(db, tmp_path)
+    cases = [(failed.job, "y", 409, "is failed"), ("j0123456789abcdef", "y", 404, "unknown job"),
+             (done.job, "x", 404, "did not fetch 'x'")]
+    for job, name, status, words in cases:
+        with pytest.raises(SubmitError) as e:
+            asyncio.run(second.open_tensor(job, name))
+        assert e.value.status == status and words in e.value.body["message"], e.value.body
+    assert second.earlier.loads == 3 and len(second.earlier) == 1  # only the done job is kept
