@@ -1,6 +1,6 @@
 """Compute throughput: triplane against numpy, Dask and Ray on the same workloads.
 
-    python bench/compute.py [--systems triplane,numpy,dask,ray] [--repeats 3]
+    python bench/compute.py [--systems triplane,numpy,dask,ray] [--repeats 5]
                             [--matmul 4096,8192] [--chain 8192] [--mlp 4096x2048]
 
 Workloads (float32; all inputs are host arrays from one seeded numpy generator, so every
@@ -19,17 +19,25 @@ Systems (bench/README.md says more):
   done, fetching only scalars (the matmul's and the MLP's big outputs stay on the cluster,
   as Dask's persisted results and Ray's object refs do). Beside it: the predicted
   makespan from ``GET /v1/jobs/{id}/plan`` and the ratio actual / predicted.
-* ``numpy``: one child process, ``--numpy-threads`` (2) BLAS threads: the machine's ceiling.
+* ``numpy``: one persistent child process, ``--numpy-threads`` (2) BLAS threads: the
+  machine's ceiling. It speaks JSON lines on stdin/stdout (:func:`serve_numpy`).
 * ``dask``: ``distributed.LocalCluster`` of 2 single-threaded workers, inputs persisted
   before timing, chunks equal to triplane's tiles when its plan says them (else N/4).
 * ``ray``: ``ray.init(num_cpus=2)``, hand-written coarse tasks (4 x 4 blocks for matmul,
   16 row blocks for the chain), inputs in the object store before timing; no MLP.
 
-Each system does a warm-up run (its results are checked against a float64 reference on
-sampled blocks: a wrong result fails the row), then ``--repeats`` timed runs; the table
-shows best and median. Results go to bench/results/compute.{json,md}. With ``--unpin``
-(the default) the OpenBLAS core-type pins (OPENBLAS_CORETYPE, OPENBLAS_L2_SIZE) are
-removed from the child processes' environment; the kernel each system ran is recorded.
+Every requested system is started before anything is measured. Per workload, each system
+prepares it (inputs placed) and does a warm-up run, checked against a float64 reference
+on sampled blocks (a wrong result fails the row); triplane goes first, since its plan's
+tile shape sets Dask's chunks. Then ``--repeats`` rounds: in each, every system does one
+timed run, in an order rotated by one per round, so all systems are measured in the same
+minutes (this machine's speed drifts by tens of percent over minutes). Then every system
+releases the workload's data. A system that fails is marked failed and left out of the
+later rounds; the others go on. The table shows best and median, best rates over numpy's,
+and the paired ratio: the median over rounds of numpy's time / the system's time in the
+same round. Results go to bench/results/compute.{json,md}. With ``--unpin`` (the
+default) the OpenBLAS core-type pins (OPENBLAS_CORETYPE, OPENBLAS_L2_SIZE) are removed
+from the child processes' environment; the kernel each system ran is recorded.
 
 Exit codes: 0 done; 1 a result was wrong or triplane failed after starting; 2 the
 triplane cluster could not start; 130 interrupted. Every process started is stopped on
@@ -40,17 +48,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import re
 import shutil
 import signal
-import subprocess
+import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
-from contextlib import suppress
+from collections.abc import Sequence
+from contextlib import ExitStack, suppress
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -61,245 +68,50 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # `python bench/comput
 from _common import (
     OPENBLAS_PIN_VARS,
     Row,
-    blas_env,
-    blas_info,
     fmt,
     machine_facts,
     markdown_table,
     write_results,
 )
+from compute_systems import (
+    NAMES,
+    SYSTEMS,
+    DaskBaseline,
+    NumpyBaseline,
+    RayBaseline,
+    Refs,
+    System,
+    failed,
+    new_row,
+    numpy_child_main,
+    record,
+    run_times,
+    say,
+    verify,
+)
 from compute_workloads import (
-    _FIRST,
     PROBE,
     Workload,
-    _index,
-    check,
-    compute,
     make_inputs,
     probes,
     reference,
     triplane_outputs,
 )
 
-REPO = Path(__file__).resolve().parent.parent
-SYSTEMS = ("triplane", "numpy", "dask", "ray")
-NAMES = {"triplane": "triplane", "numpy": "numpy", "dask": "Dask distributed", "ray": "Ray"}
-RAY_BLOCKS = 4  # per side: 16 coarse tasks
-
 
 class ClusterStartError(RuntimeError):
     """The triplane cluster did not come up (the message quotes its logs)."""
-
-
-def new_row(system: str, w: Workload, notes: str = "", status: str = "ok") -> Row:
-    row = Row(NAMES[system], notes=notes, status=status)
-    row.details.append({"workload": w.key})  # details[0] describes the row; runs follow
-    return row
-
-
-def record(row: Row, w: Workload, seconds: float, **extra: Any) -> None:
-    row.rates.append(w.work / seconds / 1e9)
-    row.details.append({"seconds": seconds, **extra})
-
-
-def verify(row: Row, w: Workload, got: dict[str, np.ndarray], ref: dict[str, np.ndarray]) -> None:
-    problem = check(w, got, ref)
-    if problem is not None:
-        row.status = f"wrong result: {problem}"
-
-
-def run_times(row: Row) -> list[float]:
-    return [d["seconds"] for d in row.details if "seconds" in d]
-
-
-# --- numpy (a child process with its own BLAS threads) -----------------------------------
-
-
-def numpy_child(spec: dict[str, Any]) -> dict[str, Any]:
-    """Runs in the child: warm-up, then timed runs of every workload; JSON-ready."""
-    out: dict[str, Any] = {"blas": blas_info(), "results": {}}
-    for wd in spec["workloads"]:
-        w = Workload(**wd)
-        v = make_inputs(w)
-        got = probes(w, compute(w, v, np))
-        times = []
-        for _ in range(spec["repeats"]):
-            start = time.perf_counter()
-            compute(w, v, np)
-            times.append(time.perf_counter() - start)
-        out["results"][w.key] = {"seconds": times, "probes": {k: a.tolist() for k, a in got.items()}}
-    return out
-
-
-def bench_numpy(ws: list[Workload], repeats: int, threads: int, unpin: bool,
-                refs: dict[str, dict[str, np.ndarray]], timeout: float) -> list[Row]:
-    spec = json.dumps({"workloads": [asdict(w) for w in ws], "repeats": repeats})
-    proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--numpy-child", spec],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
-                            env=blas_env(threads, unpin=unpin))
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    if proc.returncode != 0:
-        raise RuntimeError(f"the numpy child exited {proc.returncode}: {err.strip()[-800:]}")
-    data = json.loads(out.strip().splitlines()[-1])
-    kernel = ", ".join(f"{b['internal_api']} {b['architecture']} x{b['num_threads']}" for b in data["blas"])
-    rows = []
-    for w in ws:
-        r = data["results"][w.key]
-        row = new_row("numpy", w, f"1 process, {kernel or 'BLAS unknown'}")
-        row.details[0]["blas"] = data["blas"]
-        for s in r["seconds"]:
-            record(row, w, s)
-        verify(row, w, {k: np.asarray(a) for k, a in r["probes"].items()}, refs[w.key])
-        rows.append(row)
-    return rows
-
-
-# --- Dask ------------------------------------------------------------------------------
-
-
-def bench_dask(ws: list[Workload], repeats: int, refs: dict[str, dict[str, np.ndarray]],
-               chunks: dict[str, tuple[int, int]]) -> list[Row]:
-    try:
-        import dask.array  # noqa: F401
-        from distributed import Client, LocalCluster
-    except ImportError:
-        return [new_row("dask", w, status="not installed (pip install 'dask[distributed]')") for w in ws]
-    import warnings
-
-    # The inputs travel once, from this process, before timing: that is the point here.
-    warnings.filterwarnings("ignore", message="Sending large graph")
-    rows = []
-    # The nanny gives each worker 1 BLAS thread (distributed.nanny.pre-spawn-environ).
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
-                      silence_logs=logging.ERROR) as cluster, Client(cluster) as client:
-        kernels = client.run(blas_info)
-        for w in ws:
-            rows.append(_dask_workload(client, w, repeats, refs[w.key], chunks.get(w.key), kernels))
-    return rows
-
-
-def _same(block: np.ndarray) -> np.ndarray:
-    return block
-
-
-def _dask_workload(client: Any, w: Workload, repeats: int, ref: dict[str, np.ndarray],
-                   chunks: tuple[int, int] | None, kernels: dict[str, Any]) -> Row:
-    import dask.array as da
-    from distributed import wait
-
-    ch = chunks or w.default_chunks()
-    row = new_row("dask", w, f"LocalCluster(2 workers x 1 thread), chunks {ch[0]}x{ch[1]}, inputs persisted")
-    row.details[0].update(chunks=list(ch), blas=list(kernels.values()))
-    v = {k: client.persist(da.from_array(a, chunks=ch)) for k, a in make_inputs(w).items()}
-    wait(list(v.values()))
-
-    runs = iter(range(1 << 30))
-
-    def run() -> list[Any]:
-        # Dask names results by a hash of their graph, and a persist whose keys are still in
-        # memory (the previous run's) returns at once without computing. A per-run identity
-        # over each input (no copy) makes every key new, so every run computes.
-        tag = next(runs)
-        fresh = {k: a.map_blocks(_same, dtype=a.dtype, name=f"{k}-run{tag}") for k, a in v.items()}
-        outs = client.persist(compute(w, fresh, da))
-        wait(outs)
-        return outs
-
-    verify(row, w, probes(w, run(), lambda o, idx: o[idx].compute()), ref)
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        record(row, w, time.perf_counter() - start)
-    return row
-
-
-# --- Ray -------------------------------------------------------------------------------
-
-
-def _ray_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return a @ b
-
-
-def _ray_chain(x: np.ndarray) -> np.float32:
-    return np.exp(x * 2 + 1).sum()
-
-
-def bench_ray(ws: list[Workload], repeats: int, refs: dict[str, dict[str, np.ndarray]]) -> list[Row]:
-    try:
-        import ray
-    except ImportError:
-        return [new_row("ray", w, status="not installed (pip install ray)") for w in ws]
-    biggest = max((4 * w.n * max(w.n, w.width) for w in ws), default=0)
-    ours = signal.getsignal(signal.SIGTERM)
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR,
-             object_store_memory=int(min(6 << 30, max(256 << 20, 6 * biggest))),
-             # 1 BLAS thread per task; bench/ on the path so workers can import _common
-             runtime_env={"env_vars": {**{k: "1" for k in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS",
-                                                           "MKL_NUM_THREADS")},
-                                       "PYTHONPATH": os.pathsep.join([str(REPO / "bench"), str(REPO)])}})
-    if callable(ours):  # ray.init's SIGTERM handler dies on the spot; ours unwinds (shutdown)
-        signal.signal(signal.SIGTERM, ours)
-    rows = []
-    try:
-        mm, chain, info = ray.remote(_ray_matmul), ray.remote(_ray_chain), ray.remote(blas_info)
-        kernels = ray.get(info.remote())
-        for w in ws:
-            if w.kind == "mlp":
-                rows.append(new_row("ray", w, status="n/a (no hand-written MLP step)"))
-                continue
-            rows.append(_ray_workload(ray, mm, chain, w, repeats, refs[w.key], kernels))
-    finally:
-        ray.shutdown()
-    return rows
-
-
-def _ray_workload(ray: Any, mm: Any, chain: Any, w: Workload, repeats: int, ref: dict[str, np.ndarray],
-                  kernels: Any) -> Row:
-    row = new_row("ray", w, f"ray.init(num_cpus=2), {RAY_BLOCKS ** 2} coarse tasks, "
-                            "inputs in the object store")
-    row.details[0]["blas"] = kernels
-    v = make_inputs(w)
-    run: Callable[[], list[Any]]
-    if w.kind == "matmul":
-        s = -(-w.n // RAY_BLOCKS)
-        a_rows = [ray.put(v["a"][i * s:(i + 1) * s]) for i in range(RAY_BLOCKS)]
-        b_cols = [ray.put(np.ascontiguousarray(v["b"][:, j * s:(j + 1) * s])) for j in range(RAY_BLOCKS)]
-
-        def run() -> list[Any]:
-            blocks = [mm.remote(a, b) for a in a_rows for b in b_cols]
-            ray.wait(blocks, num_returns=len(blocks), fetch_local=False)
-            return [blocks]
-
-        def read(blocks: Any, idx: tuple[slice, ...]) -> np.ndarray:
-            # the probes sit in the first and the last output block
-            return ray.get(blocks[0 if idx[0] == _FIRST else -1])[idx]
-    else:
-        s = -(-w.n // RAY_BLOCKS**2)
-        x_rows = [ray.put(v["x"][i * s:(i + 1) * s]) for i in range(RAY_BLOCKS**2) if i * s < w.n]
-
-        def run() -> list[Any]:
-            return [np.float32(np.sum(ray.get([chain.remote(x) for x in x_rows])))]
-
-        read = _index
-    verify(row, w, probes(w, run(), read), ref)
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        record(row, w, time.perf_counter() - start)
-    return row
 
 
 # --- triplane ----------------------------------------------------------------------------
 
 
 def tile_shape(plan: dict[str, Any]) -> tuple[int, int] | None:
-    """The tile shape of the most-split 2-D tensor of an explain document, if it is split."""
-    best: tuple[int, tuple[int, int]] | None = None
+    """The tile shape of the most-split 2-D tensor of an explain document, if one is split:
+    a computed tensor's if any is, else an input's (the chain's upload, read in strips by
+    the fused tasks, while its output is one scalar)."""
+    made = {t.get("task") for t in plan.get("tasks") or [] if isinstance(t, dict)}
+    best: dict[bool, tuple[int, tuple[int, int]]] = {}
     for t in plan.get("tensors") or []:
         tiles = t.get("tiles") or [] if isinstance(t, dict) else []
         if len(tiles) < 2 or not isinstance(tiles[0], dict):
@@ -309,9 +121,13 @@ def tile_shape(plan: dict[str, Any]) -> tuple[int, int] | None:
             dims = ty.get("shape")
         else:  # "float32[1024,1024]"
             dims = [int(d) for d in re.findall(r"\d+", str(ty).split("[", 1)[-1])]
-        if isinstance(dims, list) and len(dims) == 2 and (best is None or len(tiles) > best[0]):
-            best = (len(tiles), (int(dims[0]), int(dims[1])))
-    return best[1] if best else None
+        computed = tiles[0].get("tile") in made
+        if not (isinstance(dims, list) and len(dims) == 2):
+            continue
+        if computed not in best or len(tiles) > best[computed][0]:
+            best[computed] = (len(tiles), (int(dims[0]), int(dims[1])))
+    found = best.get(True) or best.get(False)
+    return found[1] if found else None
 
 
 def _blas_env_of(pid: int) -> str:
@@ -327,6 +143,8 @@ def _blas_env_of(pid: int) -> str:
 
 class Triplane:
     """A LocalCluster and a REST session to it; ``close()`` stops every process."""
+
+    key = "triplane"
 
     def __init__(self, executors: int, memory: str, job_timeout: float) -> None:
         import httpx
@@ -355,6 +173,8 @@ class Triplane:
         self.api = httpx.Client(base_url=self.cluster.url, timeout=30.0,
                                 headers={"Authorization": f"Bearer {self.cluster.token}"})
         self.blas = [_blas_env_of(p.pid) for p in self.cluster.executors]
+        self.doc: dict[str, Any] | None = None
+        self.scalars: list[str] = []
 
     def close(self) -> None:
         for c in (self.session, self.api):
@@ -366,7 +186,7 @@ class Triplane:
         if os.environ.get("BENCH_KEEP_HOME") != "1":
             shutil.rmtree(self.home, ignore_errors=True)
 
-    def prepare(self, outputs: Sequence[Any]) -> tuple[dict[str, Any], list[str]]:
+    def _upload(self, outputs: Sequence[Any]) -> tuple[dict[str, Any], list[str]]:
         """The canonical graph document with every host input uploaded; output node ids."""
         from triplane.scheduler.compiler.pipeline import canonicalize
         from triplane.sdk.tensor import build_graph
@@ -380,47 +200,113 @@ class Triplane:
                 node["attrs"]["tensor"] = self.session.upload(bindings[args[arg]])
         return doc, [rename[o._id] for o in outputs]
 
-    def run(self, doc: dict[str, Any], fetch: list[str]) -> tuple[str, list[np.ndarray]]:
-        job = self.session.submit(doc, fetch)
-        self.session.wait(job)
-        return job, [self.session.fetch(job, f) for f in fetch]
-
-    def plan(self, job: str) -> dict[str, Any] | None:
-        r = self.api.get(f"/v1/jobs/{job}/plan")
-        return r.json() if r.status_code == 200 else None
-
-    def release(self, job: str) -> None:
-        with suppress(Exception):
-            self.api.delete(f"/v1/jobs/{job}")
-
-
-def bench_triplane(tp_: Triplane, w: Workload, repeats: int,
-                   ref: dict[str, np.ndarray]) -> tuple[Row, tuple[int, int] | None]:
-    """One workload on the cluster; the row and the tile shape its plan used (if split)."""
-    import triplane as tp
-
-    row = new_row("triplane", w, f"{len(tp_.cluster.executors)} executors ({tp_.blas[0]}), inputs "
-                                 "uploaded before timing, submit -> done, scalars fetched")
-    start = time.perf_counter()
-    outs = triplane_outputs(w, {k: tp.tensor(a) for k, a in make_inputs(w).items()})
-    doc, ids = tp_.prepare(outs)
-    row.details[0].update(upload_s=time.perf_counter() - start, executors_blas=tp_.blas)
-    scalars = [i for i, o in zip(ids, outs) if o.shape == ()]
-    job, vals = tp_.run(doc, ids)  # warm-up: compiles, and fetches everything to check it
-    tp_.release(job)
-    verify(row, w, probes(w, vals), ref)
-    tiles = None
-    for _ in range(repeats):
+    def _job(self, doc: dict[str, Any],
+             fetch: list[str]) -> tuple[float, str, list[np.ndarray], dict[str, Any] | None]:
+        """Submit, wait, fetch ``fetch``: the seconds that took, the job id, the fetched
+        values, and the job's plan. The job is deleted (its tiles released) before this returns."""
         start = time.perf_counter()
-        job, _vals = tp_.run(doc, scalars)
-        seconds = time.perf_counter() - start
-        plan = tp_.plan(job)
+        job = self.session.submit(doc, fetch)
+        try:
+            self.session.wait(job)
+            vals = [self.session.fetch(job, f) for f in fetch]
+            seconds = time.perf_counter() - start
+            r = self.api.get(f"/v1/jobs/{job}/plan")
+            return seconds, job, vals, r.json() if r.status_code == 200 else None
+        finally:
+            with suppress(Exception):
+                self.api.delete(f"/v1/jobs/{job}")
+
+    def prepare(self, w: Workload, ref: Refs, tile: tuple[int, int] | None) -> Row:
+        import triplane as tp
+
+        row = new_row("triplane", w, f"{len(self.cluster.executors)} executors ({self.blas[0]}), inputs "
+                                     "uploaded before timing, submit -> done, scalars fetched")
+        start = time.perf_counter()
+        outs = triplane_outputs(w, {k: tp.tensor(a) for k, a in make_inputs(w).items()})
+        self.doc, ids = self._upload(outs)
+        row.details[0].update(upload_s=time.perf_counter() - start, executors_blas=self.blas)
+        self.scalars = [i for i, o in zip(ids, outs) if o.shape == ()]
+        _, _, vals, plan = self._job(self.doc, ids)  # warm-up: compiles, and fetches everything to check it
+        tiles = tile_shape(plan) if plan else None
+        row.details[0]["tile"] = list(tiles) if tiles else None  # Dask's chunks follow it
+        verify(row, w, probes(w, vals), ref)
+        return row
+
+    def run(self) -> tuple[float, dict[str, Any]]:
+        assert self.doc is not None
+        seconds, job, _, plan = self._job(self.doc, self.scalars)
         ms = (plan or {}).get("makespan") or {}
         tiles = tile_shape(plan) if plan else None
-        record(row, w, seconds, job=job, predicted_s=ms.get("predicted_s"), plan_actual_s=ms.get("actual_s"))
-        tp_.release(job)
-    row.details[0]["tile"] = list(tiles) if tiles else None
-    return row, tiles
+        return seconds, {"job": job, "predicted_s": ms.get("predicted_s"),
+                         "plan_actual_s": ms.get("actual_s"), "tile": list(tiles) if tiles else None}
+
+    def release(self) -> None:
+        # Each job was deleted after its run. The uploaded inputs stay in the executors'
+        # upload cache, which any later tile evicts when it needs the room (docs/executor.md).
+        self.doc, self.scalars = None, []
+
+
+# --- rounds ----------------------------------------------------------------------------
+
+
+def rotation(keys: Sequence[str], r: int) -> list[str]:
+    """The order of round ``r``: ``keys`` rotated left by r (round 1 of t,n,d,r: n,d,r,t)."""
+    k = r % len(keys) if keys else 0
+    return [*keys[k:], *keys[:k]]
+
+
+def measure(w: Workload, systems: dict[str, System], ref: Refs,
+            repeats: int) -> tuple[list[Row], list[list[str]]]:
+    """One workload on every system: prepare (in the order of ``systems``), ``repeats``
+    rotated rounds of one timed run each, release. The rows, and each round's order."""
+    rows: dict[str, Row] = {}
+    tile: tuple[int, int] | None = None
+    orders: list[list[str]] = []
+    for key, s in systems.items():
+        say(f"{w.key}: preparing {NAMES[key]} ...")
+        try:
+            rows[key] = s.prepare(w, ref, tile)
+        except Exception as e:  # one system failing must not lose the others' numbers
+            rows[key] = new_row(key, w, status=failed(e))
+            say(f"{w.key}: {NAMES[key]} {rows[key].status}")
+        if key == "triplane" and rows[key].details[0].get("tile"):
+            tile = tuple(rows[key].details[0]["tile"])  # type: ignore[assignment]
+    live = [k for k in systems if rows[k].status == "ok"]
+    for r in range(repeats):
+        order = rotation(live, r)  # over the systems still in, so the order keeps rotating
+        if not order:
+            break
+        orders.append(order)
+        times = []
+        for pos, key in enumerate(order):
+            try:
+                seconds, extra = systems[key].run()
+            except Exception as e:  # left out of the later rounds
+                rows[key].status = failed(e)
+                live.remove(key)
+                times.append(f"{NAMES[key]} {rows[key].status}")
+                continue
+            record(rows[key], w, seconds, round=r, position=pos, **extra)
+            times.append(f"{NAMES[key]} {seconds:.3g} s")
+        say(f"{w.key} round {r + 1}/{repeats}: " + ", ".join(times))
+    # Not in a `finally`: after Ctrl-C nothing is released but everything is closed, and a
+    # busy numpy child is not waited for.
+    for key, s in systems.items():
+        try:
+            s.release()
+        except Exception as e:
+            say(f"{w.key}: {NAMES[key]} could not release its data: {e}")
+    return [rows[k] for k in systems], orders
+
+
+def paired(row: Row, ref: Row | None) -> float | None:
+    """The median over rounds of ``ref``'s time / ``row``'s time in the same round."""
+    if ref is None:
+        return None
+    theirs = {d["round"]: d["seconds"] for d in ref.details[1:] if "round" in d}
+    ratios = [theirs[d["round"]] / d["seconds"] for d in row.details[1:]
+              if d.get("round") in theirs and d["seconds"] > 0]
+    return statistics.median(ratios) if ratios else None
 
 
 # --- report ------------------------------------------------------------------------------
@@ -435,21 +321,22 @@ def _ok(rows: list[Row], name: str) -> Row | None:
 
 
 def table(ws: list[Workload], rows: list[Row]) -> str:
-    headers = ["workload", "system", "best s", "median s", "best rate", "median rate", "x numpy"]
+    headers = ["workload", "system", "best s", "median s", "best rate", "median rate", "x numpy",
+               "x numpy (paired)"]
     cells = []
     for w in ws:
         group = _by_workload(rows, w)
         ref = _ok(group, NAMES["numpy"])
         for r in group:
             if not r.ok:
-                cells.append([w.key, r.name, r.status[:70], "", "", "", ""])
+                cells.append([w.key, r.name, r.status[:70], "", "", "", "", ""])
                 continue
             t = run_times(r)
             ratio = r.best_rate / ref.best_rate if ref and ref.best_rate and r.best_rate else None
-            cells.append([w.key, r.name, fmt(min(t), 3), fmt(sorted(t)[len(t) // 2], 3),
+            cells.append([w.key, r.name, fmt(min(t), 3), fmt(statistics.median(t), 3),
                           fmt(r.best_rate, 1, f" {w.unit}"), fmt(r.median_rate, 1, f" {w.unit}"),
-                          fmt(ratio, 2, "x")])
-    return markdown_table(headers, cells, [False, False, *([True] * 5)])
+                          fmt(ratio, 2, "x"), fmt(paired(r, ref), 2, "x")])
+    return markdown_table(headers, cells, [False, False, *([True] * 6)])
 
 
 def predictions(ws: list[Workload], rows: list[Row]) -> tuple[str, list[float]]:
@@ -464,7 +351,7 @@ def predictions(ws: list[Workload], rows: list[Row]) -> tuple[str, list[float]]:
         ratio = best["seconds"] / pred if pred else None
         if ratio is not None:
             ratios.append(ratio)
-        tile = r.details[0].get("tile")
+        tile = best.get("tile") or r.details[0].get("tile")
         cells.append([w.key, fmt(pred, 3), fmt(best["seconds"], 3), fmt(sched, 3), fmt(ratio, 2, "x"),
                       "x".join(map(str, tile)) if tile else "not split"])
     headers = ["workload", "predicted s", "actual s (submit->done)", "actual s (scheduler)",
@@ -485,8 +372,10 @@ def targets(ws: list[Workload], rows: list[Row], ratios: list[float]) -> list[st
             ahead = all(trip.best_rate > r.best_rate for r in rivals)  # type: ignore[operator]
             met = x >= 0.9 and ahead
             names = " and ".join(r.name for r in rivals) or "no baseline"
-            out.append(f"* {w.key}: triplane {x:.2f}x numpy's throughput (target >= 0.90), "
-                       f"{'ahead of' if ahead else 'NOT ahead of'} {names} -- {'met' if met else 'NOT met'}")
+            pair = fmt(paired(trip, ref), 2, "x")
+            out.append(f"* {w.key}: triplane {x:.2f}x numpy's throughput (paired {pair}; target >= 0.90), "
+                       f"{'ahead of' if ahead else 'NOT ahead of'} {names} -- "
+                       f"{'met' if met else 'NOT met'}")
         elif w.kind == "chain":
             tx = min(run_times(trip)) / min(run_times(ref))
             out.append(f"* {w.key}: triplane's time {tx:.2f}x numpy's (target < 0.70) -- "
@@ -504,9 +393,11 @@ def report(ws: list[Workload], rows: list[Row], args: argparse.Namespace, facts:
     pred, ratios = predictions(ws, rows)
     lines = [
         "# Compute benchmark (bench/compute.py)", "",
-        f"float32; {args.repeats} timed runs per system after a warm-up whose results were checked "
-        "against float64 on sampled blocks; rates are GFLOP/s (matmul, mlp) or GB/s read (chain); "
-        "x numpy compares best rates.", "",
+        f"float32; per workload, a warm-up per system whose results were checked against float64 on "
+        f"sampled blocks, then {args.repeats} rounds of one timed run per system, the order rotated "
+        "each round; rates are GFLOP/s (matmul, mlp) or GB/s read (chain); x numpy compares best "
+        "rates; x numpy (paired) is the median over rounds of numpy's time / the system's time in "
+        "the same round.", "",
         table(ws, rows), "",
         "triplane's predicted makespan (GET /v1/jobs/{id}/plan) beside the actual, best run:", "",
         pred, "", "Targets (issue 4):", *targets(ws, rows, ratios), "",
@@ -534,20 +425,23 @@ def _ints(text: str) -> list[int]:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--systems", default=",".join(SYSTEMS), help=f"subset of {','.join(SYSTEMS)}")
-    p.add_argument("--repeats", type=int, default=3, help="timed runs per system (default 3)")
+    p.add_argument("--repeats", type=int, default=5, help="timed rounds, one run per system each (default 5)")
     p.add_argument("--matmul", default="4096,8192", help="matmul sides (default 4096,8192; '' none)")
     p.add_argument("--chain", default="8192", help="elementwise chain sides (default 8192; '' none)")
     p.add_argument("--mlp", default="4096x2048", help="MLP step BATCHxWIDTH, comma-separated ('' none)")
     p.add_argument("--executors", type=int, default=2, help="triplane executors (default 2)")
     p.add_argument("--memory", default="6GiB", help="tile memory per executor (default 6GiB)")
     p.add_argument("--numpy-threads", type=int, default=2, help="BLAS threads of the numpy row")
-    p.add_argument("--job-timeout", type=float, default=300.0, help="seconds one triplane job may take")
+    p.add_argument("--job-timeout", type=float, default=300.0,
+                   help="seconds one triplane job, or one numpy child request, may take")
     p.add_argument("--keep-blas-env", dest="unpin", action="store_false",
                    help="keep OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE in the child processes (tests, CI)")
     p.add_argument("--results-dir", type=Path, default=Path(__file__).resolve().parent / "results")
     p.add_argument("--name", default="compute", help="result file stem (default compute)")
-    p.add_argument("--numpy-child", help=argparse.SUPPRESS)
+    p.add_argument("--numpy-child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.numpy_child:
+        return args
     args.systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     unknown = set(args.systems) - set(SYSTEMS)
     if unknown:
@@ -570,6 +464,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error(f"--memory: {e}")
     if min(args.repeats, args.executors, args.numpy_threads) < 1:
         p.error("--repeats, --executors and --numpy-threads must be >= 1")
+    if args.job_timeout <= 0:
+        p.error("--job-timeout must be > 0")
     args.workloads = ws
     return args
 
@@ -581,8 +477,7 @@ def _sigterm(signum: int, frame: Any) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.numpy_child:
-        print(json.dumps(numpy_child(json.loads(args.numpy_child))))
-        return 0
+        return numpy_child_main()
     previous = signal.signal(signal.SIGTERM, _sigterm)
     try:
         return _run(args)
@@ -593,50 +488,64 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, previous)
 
 
+def start(key: str, args: argparse.Namespace) -> System | str:
+    """Start one baseline; it, or the status its rows get when it cannot start."""
+    say(f"starting {NAMES[key]} ...")
+    try:
+        if key == "numpy":
+            return NumpyBaseline(args.numpy_threads, args.unpin, args.job_timeout)
+        if key == "dask":
+            try:
+                import dask.array  # noqa: F401
+                import distributed  # noqa: F401
+            except ImportError:
+                return "not installed (pip install 'dask[distributed]')"
+            return DaskBaseline()
+        try:
+            import ray  # noqa: F401
+        except ImportError:
+            return "not installed (pip install ray)"
+        return RayBaseline(args.workloads)
+    except Exception as e:  # a baseline that cannot start must not lose the others' numbers
+        say(f"{NAMES[key]} {failed(e)}")
+        return failed(e)
+
+
 def _run(args: argparse.Namespace) -> int:
     pins = {k: os.environ[k] for k in OPENBLAS_PIN_VARS if k in os.environ}
     if args.unpin:  # only processes started from now on see it; this one computes no timings
         for k in OPENBLAS_PIN_VARS:
             os.environ.pop(k, None)
     ws: list[Workload] = args.workloads
-    print("float64 references ...", file=sys.stderr, flush=True)
+    say("float64 references ...")
     refs = {w.key: reference(w, make_inputs(w)) for w in ws}
     rows: list[Row] = []
-    chunks: dict[str, tuple[int, int]] = {}
+    orders: dict[str, list[list[str]]] = {}
+    with ExitStack() as stack:  # closes every started system on any way out
+        systems: dict[str, System] = {}
+        absent: dict[str, str] = {}
+        if "triplane" in args.systems:
+            say("starting triplane ...")
+            try:
+                systems["triplane"] = Triplane(args.executors, args.memory, args.job_timeout)
+            except ClusterStartError as e:
+                print(f"error: the triplane cluster could not start: {e}", file=sys.stderr)
+                return 2
+            stack.callback(_close, systems["triplane"])
+        for key in SYSTEMS[1:]:
+            if key in args.systems:
+                got = start(key, args)
+                if isinstance(got, str):
+                    absent[key] = got
+                else:
+                    systems[key] = got
+                    stack.callback(_close, got)
+        for w in ws:
+            measured, orders[w.key] = measure(w, systems, refs[w.key], args.repeats)
+            by_key = dict(zip(systems, measured))
+            rows += [by_key[k] if k in by_key else new_row(k, w, status=absent[k])
+                     for k in SYSTEMS if k in args.systems]
     code = 0
-    if "triplane" in args.systems:
-        print("measuring triplane ...", file=sys.stderr, flush=True)
-        try:
-            cluster = Triplane(args.executors, args.memory, args.job_timeout)
-        except ClusterStartError as e:
-            print(f"error: the triplane cluster could not start: {e}", file=sys.stderr)
-            return 2
-        try:
-            for w in ws:
-                try:
-                    row, tile = bench_triplane(cluster, w, args.repeats, refs[w.key])
-                except Exception as e:  # one workload failing must not lose the others
-                    row, tile = new_row("triplane", w, status=f"failed: {type(e).__name__}: {e}"[:300]), None
-                    print(f"triplane {w.key} failed: {e}", file=sys.stderr)
-                rows.append(row)
-                if tile:
-                    chunks[w.key] = tile
-        finally:
-            cluster.close()
-    for s in ("numpy", "dask", "ray"):
-        if s not in args.systems:
-            continue
-        print(f"measuring {NAMES[s]} ...", file=sys.stderr, flush=True)
-        try:
-            if s == "numpy":
-                rows += bench_numpy(ws, args.repeats, args.numpy_threads, args.unpin, refs, timeout=900)
-            elif s == "dask":
-                rows += bench_dask(ws, args.repeats, refs, chunks)
-            else:
-                rows += bench_ray(ws, args.repeats, refs)
-        except Exception as e:  # a failing baseline must not lose the others' numbers
-            rows += [new_row(s, w, status=f"failed: {type(e).__name__}: {e}"[:300]) for w in ws]
-            print(f"{NAMES[s]} failed: {e}", file=sys.stderr)
     if any(r.status.startswith("wrong result") for r in rows) or \
             any(r.name == NAMES["triplane"] and not r.ok for r in rows):
         code = 1
@@ -645,13 +554,26 @@ def _run(args: argparse.Namespace) -> int:
     facts["openblas_pins"] = pins
     text = report(ws, rows, args, facts)
     print(text)
+    numpy_of = {r.details[0]["workload"]: r for r in rows if r.name == NAMES["numpy"] and r.ok}
     payload = {"benchmark": "compute", "repeats": args.repeats, "executors": args.executors,
                "numpy_threads": args.numpy_threads, "unpinned": args.unpin,
                "workloads": [{**asdict(w), "key": w.key, "unit": w.unit, "work": w.work} for w in ws],
-               "machine": facts, "rows": [{**r.summary(), "seconds": run_times(r)} for r in rows]}
+               "orders": orders,  # per workload, each round's order of systems
+               "machine": facts,
+               "rows": [{**r.summary(), "seconds": run_times(r),
+                         "x_numpy_paired": paired(r, numpy_of.get(r.details[0]["workload"])) if r.ok
+                         else None}
+                        for r in rows]}
     jpath, mpath = write_results(args.name, payload, text, args.results_dir)
-    print(f"\nwrote {jpath} and {mpath}", file=sys.stderr)
+    say(f"\nwrote {jpath} and {mpath}")
     return code
+
+
+def _close(system: System) -> None:
+    try:
+        system.close()
+    except Exception as e:  # the others are closed all the same
+        say(f"closing {NAMES[system.key]} failed: {e}")
 
 
 if __name__ == "__main__":
