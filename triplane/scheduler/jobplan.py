@@ -266,7 +266,8 @@ def _plan_job(
             in_tiles = deps = pulled = ()
         tp = placed.tasks.get(nid) if placed is not None else None
         cost = tp.compute_s + tp.comm_s if tp is not None else cost_seconds(c.flops, c.bytes)
-        specs.append(TaskSpec(nid, op, deps, cost, out_type.nbytes, nid in outputs, tp.node if tp else None))
+        specs.append(TaskSpec(nid, op, deps, cost, out_type.nbytes, nid in outputs, tp.node if tp else None,
+                              tp.start if tp else 0.0))
         templates[nid] = TaskTemplate(op, in_tiles, pulled, attrs, out_type)
     return JobPlan(
         job,

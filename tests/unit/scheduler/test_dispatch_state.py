@@ -268,3 +268,50 @@ def test_small_slots_below_slots_change_nothing() -> None:
     out = s.handle(SubmitJob(sid(), "j", tuple(small(i) for i in range(6)), 0.0))
     assert len(sends(out)) == 3
     s.validate_state()
+
+
+def test_ready_tasks_go_in_the_plans_order_and_an_urgent_one_jumps_the_queue() -> None:
+    # One node, one slot. The plan's predicted starts (priority) order the queue, not the
+    # order in which tasks became ready: "late" depends on t0 and the plan runs it before
+    # the two independent tasks, so once t0 is done it goes first although they waited longer.
+    s = cluster("n1", slots=1)
+    specs = (TaskSpec("t0", "exp", priority=0.0), TaskSpec("b", "exp", priority=0.5),
+             TaskSpec("a", "exp", priority=0.3), TaskSpec("late", "exp", ("t0",), priority=0.1))
+    out = s.handle(SubmitJob(sid(), "j", specs, 0.0))
+    order = []
+    while sends(out):
+        (snd,) = sends(out)
+        order.append(snd.task)
+        out = ok(s, snd)
+    assert order == ["t0", "late", "a", "b"]
+    assert finished(out) == [JobFinished("j", "done")]
+
+
+def test_an_earlier_job_goes_before_a_later_one_whatever_the_priorities() -> None:
+    s = cluster("n1", slots=1)
+    first = s.handle(SubmitJob(sid(), "j1", (TaskSpec("x0", "exp", priority=0.0),
+                                             TaskSpec("x1", "exp", priority=9.0)), 0.0))
+    s.handle(SubmitJob(sid(), "j2", (TaskSpec("y0", "exp", priority=0.0),), 0.0))
+    order = [(snd := sends(first)[0]).job + "/" + snd.task]
+    out = ok(s, snd)
+    while sends(out):
+        (snd,) = sends(out)
+        order.append(f"{snd.job}/{snd.task}")
+        out = ok(s, snd)
+    assert order == ["j1/x0", "j1/x1", "j2/y0"]
+
+
+def test_heavy_tasks_are_two_in_flight_per_node_lighter_ones_fill_the_slots() -> None:
+    # An executor runs kernels one after another: a heavy task queued behind three others
+    # would wait for all of them, so at most `heavy_slots` heavy tasks are in flight.
+    s = cluster("n1", slots=4)
+    heavy = tuple(TaskSpec(f"h{i}", "matmul", cost_s=0.1, output_bytes=1 << 20) for i in range(5))
+    out = s.handle(SubmitJob(sid(), "j", heavy, 0.0))
+    first = sends(out)
+    assert [x.task for x in first] == ["h0", "h1"]
+    s.validate_state()
+    assert [x.task for x in sends(ok(s, first[0]))] == ["h2"]
+    s2 = cluster("n1", slots=4)
+    medium = tuple(TaskSpec(f"m{i}", "add", cost_s=0.002, output_bytes=1 << 20) for i in range(5))
+    assert len(sends(s2.handle(SubmitJob(sid(), "j", medium, 0.0)))) == 4
+    s2.validate_state()
