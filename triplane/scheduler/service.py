@@ -47,7 +47,8 @@ from triplane.registry import (
     list_nodes,
     list_op_engines,
 )
-from triplane.scheduler.compiler.costmodel import NodeFigures, figures_from_registry
+from triplane.scheduler.calibration import Calibration, bound_of
+from triplane.scheduler.compiler.costmodel import CostModel, NodeFigures, figures_from_registry, task_cost
 from triplane.scheduler.compiler.pipeline import PlanCache
 from triplane.scheduler.dispatch.shell import DispatchShell, Hooks
 from triplane.scheduler.dispatch.state import (
@@ -77,6 +78,8 @@ from triplane.scheduler.store import DataPortClient, DataServer, StoredTensor, T
 log = logging.getLogger(__name__)
 
 VERSION = "0.1.0"
+_TASK_OVERHEAD_S = CostModel().task_overhead_s  # what placement adds to each kernel
+STORE_FIRST_TASKS = 1000  # a job of at most this many tasks is stored before it is dispatched
 
 _API_STATE = {
     "submitted": "queued",
@@ -120,6 +123,9 @@ class LiveJob:
     fetched_released: bool = False
     fetched_tasks: frozenset[str] = frozenset()  # tasks holding fetched tiles (tiles table)
     actual: dict[str, tuple[float, float]] = field(default_factory=dict)  # task -> kernel start, end
+    # node -> (flops, bytes) calibration factors the plan was made with (None: a resumed
+    # job, planned with recorded figures; its tasks teach the calibration nothing)
+    factors: dict[str, tuple[float, float]] | None = None
     # task -> node holding its output, kept when the job is done: fetches need it after the
     # dispatcher's state is gone (a scheduler that stepped down and leads again).
     holders: dict[str, str] = field(default_factory=dict)
@@ -191,6 +197,7 @@ class Scheduler(Leading):
         self.jobs: dict[str, LiveJob] = {}
         self.earlier = EarlierJobs(db, self.plans)  # done jobs an earlier process ran
         self.residency = Residency()  # upload tiles cached on executors, for placement
+        self.calibration = Calibration()  # how fast executors run now, from finished tasks
         self.stopped = asyncio.Event()
         self._packet_port, self._data_port = packet_port, data_port
         self.data_port = 0
@@ -283,6 +290,8 @@ class Scheduler(Leading):
         if not isinstance(fetch, list) or not all(isinstance(f, str) for f in fetch) or len(fetch) > 10_000:
             raise SubmitError(400, "request", "'fetch' must be a list of at most 10000 node ids")
         figures = await self._figures()
+        factors = self.calibration.snapshot([f.name for f in figures])
+        figures = self.calibration.apply(figures, factors)  # the speed the executors run at now
         try:
             cgraph, args, plan = await asyncio.to_thread(self._plan, graph_doc, fetch, figures)
         except GraphError as e:
@@ -330,10 +339,24 @@ class Scheduler(Leading):
                     op=missing,
                 )
         now = time.time()
+        if len(plan.specs) <= STORE_FIRST_TASKS:
+            # A job of few tasks is stored first (milliseconds): its tasks are big, and a
+            # store running beside them would take CPU and the GIL from the replies when
+            # the executors fill every core (the MLP step: 30-80 ms between a task's reply
+            # and its successor's start early in the job, 1 ms once the store was done).
+            try:
+                await asyncio.to_thread(self._store_job, plan, cgraph, fetch, bindings, now)
+            except Exception as e:
+                log.error("cannot store job %s: %s", job_id, e)
+                raise SubmitError(503, "unavailable", f"the metadata DB refused the job: {e}") from None
+            live = self._dispatch(plan, now, (), back)
+            live.factors = factors
+            return self._body(job_id, live)
         # Dispatch first and store meanwhile: the executors start while ~10^4 task rows are
         # inserted. The journal holds the job's writes back until its rows exist.
         self.journal.hold(job_id)
         live = self._dispatch(plan, now, (), back)
+        live.factors = factors
         try:
             await asyncio.to_thread(self._store_job, plan, cgraph, fetch, bindings, now)
         except Exception as e:
@@ -723,11 +746,29 @@ class Scheduler(Leading):
         live = self.jobs.get(job)
         if live is not None:
             live.actual[task] = (r.timings.start, r.timings.end)
+            if live.factors is not None:
+                self._calibrate(live, task, node, r.timings.end - r.timings.start)
         if live is None or task in live.fetched_tasks:
             # Only the results a client will read get a tiles row: every other output's
             # location is its task row (done, node), written anyway -- 10^4 tile rows per job
             # cost the scheduler more CPU than the tasks themselves (docs/scheduler.md).
             self.journal.output(job, task, node, r)
+
+    def _calibrate(self, live: LiveJob, task: str, node: str, kernel_s: float) -> None:
+        """Teach the calibration what ``task``'s kernel took beside its prediction."""
+        lay = live.plan.layout
+        if lay is None or lay.placement is None:
+            return
+        tp = lay.placement.tasks.get(task)
+        predicted = tp.compute_s - _TASK_OVERHEAD_S if tp is not None else 0.0
+        if tp is None or tp.node != node or predicted < self.calibration.min_predicted_s:
+            return
+        fig = next((f for f in lay.figures if f.name == node), None)
+        if fig is None:
+            return
+        bound = bound_of(task_cost(lay.graph, task), fig)
+        ff, fb = (live.factors or {}).get(node, (1.0, 1.0))
+        self.calibration.observe(node, bound, predicted, kernel_s, ff if bound == "flops" else fb)
 
     @classmethod
     def _fetched_tasks(cls, live: LiveJob) -> set[str]:
@@ -744,6 +785,7 @@ class Scheduler(Leading):
     def _node_down(self, node: str) -> None:
         log.warning("executor %s is gone", node)
         self.residency.forget_node(node)
+        self.calibration.forget(node)
 
     async def _release(self, job: str, *, keep_fetched: bool) -> None:
         """Delete a job's tiles on the executors (the fetched ones too unless ``keep_fetched``)."""
