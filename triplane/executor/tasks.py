@@ -81,7 +81,8 @@ class TaskRunner:
 
     ``pull(node, tile)`` fetches an input from another node (raising anything on failure);
     ``node`` is this executor's own name (inputs "pulled" from it are read locally).
-    Kernels run in a pool of ``workers`` threads, except tiny ones (``inline_bytes``).
+    Kernels run in a pool of ``workers`` threads, except tiny ones (``inline_bytes``) and
+    those the engine says return a view of their input (``engine.cheap(op, inputs)``).
     """
 
     def __init__(self, engine: Any, store: Any, pull: Puller, *, node: str, workers: int = 1,
@@ -184,7 +185,8 @@ class TaskRunner:
         behind another one's kernel in the pool has not started (the plan's actual times
         compare kernel time with predicted compute time)."""
         touched = out_bytes + sum(a.nbytes for a in inputs)
-        if touched <= self.inline_bytes:
+        cheap = getattr(self.engine, "cheap", None)  # optional: kernels that return views
+        if touched <= self.inline_bytes or (cheap is not None and cheap(task.op, inputs)):
             return _timed(self.engine, task.op, inputs, attrs, out_t)
         if on_slow is not None:
             on_slow(task.task)

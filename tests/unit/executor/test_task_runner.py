@@ -181,3 +181,37 @@ def test_a_task_queued_behind_another_kernel_reports_its_own_kernel_time() -> No
     assert second.timings.start >= first.timings.end - 1e-3
     for r in (first, second):
         assert 0.19 <= r.timings.end - r.timings.start < 0.35, r.timings
+
+
+class SleepyMatmul(Sleepy):
+    """Matmuls take ``seconds``; the numpy engine's view kernels are cheap, as it says."""
+
+    def cheap(self, op: str, inputs: Any) -> bool:
+        return self.inner.cheap(op, inputs)
+
+    def run(self, op: str, *a: Any) -> Any:
+        if op == "matmul":
+            time.sleep(self.seconds)
+        return self.inner.run(op, *a)
+
+
+def test_a_view_op_runs_at_once_not_behind_a_running_kernel() -> None:
+    # Regrouping tiles is mostly slices and transposes, which numpy answers with views:
+    # O(1) however big. Queued behind a long matmul in the one-thread pool, a 16 MiB
+    # transpose held up the tasks waiting for it on another executor for 0.1-0.2 s.
+    runner, store = make(capacity=256 << 20, engine=SleepyMatmul(0.3), inline_bytes=0)
+    x = np.random.default_rng().standard_normal((1024, 1024), dtype=np.float32)
+    store.put("x", x)
+
+    async def both() -> tuple[Reply, Reply]:
+        now = time.time()
+        mm = asyncio.ensure_future(runner.run(t("j.n1.a0", "matmul", ("x", "x"), "mm"), now))
+        await asyncio.sleep(0.05)  # the matmul holds the pool's one thread now
+        tr = await runner.run(t("j.n2.a0", "transpose", ("x",), "xt", attrs={"perm": [1, 0]}), now)
+        return await mm, tr
+
+    mm, tr = asyncio.run(asyncio.wait_for(both(), 10))
+    assert mm.ok and tr.ok, (mm.error, tr.error)
+    assert tr.timings.end < mm.timings.end - 0.1  # done while the matmul still ran
+    np.testing.assert_array_equal(store.get("xt"), x.T)
+    assert get_op_engine("numpy").cheap("slice", [x]) and not get_op_engine("numpy").cheap("exp", [x])

@@ -41,6 +41,12 @@ def _load_kernels() -> None:
     import triplane.engines.op.numpy_kernels  # noqa: F401
 
 
+# Kernels that return a view (basic slicing, np.transpose, np.broadcast_to), never a copy.
+# Regrouping tiles between differently split ops is mostly these: a 16 MiB transpose
+# queued behind a 0.15 s matmul held up the tasks waiting for it on the other executor.
+VIEW_OPS = frozenset({"slice", "transpose", "broadcast_to"})
+
+
 class NumpyEngine:
     """Runs every op of the table on host memory with numpy."""
 
@@ -58,6 +64,11 @@ class NumpyEngine:
         except Exception:
             return False
         return all(d in accepted for d in dtypes)
+
+    def cheap(self, op: str, inputs: Sequence[np.ndarray]) -> bool:
+        """Whether the kernel of ``op`` on ``inputs`` returns a view of its input: O(1)
+        however big the tile (the executor runs it inline, not behind a running kernel)."""
+        return op in VIEW_OPS and not any(a.dtype.name == "bfloat16" for a in inputs)
 
     def run(self, op: str, inputs: Sequence[np.ndarray], attrs: Mapping[str, Any],
             out: TensorType) -> np.ndarray:
