@@ -272,10 +272,12 @@ def test_a_numpy_child_that_dies_fails_its_row_only() -> None:
 
 def test_tile_shape_prefers_computed_tiles_and_falls_back_to_an_input_read_in_strips() -> None:
     def tensor(name: str, n: int, shape: str) -> dict:
-        return {"tensor": name, "tiles": [{"tile": f"{name}{i}", "type": f"float32[{shape}]"} for i in range(n)]}
+        tiles = [{"tile": f"{name}{i}", "type": f"float32[{shape}]"} for i in range(n)]
+        return {"tensor": name, "tiles": tiles}
 
     chain = {"tasks": [{"task": "t2"}, {"task": "t4"}, {"task": "t5"}],
-             "tensors": [tensor("x", 2, "4096, 8192"), {"tensor": "s", "tiles": [{"tile": "t5", "type": "float32[]"}]}]}
+             "tensors": [tensor("x", 2, "4096, 8192"),
+                         {"tensor": "s", "tiles": [{"tile": "t5", "type": "float32[]"}]}]}
     assert bench_compute.tile_shape(chain) == (4096, 8192)
     matmul = {"tasks": [{"task": "c0"}, {"task": "c1"}],
               "tensors": [tensor("a", 4, "1024, 4096"), tensor("c", 2, "2048, 4096")]}

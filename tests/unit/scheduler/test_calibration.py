@@ -129,8 +129,10 @@ def test_a_job_after_slow_kernels_is_planned_with_the_learned_speed(tmp_path) ->
     for _ in range(40):  # forty runs' worth of kernels, each twice the predicted time
         for t, p in matmuls.items():
             kernel = 2.0 * (p["predicted"]["compute_s"] - 200e-6)
-            s._output(first, t, p["node"], Reply(f"{first}.{t}", True, Timings(0.0, 1.0, 1.0 + kernel), (), None))
+            reply = Reply(f"{first}.{t}", True, Timings(0.0, 1.0, 1.0 + kernel), (), None)
+            s._output(first, t, p["node"], reply)
     assert s.calibration.factor("e0", "flops") == pytest.approx(2.0, rel=0.06)
     again = plan_of(c.post("/v1/jobs", json={"graph": doc, "fetch": ["y"]}, headers=auth).json()["id"])
     for t, p in matmuls.items():
-        assert again[t]["predicted"]["compute_s"] == pytest.approx(2.0 * p["predicted"]["compute_s"], rel=0.08)
+        want = 2.0 * p["predicted"]["compute_s"]
+        assert again[t]["predicted"]["compute_s"] == pytest.approx(want, rel=0.08)
