@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from triplane.proto.ir import Graph, Node
+from triplane.proto.ir import Graph, Node, TensorType
 from triplane.scheduler.compiler.costmodel import NodeFigures, type_text
 from triplane.scheduler.compiler.placement import (
     Code,
@@ -68,7 +68,10 @@ class Layout:
     ``cached``: ``input`` nodes of ``graph`` -> executors known to keep that upload tile in
     their cache (placement saw those reads as local). ``sources``: the whole ``input``
     nodes that ``regions`` are cut from (by the id ``regions`` names; ``graph`` drops those
-    no task reads whole), so the plan document can show an upload's shape and its tiles."""
+    no task reads whole), so the plan document can show an upload's shape and its tiles.
+    ``made``: computed tensors the tiler makes region by region instead of on a grid
+    (sources such as a random ``normal``, cut as their readers need): plan node -> (its
+    type, ((region, task), ...)), so the plan document can list their tiles too."""
 
     graph: Graph
     tiled: bool
@@ -79,6 +82,8 @@ class Layout:
     regions: Mapping[str, tuple[str, Region]] = dataclasses.field(default_factory=dict)
     cached: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
     sources: Mapping[str, Node] = dataclasses.field(default_factory=dict)
+    made: Mapping[str, tuple[TensorType, tuple[tuple[Region, str], ...]]] = dataclasses.field(
+        default_factory=dict)
 
     def preferred(self, task: str) -> str | None:
         p = self.placement
@@ -156,8 +161,12 @@ def _tile_and_place(graph: Graph, figs: tuple[NodeFigures, ...], sizes: Any, cac
     grids = {nid: dataclasses.replace(g, tiles={c: rename[t] for c, t in g.tiles.items()})
              for nid, g in tiled.grids.items()}
     held = _cached_inputs(tgraph, regions, figs, cached)
+    made = {nid: (graph.nodes[nid].type, tuple((reg, rename[t]) for reg, t in pieces))
+            for nid, pieces in tiled.pieces.items()
+            if nid not in tiled.grids and nid in graph.nodes and graph.nodes[nid].op != "input"
+            and all(rename.get(t) in nodes and nodes[rename[t]].op != "input" for _, t in pieces)}
     return Layout(tgraph, True, grids, origin, _place(tgraph, figs, origin, held), figs, regions, held,
-                  sources)
+                  sources, made)
 
 
 def _cached_inputs(graph: Graph, regions: Mapping[str, tuple[str, Region]], figs: Sequence[NodeFigures],

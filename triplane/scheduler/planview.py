@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from triplane.scheduler.compiler.explain import explain, input_regions
+from triplane.scheduler.compiler.explain import explain, input_regions, made_regions
 from triplane.scheduler.layout import Layout
 
 __all__ = ["plan_document"]
@@ -44,7 +44,8 @@ def plan_document(job: str, layout: Layout, back: Mapping[str, str],
     tiles = {back.get(nid, nid): grid for nid, grid in lay.grids.items()} if lay.tiled else None
     known = {t: se for t, se in actual.items() if t in lay.placement.tasks}
     doc = explain(lay.graph, lay.placement, nodes=lay.figures, tiles=tiles, origin=labels, actual=known,
-                  regions=input_regions(lay.regions, lay.sources, label), cached=lay.cached)
+                  regions={**input_regions(lay.regions, lay.sources, label), **made_regions(lay.made, label)},
+                  cached=lay.cached)
     if not complete:
         doc["makespan"]["actual_s"] = None
         doc["makespan"]["ratio"] = None

@@ -42,10 +42,12 @@ upload region, a grid cell's bounds, the whole box for an input read whole; null
 the read is no box of ``of`` (a partial result, e.g. one strip's partial sum of a split
 reduction). ``pulls`` says which of the reads cross the network, from where.
 
-Inputs read in regions (tiled only): given ``regions`` (tile-graph ``input`` node -> the
-:class:`InputRegion` of a whole input it stands for; :func:`input_regions` builds them
-from a layout), each such input is listed in ``tensors`` (before the computed ones) with
-one tile per distinct region read. When those regions partition the input into a grid
+Tensors held in regions (tiled only): given ``regions`` (tile-graph node -> the
+:class:`InputRegion` of a whole tensor it stands for: an ``input`` node for a region of
+an upload, :func:`input_regions`; a task making one piece of a tensor the tiler makes
+region by region, such as a random source cut as its readers need, :func:`made_regions`),
+each such tensor is listed in ``tensors`` (before the gridded ones) with one tile per
+distinct region. When those regions partition the input into a grid
 the entry has that ``grid`` and each tile its ``index``; when they overlap, leave parts
 unread or do not line up into a grid, ``grid`` and every ``index`` are null and the
 tiles are listed by region. An input read only whole is listed in ``tensors`` only
@@ -72,14 +74,17 @@ from triplane.scheduler.compiler.costmodel import (
 from triplane.scheduler.compiler.placement import Placement
 from triplane.scheduler.compiler.tiling.grid import Region, full_region
 
-__all__ = ["EXPLAIN_VERSION", "InputRegion", "explain", "grid_tiles", "input_regions", "render_text"]
+__all__ = ["EXPLAIN_VERSION", "InputRegion", "explain", "grid_tiles", "input_regions", "made_regions",
+           "render_text"]
 
 EXPLAIN_VERSION = 1
 
 
 class InputRegion(NamedTuple):
-    """A tile-graph ``input`` node that stands for a box of a whole input: ``tensor`` is
-    the whole input's name as the document gives it, ``type`` its type."""
+    """A tile-graph node that stands for a box of a whole tensor -- an ``input`` node for a
+    region of an upload, or a task making one piece of a tensor the tiler makes region by
+    region: ``tensor`` is the whole tensor's name as the document gives it, ``type`` its
+    type."""
 
     tensor: str
     type: TensorType
@@ -93,6 +98,14 @@ def input_regions(regions: Mapping[str, tuple[str, Region]], sources: Mapping[st
     id to its name in the document (the same name ``origin`` gives its other tiles)."""
     return {nid: InputRegion(name(whole), sources[whole].type, tuple((int(a), int(b)) for a, b in reg))
             for nid, (whole, reg) in regions.items() if whole in sources}
+
+
+def made_regions(made: Mapping[str, tuple[TensorType, Sequence[tuple[Region, str]]]],
+                 name: Callable[[str], str]) -> dict[str, InputRegion]:
+    """A layout's ``made`` (tensor -> (type, ((region, task), ...))) as :func:`explain`'s
+    ``regions``: each piece's task stands for its box of the tensor named ``name(tensor)``."""
+    return {task: InputRegion(name(nid), ttype, tuple((int(a), int(b)) for a, b in reg))
+            for nid, (ttype, pieces) in made.items() for reg, task in pieces}
 
 
 def explain(graph: Graph, placement: Placement, *, nodes: Sequence[NodeFigures] = (),
@@ -238,11 +251,12 @@ class _Reads:
 def _input_tensors(graph: Graph, placement: Placement, regions: Mapping[str, InputRegion],
                    origin: Mapping[str, str], locations: Mapping[str, str],
                    tiles: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The inputs read in regions, each with one tile per distinct region (module doc)."""
+    """The tensors held in regions -- inputs read in regions, tensors made piece by piece --
+    each with one tile per distinct region (module doc)."""
     parts: dict[str, tuple[TensorType, dict[Region, str]]] = {}
-    for nid, node in graph.nodes.items():
+    for nid in graph.nodes:
         r = regions.get(nid)
-        if r is not None and node.op == "input" and r.tensor not in tiles:
+        if r is not None and r.tensor not in tiles:
             parts.setdefault(r.tensor, (r.type, {}))[1].setdefault(r.region, nid)
     for nid, node in graph.nodes.items():  # the same input also read whole, beside its regions
         name = origin.get(nid)

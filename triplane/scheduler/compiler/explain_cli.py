@@ -42,7 +42,7 @@ from triplane.scheduler.compiler.costmodel import (
     parse_bytes,
     parse_rate,
 )
-from triplane.scheduler.compiler.explain import InputRegion, explain, input_regions, render_text
+from triplane.scheduler.compiler.explain import InputRegion, explain, input_regions, made_regions, render_text
 from triplane.scheduler.compiler.pipeline import canonicalize, compile_graph
 from triplane.scheduler.compiler.placement import PlacementError, place
 
@@ -167,7 +167,7 @@ def explain_target(target: Path, figures: list[NodeFigures], *,
         return names.get(o, o)
 
     if model is None:
-        regions = input_regions(lay.regions, lay.sources, label)
+        regions = {**input_regions(lay.regions, lay.sources, label), **made_regions(lay.made, label)}
     # every node labelled, inputs too: a task's reads name the tensor each belongs to
     origin = {t: label(t) for t in lay_graph.nodes}
     tiles = {names.get(n, n): g for n, g in grids.items()} if grids else None

@@ -211,3 +211,28 @@ def test_every_fused_task_reads_exactly_one_strip(executors: int) -> None:
     x = next(t for t in doc["tensors"] if t["tensor"] == "x")
     fused = [t for t in doc["tasks"] if t["op"] == "fused"]
     assert sorted(t["reads"][0]["tensor"] for t in fused) == sorted(t["tile"] for t in x["tiles"])
+
+
+def test_a_random_source_made_piece_by_piece_is_listed_with_its_tiles() -> None:
+    # A random tensor is not laid out on a grid: the tiler makes it region by region, as
+    # its readers need. The plan still lists it with its tiles, where each is made, and
+    # the fused tasks read "x[lo:hi, :]" of it, not an anonymous tile id.
+    b = Builder()
+    x = b.add_node("normal", [], {"shape": (N, N), "seed": 3, "dtype": "float32"}, node_id="x")
+    two = b.op("full", shape=(), value=2.0, dtype="float32")
+    y = b.op("sum", b.op("exp", b.op("mul", x, two)))
+    plan = compile_graph(validate(b.graph([y])))
+    (out,) = plan.graph.outputs
+    lay = lay_out(plan.graph, _figs())
+    assert lay.tiled and lay.made, "the tiler did not cut the source: the test needs a bigger one"
+    doc = plan_document("j1", lay, {"x": "noise", out: "total"}, {}, complete=False)
+    (noise,) = [t for t in doc["tensors"] if t["tensor"] == "noise"]
+    assert noise["type"] == f"float32[{N}, {N}]" and len(noise["tiles"]) >= 2
+    assert _covered_once((N, N), [t["region"] for t in noise["tiles"]])
+    tasks = {t["task"]: t for t in doc["tasks"]}
+    for tile in noise["tiles"]:
+        assert tasks[tile["tile"]]["op"] == "normal" and tile["node"] == tasks[tile["tile"]]["node"]
+    reads = [r for t in doc["tasks"] if t["op"] == "fused" for r in t["reads"]]
+    assert reads and all(r["of"] == "noise" and r["region"] is not None for r in reads)
+    assert doc["tensors"][-1]["tensor"] == "total"  # the output stays last
+    assert "noise[0:" in render_text(doc)
