@@ -142,6 +142,18 @@ def list_tasks(session: Session, job_id: str, *, states: Iterable[str] | None = 
     return [TaskInfo.of(r) for r in session.scalars(q.execution_options(populate_existing=True))]
 
 
+def kernel_times(session: Session, job_id: str) -> dict[str, tuple[float, float]]:
+    """task id -> (kernel start, kernel end) of a job's done tasks whose rows hold their
+    kernel's times (unix seconds on the executor's clock), i.e. rows with ``actual_s`` set:
+    the dispatcher writes it together with them (docs/metadb.md). Rows without it (written
+    by an older version, or by hand) are left out. UnknownJobError for an unknown job."""
+    require_jobs(session, [job_id])
+    q = sa.select(Task.task_id, Task.started_at, Task.finished_at).where(
+        Task.job_id == job_id, Task.state == "done", Task.actual_s.is_not(None))
+    return {tid: (start, end) for tid, start, end in session.execute(q)
+            if start is not None and end is not None}
+
+
 def transition_task(session: Session, job_id: str, task_id: str, state: str, *,
                     expect: str | None = None, **fields: Any) -> TaskInfo:
     """Move a task to ``state``, setting any of TASK_FIELDS; returns the stored task.

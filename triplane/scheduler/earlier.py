@@ -10,9 +10,9 @@ a restarted scheduler reads the tiles where they are, exactly as for a job it ra
 
 A release (``DELETE``) is recorded as a ``job.released`` event, so whichever process
 answers next knows the tiles are gone. The prediction made at submit is the job's row in
-the ``plans`` table (``jobs.plan_id``); the actual kernel times are not in the metadb (a
-task row's times are the scheduler's dispatch and reply times, not the kernel's), so a
-recorded plan carries predictions only.
+the ``plans`` table (``jobs.plan_id``); the actual times beside it come from the task rows
+(a done task's row holds its kernel's start and end, docs/metadb.md), set as planview sets
+a live job's.
 
 The ``read_*`` and ``record_*`` functions block (metadb, compilation): call them in a
 worker thread. Errors: the metadb's (``UnknownJobError`` for an unknown job), and
@@ -22,6 +22,7 @@ GraphError/KeyError/ValueError for a record this version cannot compile again.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -30,6 +31,7 @@ from typing import Any
 
 from triplane import metadb as mdb
 from triplane.metadb.jobs import job_plan
+from triplane.metadb.tasks import kernel_times
 from triplane.proto.ir import Graph
 from triplane.scheduler.compiler.costmodel import NodeFigures
 from triplane.scheduler.compiler.pipeline import PlanCache
@@ -38,7 +40,7 @@ from triplane.scheduler.layout import figures_from_json, lay_out
 from triplane.scheduler.planview import plan_document
 
 __all__ = ["BINDINGS", "RELEASED", "EarlierJob", "EarlierJobs", "placed_now", "read_recorded_plan",
-           "read_released", "record_released", "recorded_document"]
+           "read_released", "record_released", "recorded_document", "with_actual"]
 
 BINDINGS = "job.bindings"
 RELEASED = "job.released"
@@ -88,17 +90,55 @@ def record_released(db: mdb.MetaDB, job: str) -> None:
 
 
 def read_recorded_plan(db: mdb.MetaDB, job: str) -> tuple[mdb.JobInfo, Any | None]:
-    """(the job, the explain JSON recorded at submit or None if none was)."""
+    """(the job, the explain JSON recorded at submit with this job's actual times set
+    :func:`with_actual` from its task rows -- or None if no plan was recorded)."""
     with db.read() as s:
         info = mdb.get_job(s, job)
         plan = job_plan(s, job)
-    return info, None if plan is None else plan.plan
+        times = kernel_times(s, job) if plan is not None else {}
+    return info, None if plan is None else with_actual(plan.plan, times)
+
+
+def with_actual(doc: Mapping[str, Any], actual: Mapping[str, tuple[float, float]]) -> dict[str, Any]:
+    """Explain's JSON ``doc`` with the actual times that planview gives a live job, from
+    ``actual`` (task -> kernel start, end; unix seconds): per task ``actual`` {start_s,
+    finish_s, duration_s} shifted so that the first start is 0 and ``ratio`` (duration over
+    predicted compute + comm); ``tasks_run``; and the makespan's ``actual_s`` and ``ratio``
+    once every task has a time (else null). Tasks not in ``actual`` keep ``actual: null``."""
+    tasks = doc.get("tasks") or []
+    known = {t["task"]: actual[t["task"]] for t in tasks if t.get("task") in actual}
+    if not known:
+        return dict(doc)
+    t0 = min(start for start, _ in known.values())
+    out = []
+    for t in tasks:
+        se = known.get(t.get("task"))
+        if se is None:
+            out.append(t)
+            continue
+        start, end = se
+        p = t.get("predicted") or {}
+        out.append({**t, "actual": {"start_s": start - t0, "finish_s": end - t0, "duration_s": end - start},
+                    "ratio": _ratio(end - start, p.get("compute_s", 0.0) + p.get("comm_s", 0.0))})
+    makespan = dict(doc.get("makespan") or {})
+    if len(known) == len(tasks):
+        actual_s = max(end for _, end in known.values()) - t0
+        makespan["actual_s"] = actual_s
+        makespan["ratio"] = _ratio(actual_s, makespan.get("predicted_s", 0.0))
+    return {**doc, "tasks": out, "makespan": makespan, "tasks_run": len(known)}
+
+
+def _ratio(actual: float, predicted: float) -> float | None:  # as explain's
+    if predicted <= 0 or not math.isfinite(actual):
+        return None
+    return actual / predicted
 
 
 def recorded_document(job: str, doc: Mapping[str, Any]) -> dict[str, Any]:
-    """The body of ``GET /v1/jobs/{id}/plan`` from a recorded plan: explain's JSON as stored
-    at submit (jobs of one graph on one cluster share the record: ``job`` is set to this
-    one), ``recorded: true``, and no actual times (they are not in the metadb)."""
+    """The body of ``GET /v1/jobs/{id}/plan`` from a recorded plan (as
+    :func:`read_recorded_plan` returns it: explain's JSON stored at submit, with this job's
+    actual times): jobs of one graph on one cluster share the record, so ``job`` is set to
+    this one; ``recorded: true``."""
     return {**doc, "job": job, "recorded": True}
 
 

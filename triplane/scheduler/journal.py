@@ -8,6 +8,11 @@ recompute, failure: the normal path is in the tasks table already), and queues t
 tile locations beside them (written in the same batches, one transaction each). A
 database error is logged and the next period tries again; nothing here blocks the event
 loop.
+
+A done task's row gets its kernel's own times from the executor's reply (``started_at``
+/ ``finished_at``: kernel start and end, unix seconds on the executor's clock;
+``actual_s``: end - start), written with the done transition itself: no extra row
+update. A row's ``actual_s`` is what says its times are the kernel's (docs/metadb.md).
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from triplane import metadb as mdb
-from triplane.proto.packet import Reply
+from triplane.proto.packet import Reply, Timings
 from triplane.scheduler.dispatch.state import Transitioned
 
 log = logging.getLogger(__name__)
@@ -45,6 +50,13 @@ class Journal:
         self._tx: dict[tuple[str, str], Transitioned] = {}
         self._events: list[Transitioned] = []
         self._tiles: dict[str, list[mdb.TileLocation]] = defaultdict(list)
+        # Kernel times of successful replies, until their done transition is written. The
+        # shell reports the reply before the transition, and a job's end flushes between
+        # the two (job_ended), so a time not yet matched waits one more flush (``_late``);
+        # one whose transition never comes (a reply to a job that failed meanwhile) is
+        # dropped after that.
+        self._times: dict[tuple[str, str], Timings] = {}
+        self._late: dict[tuple[str, str], Timings] = {}
         # Jobs dispatched while their rows are still being stored: their writes wait.
         self._held: set[str] = set()
         self._ended: dict[str, tuple[str, int, str | None]] = {}
@@ -59,6 +71,8 @@ class Journal:
         self._tx = {k: t for k, t in self._tx.items() if k[0] != job}
         self._events = [t for t in self._events if t.job != job]
         self._tiles.pop(job, None)
+        self._times = {k: v for k, v in self._times.items() if k[0] != job}
+        self._late = {k: v for k, v in self._late.items() if k[0] != job}
 
     def release(self, job: str) -> None:
         self._held.discard(job)
@@ -89,9 +103,14 @@ class Journal:
             if t.start in ("dispatched", "done") and t.finish in ("ready", "waiting", "failed"):
                 self._events.append(t)
 
-    def output(self, job: str, task: str, node: str, r: Reply) -> None:
-        for o in r.outputs:
-            self._tiles[job].append(mdb.TileLocation(task, (), tuple(o.shape), o.dtype, o.bytes, node))
+    def output(self, job: str, task: str, node: str, r: Reply, *, tiles: bool = True) -> None:
+        """A successful reply of ``task`` on ``node`` (call it before the task's done
+        transition): its kernel times go into the task row with that transition, and with
+        ``tiles`` its outputs get rows in the tiles table."""
+        self._times[job, task] = r.timings
+        if tiles:
+            for o in r.outputs:
+                self._tiles[job].append(mdb.TileLocation(task, (), tuple(o.shape), o.dtype, o.bytes, node))
 
     async def run(self, period_s: float = 0.2) -> None:
         while True:
@@ -110,19 +129,34 @@ class Journal:
         tx, self._tx = self._tx, {}
         events, self._events = self._events, []
         tiles = self._take_tiles()
+        times, self._times = self._times, {}
+        late, self._late = self._late, {}
         if self._held:
             self._tx = {k: t for k, t in tx.items() if k[0] in self._held}
             self._events = [t for t in events if t.job in self._held]
             tx = {k: t for k, t in tx.items() if k[0] not in self._held}
             events = [t for t in events if t.job not in self._held]
+            for src in (late, times):  # a held job's times wait with its transitions, unaged
+                for k in [k for k in src if k[0] in self._held]:
+                    self._times[k] = src.pop(k)
         by_job: dict[str, list[tuple[str, str, dict[str, Any]]]] = defaultdict(list)
-        for (job, task), t in tx.items():
+        for key, t in tx.items():
             fields: dict[str, Any] = {"attempt": t.attempt, "node": t.node}
-            if t.finish == "dispatched":
+            finish = t.finish
+            if finish == "done":
+                kt = times.pop(key, None) or late.pop(key, None)
+                if kt is None:  # no reply seen (a journal fed by hand): the time it was reported
+                    fields["finished_at"] = t.at
+                else:
+                    fields["started_at"] = kt.start
+                    fields["finished_at"] = kt.end
+                    fields["actual_s"] = kt.end - kt.start
+            elif finish == "dispatched":
                 fields["started_at"] = t.at
-            elif t.finish in ("done", "failed", "cancelled"):
+            elif finish in ("failed", "cancelled"):
                 fields["finished_at"] = t.at
-            by_job[job].append((task, TASK_STATE[t.finish], fields))
+            by_job[key[0]].append((key[1], TASK_STATE[finish], fields))
+        self._late = times  # not matched yet: their transition comes with the next flush
         for job, changes in by_job.items():
             try:
                 w.transitions(job, changes)

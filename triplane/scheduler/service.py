@@ -748,11 +748,11 @@ class Scheduler(Leading):
             live.actual[task] = (r.timings.start, r.timings.end)
             if live.factors is not None:
                 self._calibrate(live, task, node, r.timings.end - r.timings.start)
-        if live is None or task in live.fetched_tasks:
-            # Only the results a client will read get a tiles row: every other output's
-            # location is its task row (done, node), written anyway -- 10^4 tile rows per job
-            # cost the scheduler more CPU than the tasks themselves (docs/scheduler.md).
-            self.journal.output(job, task, node, r)
+        # The kernel's times ride on the task's done row update (so a later process can show
+        # them in the job's plan). Only the results a client will read get a tiles row: every
+        # other output's location is its task row (done, node), written anyway -- 10^4 tile
+        # rows per job cost the scheduler more CPU than the tasks themselves (docs/scheduler.md).
+        self.journal.output(job, task, node, r, tiles=live is None or task in live.fetched_tasks)
 
     def _calibrate(self, live: LiveJob, task: str, node: str, kernel_s: float) -> None:
         """Teach the calibration what ``task``'s kernel took beside its prediction."""

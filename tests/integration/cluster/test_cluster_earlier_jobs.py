@@ -74,6 +74,10 @@ def test_a_restarted_scheduler_serves_a_done_jobs_tiles_and_recorded_plan(
             assert doc["recorded"] is True and doc["job"] == job
             assert doc["makespan"]["predicted_s"] == plan_before["makespan"]["predicted_s"]
             assert [t["task"] for t in doc["tasks"]] == [t["task"] for t in plan_before["tasks"]]
+            # ... with the actual kernel times beside the predictions, as the live plan had them
+            assert [(t["actual"], t["ratio"]) for t in doc["tasks"]] == \
+                [(t["actual"], t["ratio"]) for t in plan_before["tasks"]]
+            assert doc["makespan"] == plan_before["makespan"] and doc["makespan"]["actual_s"] is not None
 
             assert c.delete(f"/v1/jobs/{job}").status_code == 200
             gone = c.get(f"/v1/jobs/{job}/tensors/y")

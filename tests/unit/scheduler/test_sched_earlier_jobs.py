@@ -18,8 +18,10 @@ import pytest
 
 from triplane import metadb as mdb
 from triplane.metadb.jobs import job_plan
+from triplane.proto.packet import Reply, TileInfo, Timings
 from triplane.registry import MemoryBackend, NodeInfo
 from triplane.scheduler.compiler.costmodel import NodeFigures
+from triplane.scheduler.dispatch.state import Transitioned
 from triplane.scheduler.jobplan import JobPlan
 from triplane.scheduler.layout import figures_to_json
 from triplane.scheduler.service import LiveJob, Scheduler, SubmitError
@@ -102,6 +104,76 @@ def run_done(first: Scheduler, db: mdb.MetaDB, graph: dict[str, Any], *, tiled: 
             mdb.transition_task(s, plan.job, t.id, "done", node=t.node or "e0", attempt=0)
         mdb.set_job_state(s, plan.job, state)
     return plan
+
+
+def run_replied(first: Scheduler, db: mdb.MetaDB, graph: dict[str, Any], ran: int | None = None,
+                state: str = "done") -> tuple[JobPlan, dict[str, tuple[float, float]]]:
+    """A tiled job run by ``first`` through its journal as the dispatch shell feeds it: per
+    task dispatched, the executor's reply (``_output``, known kernel times), done. Only
+    the first ``ran`` tasks run (all by default). Returns the plan and task -> (start, end)."""
+    cgraph, args, plan = first._plan(graph, ["y"], figs())
+    assert plan.layout is not None and plan.layout.tiled
+    figures = figures_to_json(plan.layout.figures)
+    bindings = {"args": list(args), "fetch": dict(plan.fetch), "figures": figures}
+    now = time.time()
+    first._store_job(plan, cgraph, ["y"], bindings, now)
+    first.jobs[plan.job] = LiveJob(plan, dict(plan.back), now, now)
+    first.journal.open()
+    times: dict[str, tuple[float, float]] = {}
+    for i, t in enumerate(plan.specs[:ran]):
+        job, node, start = plan.job, t.node or "e0", 1_700_000_000.0 + 0.5 * i
+        times[t.id] = (start, start + 0.125 * (i + 1))
+        first.journal.transitions([Transitioned(job, t.id, "ready", "dispatched", 0, node, "s", start - 0.1)])
+        r = Reply(f"{job}.{t.id}.a0", True, Timings(start - 0.05, *times[t.id]),
+                  (TileInfo(f"{job}.{t.id}", (1,), "float32", 4),))
+        first._output(job, t.id, node, r)
+        first.journal.transitions([Transitioned(job, t.id, "dispatched", "done", 0, node, "s", start + 9.0)])
+    first.jobs[plan.job].state = state
+    first.journal.job_ended(plan.job, state, len(times), None)
+    first.journal.close()
+    return plan, times
+
+
+def test_a_restarted_scheduler_shows_the_kernel_times_the_first_one_saw(
+        db: mdb.MetaDB, tmp_path: Path) -> None:
+    first = scheduler(db, tmp_path)
+    plan, times = run_replied(first, db, big())
+    assert len(times) > 2
+    live = asyncio.run(first.plan(plan.job))
+    doc = asyncio.run(scheduler(db, tmp_path).plan(plan.job))
+    assert doc["recorded"] is True and "recorded" not in live
+    # Exactly the actual times of the live job's plan, task by task and for the makespan.
+    by_task = {t["task"]: t for t in doc["tasks"]}
+    assert set(by_task) == set(times) == {t["task"] for t in live["tasks"]}
+    for t in live["tasks"]:
+        assert (by_task[t["task"]]["actual"], by_task[t["task"]]["ratio"]) == (t["actual"], t["ratio"])
+    assert doc["makespan"] == live["makespan"] and doc["tasks_run"] == live["tasks_run"] == len(times)
+    # ... which are the kernels' times, shifted so that the first start is 0.
+    t0 = min(s for s, _ in times.values())
+    for task, (s, e) in times.items():
+        got = by_task[task]["actual"]
+        assert got == pytest.approx({"start_s": s - t0, "finish_s": e - t0, "duration_s": e - s})
+        p = by_task[task]["predicted"]
+        assert by_task[task]["ratio"] == pytest.approx((e - s) / (p["compute_s"] + p["comm_s"]))
+    assert doc["makespan"]["actual_s"] == pytest.approx(max(e for _, e in times.values()) - t0)
+    ms = doc["makespan"]
+    assert ms["ratio"] == pytest.approx(ms["actual_s"] / ms["predicted_s"])
+    with db.read() as s:
+        rows = {r.task_id: r for r in mdb.list_tasks(s, plan.job)}
+    assert {t: (r.started_at, r.finished_at) for t, r in rows.items()} == times
+    assert all(r.actual_s == pytest.approx(r.finished_at - r.started_at) for r in rows.values())
+    assert all(r.predicted_s is not None and r.predicted_s > 0 for r in rows.values())
+
+
+def test_a_partly_run_earlier_job_shows_the_times_of_the_tasks_that_ran_and_no_makespan(
+        db: mdb.MetaDB, tmp_path: Path) -> None:
+    plan, times = run_replied(scheduler(db, tmp_path), db, big(), ran=2, state="failed")
+    doc = asyncio.run(scheduler(db, tmp_path).plan(plan.job))
+    ran = {t["task"] for t in doc["tasks"] if t["actual"] is not None}
+    assert ran == set(times) and len(doc["tasks"]) > len(ran) and doc["tasks_run"] == 2
+    first = min(times, key=lambda t: times[t][0])
+    assert next(t for t in doc["tasks"] if t["task"] == first)["actual"]["start_s"] == 0.0
+    assert doc["makespan"]["actual_s"] is None and doc["makespan"]["ratio"] is None
 
 
 def regions_of(plan: JobPlan) -> dict[str, tuple[tuple[int, int], ...]]:

@@ -97,3 +97,62 @@ def test_a_stored_jobs_submit_transitions_are_not_written_again(tmp_path: Path) 
     with db.read() as s:
         states = {t.task_id: t.state for t in mdb.list_tasks(s, "j1")}
     assert (states["n0"], states["n1"], states["n299"], states["n300"]) == ("done", "ready", "ready", "ready")
+
+
+def reply(job: str, task: str, start: float, end: float) -> Reply:
+    out = (TileInfo(f"{job}.{task}", (2,), "float32", 8),)
+    return Reply(f"{job}.{task}.a0", True, Timings(start - 0.5, start, end), out)
+
+
+def test_a_done_tasks_row_holds_its_kernels_times_even_when_the_jobs_end_flushes_between(
+        tmp_path: Path) -> None:
+    db = open_db(tmp_path)
+    store(db, "j1", 3)
+    j = Journal(db, lambda job: (True, 0))
+    j.open()
+    for i, task in enumerate(("n0", "n1")):
+        j.transitions([Transitioned("j1", task, "ready", "dispatched", 0, "ex0", "s", 10.0)])
+        j.output("j1", task, "ex0", reply("j1", task, 10.5 + i, 10.75 + i), tiles=task == "n0")
+        j.transitions([Transitioned("j1", task, "dispatched", "done", 0, "ex0", "s", 20.0)])
+    j.flush()
+    # The last reply: the shell reports the job's end (which flushes) before the task's
+    # done transition reaches the journal.
+    j.transitions([Transitioned("j1", "n2", "ready", "dispatched", 0, "ex1", "s", 30.0)])
+    j.output("j1", "n2", "ex1", reply("j1", "n2", 30.25, 31.0), tiles=False)
+    j.job_ended("j1", "done", 3, None)
+    j.transitions([Transitioned("j1", "n2", "dispatched", "done", 0, "ex1", "s", 32.0)])
+    j.close()
+    with db.read() as s:
+        rows = {t.task_id: (t.state, t.started_at, t.finished_at, t.actual_s)
+                for t in mdb.list_tasks(s, "j1")}
+        assert rows == {"n0": ("done", 10.5, 10.75, 0.25), "n1": ("done", 11.5, 11.75, 0.25),
+                        "n2": ("done", 30.25, 31.0, 0.75)}
+        # tiles=False: the times only, no tile row.
+        assert [t.node for t in mdb.list_tiles(s, "j1", "n0")] == ["ex0"]
+        assert mdb.list_tiles(s, "j1", "n1") == [] and mdb.list_tiles(s, "j1", "n2") == []
+        assert mdb.get_job(s, "j1").state == "done"
+
+
+def test_kernel_times_wait_with_a_held_job_and_unmatched_ones_are_dropped(tmp_path: Path) -> None:
+    db = open_db(tmp_path)
+    store(db, "j1", 2)
+    j = Journal(db, lambda job: (True, 0))
+    j.open()
+    j.hold("j2")
+    j.transitions([Transitioned("j2", "n0", "ready", "dispatched", 0, "ex0", "s", 1.0)])
+    j.output("j2", "n0", "ex0", reply("j2", "n0", 1.5, 2.5), tiles=False)
+    j.transitions([Transitioned("j2", "n0", "dispatched", "done", 0, "ex0", "s", 3.0)])
+    # A reply whose done transition never comes (its job failed meanwhile) ...
+    j.output("j1", "n0", "ex0", reply("j1", "n0", 4.0, 5.0), tiles=False)
+    for i in range(3):  # ... is kept for one flush, then dropped (held j2's are not)
+        j.transitions([Transitioned("j1", "n1", "ready", "dispatched", i, "ex0", "s", 6.0)])
+        j.flush()
+    j.transitions([Transitioned("j1", "n0", "ready", "done", 0, "ex0", "s", 7.0)])
+    store(db, "j2", 1)
+    j.release("j2")
+    j.close()
+    with db.read() as s:
+        n0 = mdb.get_task(s, "j1", "n0")
+        assert (n0.state, n0.started_at, n0.finished_at, n0.actual_s) == ("done", None, 7.0, None)
+        held = mdb.get_task(s, "j2", "n0")
+        assert (held.state, held.started_at, held.finished_at, held.actual_s) == ("done", 1.5, 2.5, 1.0)
