@@ -92,9 +92,3 @@ class Calibration:
         with self._lock:
             for b in ("flops", "bytes"):
                 self._log.pop((node, b), None)
-
-    def as_dict(self) -> dict[str, dict[str, float]]:
-        """node -> {"flops": factor, "bytes": factor}, for status pages."""
-        with self._lock:
-            nodes = sorted({n for n, _ in self._log})
-        return {n: {"flops": self.factor(n, "flops"), "bytes": self.factor(n, "bytes")} for n in nodes}

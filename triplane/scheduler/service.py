@@ -697,6 +697,8 @@ class Scheduler(Leading):
                 **_asdict(n),
                 "health": "up",
                 "running": len(self.state.nodes[n.node].running) if n.node in self.state.nodes else 0,
+                # how much slower than registered its kernels run now (calibration.py)
+                "calibration": {b: self.calibration.factor(n.node, b) for b in ("flops", "bytes")},
             }
             for n in infos
         ]
