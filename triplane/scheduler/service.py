@@ -339,7 +339,8 @@ class Scheduler(Leading):
                     op=missing,
                 )
         now = time.time()
-        if len(plan.specs) <= STORE_FIRST_TASKS:
+        store_first = len(plan.specs) <= STORE_FIRST_TASKS
+        if store_first:
             # A job of few tasks is stored first (milliseconds): its tasks are big, and a
             # store running beside them would take CPU and the GIL from the replies when
             # the executors fill every core (the MLP step: 30-80 ms between a task's reply
@@ -347,24 +348,19 @@ class Scheduler(Leading):
             try:
                 await asyncio.to_thread(self._store_job, plan, cgraph, fetch, bindings, now)
             except Exception as e:
-                log.error("cannot store job %s: %s", job_id, e)
-                raise SubmitError(503, "unavailable", f"the metadata DB refused the job: {e}") from None
-            live = self._dispatch(plan, now, (), back)
-            live.factors = factors
-            return self._body(job_id, live)
+                raise _store_failed(job_id, e) from None
+            return self._body(job_id, self._dispatch(plan, now, (), back, factors))
         # Dispatch first and store meanwhile: the executors start while ~10^4 task rows are
         # inserted. The journal holds the job's writes back until its rows exist.
         self.journal.hold(job_id)
-        live = self._dispatch(plan, now, (), back)
-        live.factors = factors
+        live = self._dispatch(plan, now, (), back, factors)
         try:
             await asyncio.to_thread(self._store_job, plan, cgraph, fetch, bindings, now)
         except Exception as e:
             self.shell.handle(CancelJob(f"store-failed:{job_id}", job_id, time.time()))
             self.jobs.pop(job_id, None)
             self.journal.forget(job_id)
-            log.error("cannot store job %s: %s", job_id, e)
-            raise SubmitError(503, "unavailable", f"the metadata DB refused the job: {e}") from None
+            raise _store_failed(job_id, e) from None
         finally:
             self.journal.release(job_id)
         return self._body(job_id, live)
@@ -444,8 +440,9 @@ class Scheduler(Leading):
         created: float,
         done: tuple[tuple[str, str], ...],
         back: dict[str, str] | None = None,
+        factors: dict[str, tuple[float, float]] | None = None,
     ) -> LiveJob:
-        live = LiveJob(plan, back or {}, created, time.time())
+        live = LiveJob(plan, back or {}, created, time.time(), factors=factors)
         live.fetched_tasks = frozenset(self._fetched_tasks(live))
         self.jobs[plan.job] = live
         self.templates[plan.job] = dict(plan.templates)
@@ -646,9 +643,10 @@ class Scheduler(Leading):
     async def plan(self, job: str) -> dict[str, Any]:
         """Explain's JSON for a job (docs/runtime.md, ``GET /v1/jobs/{id}/plan``): predictions,
         and actual times of the tasks that ran. For a job an earlier process ran: the
-        prediction recorded at submit (``recorded: true``, no actual times), or for a done
-        job too small to have been placed at submit, a placement for the executors there
-        are now (``recorded: false``). 404 for an unknown job or one with neither."""
+        prediction recorded at submit (``recorded: true``) with the kernel times its task
+        rows hold, or for a done job too small to have been placed at submit, a placement
+        for the executors there are now (``recorded: false``). 404 for an unknown job or
+        one with neither."""
         live = self.jobs.get(job)
         if live is None:
             return await self._earlier_plan(job)
@@ -815,6 +813,11 @@ class Scheduler(Leading):
                 await self.data_client.delete(info.address, info.data_port, tiles)
             except Exception as e:  # best effort: the executor frees them with its memory anyway
                 log.debug("releasing %d tiles of %s on %s failed: %s", len(tiles), job, node, e)
+
+
+def _store_failed(job: str, e: Exception) -> SubmitError:
+    log.error("cannot store job %s: %s", job, e)
+    return SubmitError(503, "unavailable", f"the metadata DB refused the job: {e}")
 
 
 def _not_fetched(job: str, name: str, fetched: Any) -> SubmitError:
