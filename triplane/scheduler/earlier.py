@@ -89,14 +89,16 @@ def record_released(db: mdb.MetaDB, job: str) -> None:
         mdb.add_events(s, [mdb.NewEvent(job, RELEASED, at=time.time())])
 
 
-def read_recorded_plan(db: mdb.MetaDB, job: str) -> tuple[mdb.JobInfo, Any | None]:
+def read_recorded_plan(db: mdb.MetaDB, job: str) -> tuple[mdb.JobInfo, Any | None,
+                                                           dict[str, tuple[float, float]]]:
     """(the job, the explain JSON recorded at submit with this job's actual times set
-    :func:`with_actual` from its task rows -- or None if no plan was recorded)."""
+    :func:`with_actual` from its task rows -- or None if no plan was recorded -- and those
+    times: task -> kernel start, end)."""
     with db.read() as s:
         info = mdb.get_job(s, job)
         plan = job_plan(s, job)
-        times = kernel_times(s, job) if plan is not None else {}
-    return info, None if plan is None else with_actual(plan.plan, times)
+        times = kernel_times(s, job)
+    return info, None if plan is None else with_actual(plan.plan, times), times
 
 
 def with_actual(doc: Mapping[str, Any], actual: Mapping[str, tuple[float, float]]) -> dict[str, Any]:
@@ -142,13 +144,16 @@ def recorded_document(job: str, doc: Mapping[str, Any]) -> dict[str, Any]:
     return {**doc, "job": job, "recorded": True}
 
 
-def placed_now(job: str, plan: JobPlan, figures: Sequence[NodeFigures]) -> dict[str, Any]:
+def placed_now(job: str, plan: JobPlan, figures: Sequence[NodeFigures],
+               actual: Mapping[str, tuple[float, float]] | None = None) -> dict[str, Any]:
     """The plan document of a job too small to have been placed at submit, placed now for
-    ``figures`` (``followed: false``, ``recorded: false``; CPU work: call in a thread).
-    Tasks are labelled with the fetched names where they have one, else canonical ids."""
+    ``figures`` (``followed: false``, ``recorded: false``; CPU work: call in a thread),
+    with the kernel times ``actual`` (task -> start, end) its task rows hold beside the
+    predictions. Tasks are labelled with the fetched names where they have one, else
+    canonical ids."""
     back = {nid: name for name, nid in plan.fetch.items()}
     doc = plan_document(job, lay_out(plan.plan.graph, figures), back, {}, complete=False)
-    return {**doc, "recorded": False}
+    return with_actual({**doc, "recorded": False}, actual or {})
 
 
 class EarlierJobs:

@@ -663,7 +663,7 @@ class Scheduler(Leading):
 
     async def _earlier_plan(self, job: str) -> dict[str, Any]:
         try:
-            info, doc = await asyncio.to_thread(read_recorded_plan, self.db, job)
+            info, doc, times = await asyncio.to_thread(read_recorded_plan, self.db, job)
         except (mdb.UnknownJobError, mdb.InvalidInputError):
             raise SubmitError(404, "not_found", f"unknown job {job!r}") from None
         if doc is not None:
@@ -676,7 +676,7 @@ class Scheduler(Leading):
             figs = await self._figures()
             if view.plan is not None and view.plan.layout is None and figs:  # not tiled
                 try:
-                    return await asyncio.to_thread(placed_now, job, view.plan, figs)
+                    return await asyncio.to_thread(placed_now, job, view.plan, figs, times)
                 except (GraphError, ValueError) as e:
                     raise SubmitError(413, "limit", str(e)) from None
         raise SubmitError(

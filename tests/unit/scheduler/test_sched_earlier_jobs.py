@@ -256,6 +256,19 @@ def test_a_tiny_earlier_job_is_placed_on_demand_and_says_it_is_not_recorded(
     doc = asyncio.run(second.plan(plan.job))
     assert doc["recorded"] is False and doc["followed"] is False and doc["job"] == plan.job
     assert {t["task"] for t in doc["tasks"]} == {t.id for t in plan.specs}
+    assert doc["makespan"]["actual_s"] is None  # its rows hold no kernel times
+    # Rows that hold the kernel's times (as the journal writes them): shown beside the
+    # predictions, shifted to start at 0, the makespan too once every task has one.
+    kernels = {t.id: (1000.0 + i, 1000.5 + i) for i, t in enumerate(plan.specs)}
+    with db.transaction() as s:
+        for task, (start, end) in kernels.items():
+            mdb.transition_task(s, plan.job, task, "done", started_at=start, finished_at=end,
+                                actual_s=end - start)
+    doc = asyncio.run(second.plan(plan.job))
+    got = {t["task"]: t["actual"] for t in doc["tasks"]}
+    assert got == {task: {"start_s": start - 1000.0, "finish_s": end - 1000.0, "duration_s": 0.5}
+                   for task, (start, end) in kernels.items()}
+    assert doc["makespan"]["actual_s"] == pytest.approx(len(kernels) - 0.5)
 
 
 def test_released_tensors_stay_404_whichever_process_released_them(db: mdb.MetaDB, tmp_path: Path) -> None:
