@@ -22,7 +22,6 @@ GraphError/KeyError/ValueError for a record this version cannot compile again.
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -34,6 +33,7 @@ from triplane.metadb.jobs import job_plan
 from triplane.metadb.tasks import kernel_times
 from triplane.proto.ir import Graph
 from triplane.scheduler.compiler.costmodel import NodeFigures
+from triplane.scheduler.compiler.explain import with_actual as set_actual
 from triplane.scheduler.compiler.pipeline import PlanCache
 from triplane.scheduler.jobplan import JobPlan, plan_job
 from triplane.scheduler.layout import figures_from_json, lay_out
@@ -102,38 +102,12 @@ def read_recorded_plan(db: mdb.MetaDB, job: str) -> tuple[mdb.JobInfo, Any | Non
 
 
 def with_actual(doc: Mapping[str, Any], actual: Mapping[str, tuple[float, float]]) -> dict[str, Any]:
-    """Explain's JSON ``doc`` with the actual times that planview gives a live job, from
-    ``actual`` (task -> kernel start, end; unix seconds): per task ``actual`` {start_s,
-    finish_s, duration_s} shifted so that the first start is 0 and ``ratio`` (duration over
-    predicted compute + comm); ``tasks_run``; and the makespan's ``actual_s`` and ``ratio``
-    once every task has a time (else null). Tasks not in ``actual`` keep ``actual: null``."""
+    """A stored plan document with the actual times its task rows hold (``actual``: task ->
+    kernel start, end), as planview sets a live job's (explain's :func:`~triplane.scheduler.
+    compiler.explain.with_actual`; the makespan's once every task has a time), and
+    ``tasks_run``."""
     tasks = doc.get("tasks") or []
-    known = {t["task"]: actual[t["task"]] for t in tasks if t.get("task") in actual}
-    if not known:
-        return dict(doc)
-    t0 = min(start for start, _ in known.values())
-    out = []
-    for t in tasks:
-        se = known.get(t.get("task"))
-        if se is None:
-            out.append(t)
-            continue
-        start, end = se
-        p = t.get("predicted") or {}
-        out.append({**t, "actual": {"start_s": start - t0, "finish_s": end - t0, "duration_s": end - start},
-                    "ratio": _ratio(end - start, p.get("compute_s", 0.0) + p.get("comm_s", 0.0))})
-    makespan = dict(doc.get("makespan") or {})
-    if len(known) == len(tasks):
-        actual_s = max(end for _, end in known.values()) - t0
-        makespan["actual_s"] = actual_s
-        makespan["ratio"] = _ratio(actual_s, makespan.get("predicted_s", 0.0))
-    return {**doc, "tasks": out, "makespan": makespan, "tasks_run": len(known)}
-
-
-def _ratio(actual: float, predicted: float) -> float | None:  # as explain's
-    if predicted <= 0 or not math.isfinite(actual):
-        return None
-    return actual / predicted
+    return {**set_actual(doc, actual), "tasks_run": sum(1 for t in tasks if t.get("task") in actual)}
 
 
 def recorded_document(job: str, doc: Mapping[str, Any]) -> dict[str, Any]:

@@ -45,10 +45,7 @@ def plan_document(job: str, layout: Layout, back: Mapping[str, str],
     known = {t: se for t, se in actual.items() if t in lay.placement.tasks}
     doc = explain(lay.graph, lay.placement, nodes=lay.figures, tiles=tiles, origin=labels, actual=known,
                   regions={**input_regions(lay.regions, lay.sources, label), **made_regions(lay.made, label)},
-                  cached=lay.cached)
-    if not complete:
-        doc["makespan"]["actual_s"] = None
-        doc["makespan"]["ratio"] = None
+                  cached=lay.cached, complete=complete)
     doc["job"] = job
     doc["tiled"] = lay.tiled
     doc["followed"] = followed

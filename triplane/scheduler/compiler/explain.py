@@ -75,7 +75,7 @@ from triplane.scheduler.compiler.placement import Placement
 from triplane.scheduler.compiler.tiling.grid import Region, full_region
 
 __all__ = ["EXPLAIN_VERSION", "InputRegion", "explain", "grid_tiles", "input_regions", "made_regions",
-           "render_text"]
+           "render_text", "with_actual"]
 
 EXPLAIN_VERSION = 1
 
@@ -112,16 +112,16 @@ def explain(graph: Graph, placement: Placement, *, nodes: Sequence[NodeFigures] 
             tiles: Mapping[str, Any] | None = None, origin: Mapping[str, str] | None = None,
             actual: Mapping[str, tuple[float, float]] | None = None,
             locations: Mapping[str, str] | None = None, regions: Mapping[str, InputRegion] | None = None,
-            cached: Mapping[str, Sequence[str]] | None = None) -> dict[str, Any]:
+            cached: Mapping[str, Sequence[str]] | None = None,
+            complete: bool | None = None) -> dict[str, Any]:
     """The plan of ``graph`` placed as ``placement``, as a JSON-able dict (see the module
     doc). ``nodes`` adds each node's free memory; ``actual`` maps task -> (start, end) as
     recorded by the runtime (tasks missing from it show no actual time); ``locations``
     says where ``input`` tensors are held (default the scheduler); ``regions`` which
     ``input`` nodes are regions of a whole input; ``cached`` which executors keep which
-    ``input`` tiles in their cache."""
-    actual = dict(actual or {})
+    ``input`` tiles in their cache; ``complete`` whether the makespan's actual is set
+    (:func:`with_actual`)."""
     reads = _Reads(graph, placement, tiles, origin or {}, regions or {}, locations or {}, cached or {})
-    t0 = min((s for s, _ in actual.values()), default=0.0)
     tasks = []
     for tp in sorted(placement.tasks.values(), key=lambda tp: (tp.start, tp.node, tp.task)):
         node = graph.nodes[tp.task]
@@ -135,12 +135,7 @@ def explain(graph: Graph, placement: Placement, *, nodes: Sequence[NodeFigures] 
                       for p in tp.pulls],
             "actual": None, "ratio": None,
         }
-        if tp.task in actual:
-            s, e = actual[tp.task]
-            entry["actual"] = {"start_s": s - t0, "finish_s": e - t0, "duration_s": e - s}
-            entry["ratio"] = _ratio(e - s, tp.compute_s + tp.comm_s)
         tasks.append(entry)
-    actual_makespan = (max(e for _, e in actual.values()) - t0) if actual else None
     figs = {n.name: n for n in nodes}
     node_rows = []
     for name, placed in placement.by_node().items():
@@ -149,15 +144,45 @@ def explain(graph: Graph, placement: Placement, *, nodes: Sequence[NodeFigures] 
                           "busy_s": sum(tp.compute_s for tp in placed),
                           "peak_memory_bytes": int(placement.peak_memory.get(name, 0)),
                           "memory_free_bytes": fig.free if fig is not None else None})
-    return {
+    doc = {
         "version": EXPLAIN_VERSION,
-        "makespan": {"predicted_s": placement.makespan, "actual_s": actual_makespan,
-                     "ratio": _ratio(actual_makespan, placement.makespan)},
+        "makespan": {"predicted_s": placement.makespan, "actual_s": None, "ratio": None},
         "nodes": node_rows,
         "tasks": tasks,
         "tensors": (_input_tensors(graph, placement, regions or {}, origin or {}, locations or {}, tiles)
                     if tiles is not None else []) + _tensors(graph, placement, tiles, locations or {}),
     }
+    return with_actual(doc, actual or {}, complete=complete)
+
+
+def with_actual(doc: Mapping[str, Any], actual: Mapping[str, tuple[float, float]], *,
+                complete: bool | None = None) -> dict[str, Any]:
+    """Explain's JSON ``doc`` with actual times from ``actual`` (task -> (start, end) on any
+    clock): per task ``actual`` {start_s, finish_s, duration_s}, shifted so that the first
+    start is 0, and ``ratio`` (duration over predicted compute + comm); tasks missing from
+    ``actual`` keep theirs. The makespan's ``actual_s`` and ``ratio`` are set when
+    ``complete`` (default: every task has a time), else null. Also serves a document
+    stored earlier (a restarted scheduler's recorded plan)."""
+    tasks = doc.get("tasks") or []
+    known = {t["task"]: actual[t["task"]] for t in tasks if t.get("task") in actual}
+    makespan = {**(doc.get("makespan") or {}), "actual_s": None, "ratio": None}
+    if not known:
+        return {**doc, "makespan": makespan}
+    t0 = min(start for start, _ in known.values())
+    out = []
+    for t in tasks:
+        se = known.get(t["task"])
+        if se is None:
+            out.append(t)
+            continue
+        start, end = se
+        p = t.get("predicted") or {}
+        out.append({**t, "actual": {"start_s": start - t0, "finish_s": end - t0, "duration_s": end - start},
+                    "ratio": _ratio(end - start, p.get("compute_s", 0.0) + p.get("comm_s", 0.0))})
+    if len(known) == len(tasks) if complete is None else complete:
+        makespan["actual_s"] = max(end for _, end in known.values()) - t0
+        makespan["ratio"] = _ratio(makespan["actual_s"], makespan.get("predicted_s", 0.0))
+    return {**doc, "tasks": out, "makespan": makespan}
 
 
 def _ratio(actual: float | None, predicted: float) -> float | None:
