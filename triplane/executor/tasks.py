@@ -92,6 +92,7 @@ class TaskRunner:
         self.pull = pull
         self.node = node
         self.inline_bytes = inline_bytes
+        self._cheap = getattr(engine, "cheap", None)  # optional: which kernels return views
         self.pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="kernel")
         self.stats = {"ok": 0, "user_errors": 0, "infra_errors": 0, "pulled_bytes": 0,
                       "upload_pulls": 0, "upload_hits": 0}
@@ -185,7 +186,7 @@ class TaskRunner:
         behind another one's kernel in the pool has not started (the plan's actual times
         compare kernel time with predicted compute time)."""
         touched = out_bytes + sum(a.nbytes for a in inputs)
-        cheap = getattr(self.engine, "cheap", None)  # optional: kernels that return views
+        cheap = self._cheap
         if touched <= self.inline_bytes or (cheap is not None and cheap(task.op, inputs)):
             return _timed(self.engine, task.op, inputs, attrs, out_t)
         if on_slow is not None:
