@@ -42,6 +42,7 @@ from triplane.proto.errors import GraphError
 from triplane.proto.ir import Graph
 from triplane.registry import (
     Leadership,
+    OpEngineInfo,
     RegistryBackend,
     leader,
     list_nodes,
@@ -207,7 +208,7 @@ class Scheduler(Leading):
         self._data_lease = 0
         self._data_keepalive: Any = None
         self.policy = policy
-        self._figs: tuple[float, list[NodeFigures]] = (0.0, [])
+        self._figs: tuple[float, list[NodeFigures], list[OpEngineInfo]] = (0.0, [], [])
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -290,6 +291,7 @@ class Scheduler(Leading):
         if not isinstance(fetch, list) or not all(isinstance(f, str) for f in fetch) or len(fetch) > 10_000:
             raise SubmitError(400, "request", "'fetch' must be a list of at most 10000 node ids")
         figures = await self._figures()
+        engines = self._figs[2]  # read with the figures
         factors = self.calibration.snapshot([f.name for f in figures])
         figures = self.calibration.apply(figures, factors)  # the speed the executors run at now
         try:
@@ -325,7 +327,6 @@ class Scheduler(Leading):
                     op="input",
                 )
         if plan.specs:
-            engines = await list_op_engines(self.registry)
             if not self.shell.nodes and not engines:
                 raise SubmitError(503, "unavailable", "no executor is registered")
             missing = unsupported_op(plan.ops, (e.ops for e in engines))
@@ -381,15 +382,17 @@ class Scheduler(Leading):
 
     async def _figures(self, max_age_s: float = 1.0) -> list[NodeFigures]:
         """The executors' figures (registry), read at most once per ``max_age_s``: a burst
-        of submits (a training loop) does not read the registry for each one."""
-        at, figs = self._figs
+        of submits (a training loop) does not read the registry for each one. Their op
+        engines are read with them (``self._figs[2]``): submit checks the ops against them."""
+        at, figs, engines = self._figs
         now = time.monotonic()
         if now - at > max_age_s or not figs:
             nodes = await list_nodes(self.registry)
             hosts = {n.node: n.address for n in nodes}
             figs = same_host_figures(await figures_from_registry(self.registry), hosts,
                                      {n.node: n.cpus for n in nodes})
-            self._figs = (now, figs)
+            engines = await list_op_engines(self.registry)
+            self._figs = (now, figs, engines)
             if len(self.residency):
                 await read_evictions(self.registry, self.residency)
         return figs
