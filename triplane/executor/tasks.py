@@ -12,6 +12,11 @@ cancellation): the process must never die from one task. Error kinds follow
   tile lost), memory full, this node's engine does not support the op/dtypes, the engine
   raised anything other than a user ``KernelError``.
 
+An input whose source in the packet is this node itself is being made here by an earlier
+task (the scheduler sent this one early, behind it): the task waits until that task ends,
+and fails (``infra``) if it failed, or if no task making it arrives within
+``wait_for_input_s`` (a recalled attempt whose input went elsewhere).
+
 Pulled job tiles are used for this task only and not kept: the scheduler tracks where
 tiles live and releases them, so a private copy here would leak capacity. Tiles of
 uploaded tensors (``u-<32 hex>``, whole or a region ``u-<hex>@lo:hi,...``) are immutable
@@ -48,6 +53,9 @@ Puller = Callable[[str, str], Awaitable[np.ndarray]]  # (node, tile) -> array
 # Kernels touching at most this many bytes run on the event loop: a worker-thread hop costs
 # more than they do, and tiny tasks dominate dispatch benchmarks.
 INLINE_BYTES = 64 * 1024
+# How long an early task waits for the task making its input here to arrive (it was sent
+# first, so normally it is here already; a lost datagram is resent within its deadline).
+WAIT_FOR_INPUT_S = 10.0
 # Keeps an error reply (task id, message, signature) inside one 1472-byte datagram.
 MAX_MESSAGE_CHARS = 1000
 _UPLOAD_TILE = re.compile(r"u-[0-9a-f]{32}(@[0-9:,]*)?")
@@ -86,8 +94,9 @@ class TaskRunner:
     """
 
     def __init__(self, engine: Any, store: Any, pull: Puller, *, node: str, workers: int = 1,
-                 inline_bytes: int = INLINE_BYTES) -> None:
+                 inline_bytes: int = INLINE_BYTES, wait_for_input_s: float = WAIT_FOR_INPUT_S) -> None:
         self.engine = engine
+        self.wait_for_input_s = wait_for_input_s
         self.store = store
         self.pull = pull
         self.node = node
@@ -97,6 +106,8 @@ class TaskRunner:
         self.stats = {"ok": 0, "user_errors": 0, "infra_errors": 0, "pulled_bytes": 0,
                       "upload_pulls": 0, "upload_hits": 0}
         self._pulling: dict[str, asyncio.Task[np.ndarray]] = {}  # upload tile -> its pull
+        self._making: set[str] = set()  # output tiles of the tasks running here
+        self._made: dict[str, asyncio.Future[bool]] = {}  # tile -> made (True) or failed
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
@@ -106,8 +117,13 @@ class TaskRunner:
         """Run ``task``; ``on_slow(task_id)`` is called if its kernel goes to a worker thread
         (the shell acks such tasks so the scheduler stops retransmitting them)."""
         start = time.time()
+        out = task.outputs[0] if len(task.outputs) == 1 else None
+        if out is not None:
+            self._making.add(out)
+        made = False
         try:
             info, start, end = await self._run(task, on_slow)
+            made = True
         except _Fail as f:
             self.stats["user_errors" if f.kind == "user" else "infra_errors"] += 1
             return Reply(task.task, False, Timings(received, start, time.time()), (),
@@ -118,6 +134,12 @@ class TaskRunner:
             self.stats["infra_errors"] += 1
             return Reply(task.task, False, Timings(received, start, time.time()), (),
                          TaskError("infra", _clip(f"executor fault: {type(e).__name__}: {e}")))
+        finally:
+            if out is not None:
+                self._making.discard(out)
+                waiting = self._made.pop(out, None)
+                if waiting is not None and not waiting.done():
+                    waiting.set_result(made)
         self.stats["ok"] += 1
         return Reply(task.task, True, Timings(received, start, end), (info,))
 
@@ -129,7 +151,7 @@ class TaskRunner:
             raise _Fail("user", str(e)) from None
         if len(task.outputs) != 1:
             raise _Fail("user", f"{task.op}: a task has exactly one output tile, got {len(task.outputs)}")
-        inputs, in_use = await self._gather(task)
+        inputs, in_use = await self._gather(task, on_slow)
         try:
             return await self._compute(task, op_def, inputs, in_use, on_slow)
         finally:
@@ -194,13 +216,21 @@ class TaskRunner:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.pool, _timed, self.engine, task.op, inputs, attrs, out_t)
 
-    async def _gather(self, task: TaskPacket) -> tuple[list[np.ndarray], list[str]]:
+    async def _gather(self, task: TaskPacket, on_slow: Callable[[str], None] | None = None
+                      ) -> tuple[list[np.ndarray], list[str]]:
         """(inputs in argument order, cache entries now in use): local tiles from the store,
         upload tiles from the cache, the others pulled at once (each distinct tile once,
         concurrently). On failure nothing stays in use."""
         have: dict[str, np.ndarray] = {}
         in_use: list[str] = []
         fetch: dict[str, str] = {}  # tile -> node to pull it from
+        for tile, node in task.pull_from.items():
+            if node == self.node and tile not in self.store and tile in task.inputs:
+                if on_slow is not None:
+                    on_slow(task.task)  # delivered: stop resending it while it waits
+                if not await self._wait_made(tile):
+                    raise _Fail("infra", f"input tile {tile} was to be made on node {self.node}, "
+                                         "and its task failed here or did not come")
         try:
             for tile in dict.fromkeys(task.inputs):
                 node = task.pull_from.get(tile)
@@ -237,6 +267,27 @@ class TaskRunner:
                 self.store.cache_done(key)
             raise
         return [have[t] for t in task.inputs], in_use
+
+    async def _wait_made(self, tile: str) -> bool:
+        """Wait for the task making ``tile`` here to end: has it made it? A task that has
+        not arrived is waited for ``wait_for_input_s``; one running here, until it ends."""
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + self.wait_for_input_s
+        while tile not in self.store:
+            made = self._made.get(tile)
+            if made is None:
+                made = self._made[tile] = loop.create_future()
+            timeout = None if tile in self._making else give_up - loop.time()
+            if timeout is not None and timeout <= 0:
+                if self._made.get(tile) is made and not made.done():
+                    del self._made[tile]
+                return False
+            try:
+                ok = await asyncio.wait_for(asyncio.shield(made), timeout)
+            except TimeoutError:
+                continue  # its task may have started meanwhile: then wait for it to end
+            return ok and tile in self.store
+        return True
 
     async def _fetch(self, node: str, tile: str) -> tuple[np.ndarray, bool]:
         """(array, in use as a cache entry): an upload tile through the cache, any other

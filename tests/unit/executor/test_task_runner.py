@@ -215,3 +215,49 @@ def test_a_view_op_runs_at_once_not_behind_a_running_kernel() -> None:
     assert tr.timings.end < mm.timings.end - 0.1  # done while the matmul still ran
     np.testing.assert_array_equal(store.get("xt"), x.T)
     assert get_op_engine("numpy").cheap("slice", [x]) and not get_op_engine("numpy").cheap("exp", [x])
+
+
+def test_an_early_task_waits_for_its_input_made_here_and_starts_when_it_is() -> None:
+    # The scheduler sends a task ahead of its input's task when both run here; the packet
+    # names this node as the input's source. It must wait for that task, not fail.
+    runner, store = make(capacity=64 << 20, engine=SleepyMatmul(0.2), inline_bytes=0)
+    x = np.random.default_rng().standard_normal((32, 32), dtype=np.float32)
+    store.put("x", x)
+    acked: list[str] = []
+
+    async def pair(first_after: float) -> tuple[Reply, Reply]:
+        now = time.time()
+        dep = asyncio.ensure_future(runner.run(t("j.b.a0", "exp", ("m",), "e", pull={"m": "me"}), now,
+                                               on_slow=acked.append))
+        await asyncio.sleep(first_after)  # the producer arrives after its dependent
+        mm = await runner.run(t("j.a.a0", "matmul", ("x", "x"), "m"), now)
+        return mm, await dep
+
+    mm, dep = asyncio.run(asyncio.wait_for(pair(0.05), 10))
+    assert mm.ok and dep.ok, (mm.error, dep.error)
+    assert dep.timings.start >= mm.timings.end - 1e-3  # it ran on the made tile
+    np.testing.assert_allclose(store.get("e"), np.exp(x @ x), rtol=1e-5)
+    assert "j.b.a0" in acked  # delivered: the scheduler stops resending it meanwhile
+    assert not runner._made and not runner._making  # nothing left behind
+
+
+def test_an_early_task_fails_as_infra_when_its_input_task_fails_or_never_comes() -> None:
+    runner, store = make(capacity=64 << 20, wait_for_input_s=0.2)
+    store.put("x", np.ones((4, 3), np.float32))
+
+    async def failing_producer() -> tuple[Reply, Reply]:
+        now = time.time()
+        dep = asyncio.ensure_future(runner.run(t("j.b.a0", "neg", ("m",), "e", pull={"m": "me"}), now))
+        await asyncio.sleep(0.02)
+        bad = await runner.run(t("j.a.a0", "matmul", ("x", "x"), "m"), now)  # (4,3) @ (4,3)
+        return bad, await dep
+
+    bad, dep = asyncio.run(asyncio.wait_for(failing_producer(), 10))
+    assert not bad.ok and bad.error.kind == "user"
+    assert not dep.ok and dep.error.kind == "infra"
+    assert "input tile m was to be made on node me" in dep.error.message
+    start = time.monotonic()
+    lone = run(runner, t("j.c.a0", "neg", ("q",), "f", pull={"q": "me"}))  # its producer never comes
+    assert not lone.ok and lone.error.kind == "infra" and "q was to be made" in lone.error.message
+    assert 0.15 <= time.monotonic() - start < 2.0
+    assert not runner._made and not runner._making and "e" not in store and "f" not in store

@@ -203,15 +203,17 @@ def test_bad_submissions_and_transitions_are_refused() -> None:
     assert waiting.state == "waiting"
 
 
-@pytest.mark.parametrize("seed", range(25))
+@pytest.mark.parametrize("seed", range(40))
 def test_random_chaos_always_ends_in_a_final_state(seed: int) -> None:
     """Random DAGs, lost packets, infra errors and node deaths (one node always survives):
-    every job ends done, and the invariants hold after every event."""
+    every job ends done, and the invariants hold after every event. Odd seeds place the
+    tasks (so some are sent early, behind their inputs, and recalled when those drift)."""
     rnd = random.Random(seed)
     s = cluster("n0", "n1", "n2", slots=2, policy=Policy(min_timeout_s=1.0, max_sends=2, max_attempts=50))
     n = rnd.randint(1, 12)
     deps = [tuple(f"t{d}" for d in rnd.sample(range(i), rnd.randint(0, min(i, 3)))) for i in range(n)]
-    tasks = tuple(TaskSpec(f"t{i}", "op", deps[i], output_bytes=rnd.randint(1, 100), is_output=i == n - 1)
+    tasks = tuple(TaskSpec(f"t{i}", "op", deps[i], output_bytes=rnd.randint(1, 100), is_output=i == n - 1,
+                           node=rnd.choice(["n0", "n1", "n2"]) if seed % 2 else None, priority=i)
                   for i in range(n))
     inflight: list[Send] = sends(s.handle(SubmitJob(sid(), "j", tasks, 0.0)))
     now, done = 0.0, []
@@ -221,7 +223,11 @@ def test_random_chaos_always_ends_in_a_final_state(seed: int) -> None:
         if inflight and r < 0.6:
             snd = inflight.pop(rnd.randrange(len(inflight)))
             node = s.nodes[snd.node]
-            if not node.alive or rnd.random() < 0.2:
+            task = s.jobs["j"].tasks[snd.task]
+            if task.attempt == snd.attempt and task.waiting_on and node.alive:
+                inflight.append(snd)  # sent early: the executor holds it until its inputs are made
+                out = s.handle(Tick(sid(), now))
+            elif not node.alive or rnd.random() < 0.2:
                 out = []  # lost packet, or the node is gone
             elif rnd.random() < 0.1:
                 out = s.handle(TaskErred(sid(), "j", snd.task, snd.attempt, snd.node, "infra", "x", now))
@@ -315,3 +321,71 @@ def test_heavy_tasks_are_two_in_flight_per_node_lighter_ones_fill_the_slots() ->
     medium = tuple(TaskSpec(f"m{i}", "add", cost_s=0.002, output_bytes=1 << 20) for i in range(5))
     assert len(sends(s2.handle(SubmitJob(sid(), "j", medium, 0.0)))) == 4
     s2.validate_state()
+
+
+def placed(tid: str, node: str, *deps: str, cost_s: float = 0.001) -> TaskSpec:
+    return TaskSpec(tid, "op", deps, cost_s=cost_s, output_bytes=64, node=node, priority=int(tid[1:]))
+
+
+def test_a_task_placed_with_its_input_is_sent_behind_it_and_told_to_wait_there() -> None:
+    s = cluster("n1", "n2")
+    out = s.handle(SubmitJob(sid(), "j", (placed("t0", "n1"), placed("t1", "n1", "t0"),
+                                          placed("t2", "n2", "t1")), 0.0))
+    s.validate_state()
+    first, early = sends(out)
+    assert (first.task, early.task) == ("t0", "t1") and early.node == "n1"
+    assert early.pull_from == (("t0", "n1"),)  # made on its own node: the executor waits for it
+    assert s.jobs["j"].tasks["t2"].state == "waiting"  # placed on n2: it waits for the reply
+    out = ok(s, first)
+    assert sends(out) == []  # t1 is on its way already
+    (last,) = sends(ok(s, early))
+    assert last.task == "t2" and last.pull_from == (("t1", "n1"),)
+    assert finished(ok(s, last)) == [JobFinished("j", "done")]
+
+
+def test_early_sends_need_every_unfinished_input_on_the_node_and_the_policy() -> None:
+    s = cluster("n1", "n2")
+    out = s.handle(SubmitJob(sid(), "j", (placed("t0", "n1"), placed("t1", "n2"),
+                                          placed("t2", "n1", "t0", "t1")), 0.0))
+    by = {x.task: x for x in sends(out)}
+    assert set(by) == {"t0", "t1"}  # t1 runs on n2: t2 waits for it
+    (t2,) = sends(ok(s, by["t1"]))
+    assert t2.node == "n1" and dict(t2.pull_from) == {"t0": "n1", "t1": "n2"}  # t0 still running
+    off = cluster("n1", policy=Policy(retry_backoff_s=0.0, eager=False))
+    out = off.handle(SubmitJob(sid(), "j", (placed("t0", "n1"), placed("t1", "n1", "t0")), 0.0))
+    assert [x.task for x in sends(out)] == ["t0"]
+    (t1,) = sends(ok(off, sends(out)[0]))
+    assert t1.pull_from == ()  # done, and here: nothing to pull or wait for
+
+
+def test_early_tasks_count_against_the_slots() -> None:
+    s = cluster("n1", slots=4)
+    heavy = [placed("t0", "n1", cost_s=0.1)] + [placed(f"t{i}", "n1", f"t{i - 1}", cost_s=0.1) for i in (1, 2, 3)]
+    out = s.handle(SubmitJob(sid(), "j", tuple(heavy), 0.0))
+    assert [x.task for x in sends(out)] == ["t0", "t1"]  # two heavy ones in flight, as ever
+    s.validate_state()
+    assert [x.task for x in sends(ok(s, sends(out)[0]))] == ["t2"]
+
+
+@pytest.mark.parametrize("slots", [2, 4])
+def test_a_drifting_input_recalls_the_tasks_sent_early_behind_it(slots: int) -> None:
+    # With 2 slots, t2 is ready (early) but not sent yet when t0 fails; with 4 it is sent.
+    s = cluster("n1", "n2", slots=slots)
+    out = s.handle(SubmitJob(sid(), "j", (placed("t0", "n1"), placed("t1", "n1", "t0"),
+                                          placed("t2", "n1", "t1")), 0.0))
+    sent = sends(out)  # a chain, each behind the one before it
+    assert [x.task for x in sent] == ["t0", "t1", "t2"][:slots]
+    out = s.handle(TaskErred(sid(), "j", "t0", 0, "n1", "infra", "disk on fire", 1.0))
+    s.validate_state()
+    tasks = s.jobs["j"].tasks
+    assert tasks["t1"].attempt == 1 and tasks["t2"].attempt == (1 if slots > 2 else 0)  # recalled
+    assert tasks["t1"].state == tasks["t2"].state == "waiting" and not s.nodes["n1"].running
+    (again,) = sends(out)
+    assert again.task == "t0" and again.node == "n2" and again.attempt == 1  # n1 failed it
+    # Stale replies of the recalled attempts change nothing.
+    assert all(ok(s, x) == [] for x in sent[1:])
+    t1, t2 = sends(ok(s, again))  # t1 where placed, t2 early behind it again
+    assert t1.task == "t1" and t1.node == "n1" and t1.attempt == 1 and t1.pull_from == (("t0", "n2"),)
+    assert t2.task == "t2" and t2.node == "n1" and t2.pull_from == (("t1", "n1"),)
+    assert sends(ok(s, t1)) == []
+    assert finished(ok(s, t2)) == [JobFinished("j", "done")]

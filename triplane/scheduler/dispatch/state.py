@@ -21,6 +21,14 @@ node runs its tasks in the order the plan was predicted with: a task on the crit
 path that becomes ready late is not queued behind work the plan put after it. Unplaced
 jobs (priority 0) go first come, first served.
 
+Early sends: a task placed on node N whose unfinished inputs are all dispatched to N is
+made ready then, not when they finish (``eager``): the executor receives it behind them and
+starts it the moment its inputs are made there, without a round trip through the scheduler
+per dependency. Its packet names N as the source of those inputs, which tells the executor
+to wait for them. If such an input's task drifts away from N, the early task is recalled
+(drifts too); its attempt on N is dropped by the executor when the input fails there or
+does not appear.
+
 Delivery: a task may run more than once (retransmits reuse the attempt number, drifts take
 the next one); only the first reply of the current attempt counts, later or stale ones
 are ignored, so each result is recorded once.
@@ -223,7 +231,10 @@ class Policy:
     an executor runs its kernels one after another, so a heavy task sent behind three
     others waits for them all, however urgent it is (the MLP step: a critical-path
     matmul ready at 0.94 s ran at 1.09 s, behind four matmuls the plan put after it).
-    Two in flight still overlap one task's input pulls with another's kernel."""
+    Two in flight still overlap one task's input pulls with another's kernel.
+
+    ``eager``: send a placed task ahead of its inputs when they all run on its node
+    (module doc: Early sends)."""
 
     min_timeout_s: float = 0.5
     deadline_factor: float = 10.0
@@ -236,6 +247,7 @@ class Policy:
     small_slots: int = 16
     heavy_task_s: float = 0.01
     heavy_slots: int = 2
+    eager: bool = True
 
     def is_small(self, spec: TaskSpec) -> bool:
         return spec.cost_s < self.small_task_s and spec.output_bytes <= self.small_task_bytes
@@ -321,7 +333,7 @@ class DispatchState:
         for d in t.dependents:
             dep = job.tasks[d]
             dep.waiting_on.discard(t.spec.id)
-            if dep.state == "waiting" and not dep.waiting_on:
+            if dep.state == "waiting" and (not dep.waiting_on or self._early(job, dep)):
                 self._move(dep, "ready", ev.stimulus_id, ev.now, out)
         if job.remaining == 0 and job.state == "running":
             self._finish_job(job, "done", None, out)
@@ -415,6 +427,7 @@ class DispatchState:
                out: list[Instruction]) -> None:
         """Re-run ``t`` elsewhere with the next attempt, or fail the job if out of attempts."""
         job = self.jobs[t.job]
+        self._recall(job, t, stimulus_id, now, out)
         if t.attempt + 1 >= self.policy.max_attempts:
             t.error = f"{why}; gave up after {t.attempt + 1} attempts"
             self._move(t, "failed", stimulus_id, now, out)
@@ -490,6 +503,10 @@ class DispatchState:
             t = job.tasks[key[1]]
             if t.state != "ready":
                 continue
+            if t.waiting_on and not self._early(job, t):
+                # Made ready early, but an input has left this task's node since: wait for it.
+                self._move(t, "waiting", ev.stimulus_id, now, out)
+                continue
             if t.not_before > now:  # backing off after a failed attempt
                 skipped.append(entry)
                 continue
@@ -522,6 +539,10 @@ class DispatchState:
             node.running.add(key)
             self._move(t, "dispatched", ev.stimulus_id, now, out, queue=False)
             out.append(Send(t.job, spec.id, t.attempt, node.name, t.deadline, self._pull_from(t)))
+            for d in t.dependents:  # queued behind it, they go now if early (module doc)
+                dep = job.tasks[d]
+                if dep.state == "waiting" and self._early(job, dep):
+                    self._move(dep, "ready", ev.stimulus_id, now, out)
         for entry in skipped:
             heapq.heappush(ready, entry)
 
@@ -536,13 +557,40 @@ class DispatchState:
         n = self.nodes.get(name)
         return n if n is not None and n.alive else None
 
+    def _early(self, job: JobState, t: TaskState) -> bool:
+        """May waiting ``t`` be sent now, ahead of its unfinished inputs? Yes when the policy
+        allows it and each of them is dispatched to ``t``'s placed node (module doc)."""
+        if not self.policy.eager:
+            return False
+        home = self._preferred(t)
+        if home is None:
+            return False
+        for d in t.waiting_on:
+            dep = job.tasks[d]
+            if dep.state != "dispatched" or dep.node != home.name:
+                return False
+        return True
+
+    def _recall(self, job: JobState, t: TaskState, stimulus_id: str, now: float,
+                out: list[Instruction]) -> None:
+        """``t`` leaves its node: drift the tasks sent there early to wait for its output."""
+        if not t.node:
+            return
+        for d in t.dependents:
+            dep = job.tasks[d]
+            if dep.state == "dispatched" and dep.node == t.node and t.spec.id in dep.waiting_on:
+                self._release_slot(dep)
+                self._drift(dep, f"its input {t.spec.id} left {t.node}", stimulus_id, now, out)
+
     def _timeout(self, t: TaskState) -> float:
         return max(self.policy.min_timeout_s, self.policy.deadline_factor * t.spec.cost_s)
 
     def _pull_from(self, t: TaskState) -> tuple[tuple[str, str], ...]:
+        """(input task, node holding it) of the inputs held elsewhere, and of those still
+        being made on ``t``'s own node (an early send: the executor waits for them)."""
         job = self.jobs[t.job]
-        return tuple((d, job.tasks[d].node or "") for d in t.spec.deps
-                     if job.tasks[d].node and job.tasks[d].node != t.node)
+        return tuple((d, n) for d in t.spec.deps
+                     if (n := job.tasks[d].node) and (n != t.node or d in t.waiting_on))
 
     def _current(self, job: str, task: str, attempt: int) -> TaskState | None:
         j = self.jobs.get(job)
