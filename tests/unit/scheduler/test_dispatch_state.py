@@ -360,7 +360,8 @@ def test_early_sends_need_every_unfinished_input_on_the_node_and_the_policy() ->
 
 def test_early_tasks_count_against_the_slots() -> None:
     s = cluster("n1", slots=4)
-    heavy = [placed("t0", "n1", cost_s=0.1)] + [placed(f"t{i}", "n1", f"t{i - 1}", cost_s=0.1) for i in (1, 2, 3)]
+    heavy = [placed("t0", "n1", cost_s=0.1)]
+    heavy += [placed(f"t{i}", "n1", f"t{i - 1}", cost_s=0.1) for i in (1, 2, 3)]
     out = s.handle(SubmitJob(sid(), "j", tuple(heavy), 0.0))
     assert [x.task for x in sends(out)] == ["t0", "t1"]  # two heavy ones in flight, as ever
     s.validate_state()

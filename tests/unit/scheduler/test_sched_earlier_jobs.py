@@ -252,7 +252,7 @@ def test_a_tiny_earlier_job_is_placed_on_demand_and_says_it_is_not_recorded(
     with pytest.raises(SubmitError) as e:  # no executor figures: nothing to place it for
         asyncio.run(second.plan(plan.job))
     assert e.value.status == 404 and "no prediction was recorded" in e.value.body["message"]
-    second._figs = (time.monotonic() + 60, figs(), [])  # the registry's figures (and no op engines), as if just read
+    second._figs = (time.monotonic() + 60, figs(), [])  # the registry's figures, as if just read
     doc = asyncio.run(second.plan(plan.job))
     assert doc["recorded"] is False and doc["followed"] is False and doc["job"] == plan.job
     assert {t["task"] for t in doc["tasks"]} == {t.id for t in plan.specs}
