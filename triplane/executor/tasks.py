@@ -106,7 +106,7 @@ class TaskRunner:
         self.stats = {"ok": 0, "user_errors": 0, "infra_errors": 0, "pulled_bytes": 0,
                       "upload_pulls": 0, "upload_hits": 0}
         self._pulling: dict[str, asyncio.Task[np.ndarray]] = {}  # upload tile -> its pull
-        self._making: set[str] = set()  # output tiles of the tasks running here
+        self._making: dict[str, int] = {}  # output tile -> attempts running here making it
         self._made: dict[str, asyncio.Future[bool]] = {}  # tile -> made (True) or failed
 
     def close(self) -> None:
@@ -119,7 +119,7 @@ class TaskRunner:
         start = time.time()
         out = task.outputs[0] if len(task.outputs) == 1 else None
         if out is not None:
-            self._making.add(out)
+            self._making[out] = self._making.get(out, 0) + 1
         made = False
         try:
             info, start, end = await self._run(task, on_slow)
@@ -136,10 +136,13 @@ class TaskRunner:
                          TaskError("infra", _clip(f"executor fault: {type(e).__name__}: {e}")))
         finally:
             if out is not None:
-                self._making.discard(out)
-                waiting = self._made.pop(out, None)
-                if waiting is not None and not waiting.done():
-                    waiting.set_result(made)
+                left = self._making.pop(out) - 1
+                if left:  # another attempt still makes it (a recalled one, say)
+                    self._making[out] = left
+                if made or not left:
+                    waiting = self._made.pop(out, None)
+                    if waiting is not None and not waiting.done():
+                        waiting.set_result(made)
         self.stats["ok"] += 1
         return Reply(task.task, True, Timings(received, start, end), (info,))
 

@@ -261,3 +261,26 @@ def test_an_early_task_fails_as_infra_when_its_input_task_fails_or_never_comes()
     assert not lone.ok and lone.error.kind == "infra" and "q was to be made" in lone.error.message
     assert 0.15 <= time.monotonic() - start < 2.0
     assert not runner._made and not runner._making and "e" not in store and "f" not in store
+
+
+def test_an_early_task_waits_for_the_attempt_that_makes_its_input() -> None:
+    # Two attempts of one task may make the same tile here (a recalled one still running):
+    # the one that fails first must not fail the tasks waiting for the other's result.
+    runner, store = make(capacity=64 << 20, engine=SleepyMatmul(0.2), inline_bytes=0)
+    x = np.random.default_rng().standard_normal((16, 16), dtype=np.float32)
+    store.put("x", x)
+    store.put("bad", np.ones((3, 5), np.float32))
+
+    async def go() -> tuple[Reply, Reply, Reply]:
+        now = time.time()
+        good = asyncio.ensure_future(runner.run(t("j.a.a1", "matmul", ("x", "x"), "m"), now))
+        await asyncio.sleep(0.02)
+        dep = asyncio.ensure_future(runner.run(t("j.b.a1", "neg", ("m",), "e", pull={"m": "me"}), now))
+        await asyncio.sleep(0.02)  # it waits for m now
+        failed = await runner.run(t("j.a.a0", "matmul", ("bad", "bad"), "m"), now)
+        return failed, await good, await dep
+
+    failed, good, dep = asyncio.run(asyncio.wait_for(go(), 10))
+    assert not failed.ok and good.ok and dep.ok, (failed.error, good.error, dep.error)
+    np.testing.assert_allclose(store.get("e"), -(x @ x), rtol=1e-5)
+    assert not runner._made and not runner._making
