@@ -290,8 +290,7 @@ class Scheduler(Leading):
         await self.require_leader()
         if not isinstance(fetch, list) or not all(isinstance(f, str) for f in fetch) or len(fetch) > 10_000:
             raise SubmitError(400, "request", "'fetch' must be a list of at most 10000 node ids")
-        figures = await self._figures()
-        engines = self._figs[2]  # read with the figures
+        figures, engines = await self._registry_view()
         factors = self.calibration.snapshot([f.name for f in figures])
         figures = self.calibration.apply(figures, factors)  # the speed the executors run at now
         try:
@@ -380,10 +379,10 @@ class Scheduler(Leading):
         )
         return cgraph, args, plan
 
-    async def _figures(self, max_age_s: float = 1.0) -> list[NodeFigures]:
-        """The executors' figures (registry), read at most once per ``max_age_s``: a burst
-        of submits (a training loop) does not read the registry for each one. Their op
-        engines are read with them (``self._figs[2]``): submit checks the ops against them."""
+    async def _registry_view(self, max_age_s: float = 1.0) -> tuple[list[NodeFigures], list[OpEngineInfo]]:
+        """The executors' figures and op engines (registry), read at most once per
+        ``max_age_s``: a burst of submits (a training loop) does not read the registry for
+        each one, and submit checks the ops against the engines read with the figures."""
         at, figs, engines = self._figs
         now = time.monotonic()
         if now - at > max_age_s or not figs:
@@ -395,7 +394,7 @@ class Scheduler(Leading):
             self._figs = (now, figs, engines)
             if len(self.residency):
                 await read_evictions(self.registry, self.residency)
-        return figs
+        return figs, engines
 
     def _store_job(
         self, plan: JobPlan, cgraph: Graph, fetch: list[str], bindings: dict[str, Any], now: float
@@ -676,7 +675,7 @@ class Scheduler(Leading):
                 view = await self.earlier.get(job)
             except (GraphError, KeyError, TypeError, IndexError, ValueError) as e:
                 raise SubmitError(404, "not_found", f"job {job}'s plan cannot be rebuilt: {e}") from None
-            figs = await self._figures()
+            figs, _ = await self._registry_view()
             if view.plan is not None and view.plan.layout is None and figs:  # not tiled
                 try:
                     return await asyncio.to_thread(placed_now, job, view.plan, figs, times)
