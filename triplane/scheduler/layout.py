@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from triplane.proto.ir import Graph, Node, TensorType
-from triplane.scheduler.compiler.costmodel import NodeFigures, type_text
+from triplane.scheduler.compiler.costmodel import CostModel, NodeFigures, type_text
 from triplane.scheduler.compiler.placement import (
     Code,
     Placement,
@@ -44,10 +44,11 @@ from triplane.scheduler.compiler.placement import (
 )
 from triplane.scheduler.compiler.tiling import ClusterFigures, Region, TileGrid, plan_sizes, tile_graph
 
-__all__ = ["UNSPLIT_BYTES", "Cached", "Layout", "check_support", "figures_from_json", "figures_to_json",
-           "lay_out", "same_host_figures", "structure_hash"]
+__all__ = ["MODEL", "UNSPLIT_BYTES", "Cached", "Layout", "check_support", "figures_from_json",
+           "figures_to_json", "lay_out", "same_host_figures", "structure_hash"]
 
 UNSPLIT_BYTES = 4 << 20  # plan_sizes' default: graphs this small are not cut
+MODEL = CostModel()  # the one cost model of tiling and placement: they predict a task's time alike
 MAX_PLACED_TASKS = 5000  # placement is superlinear; a bigger untiled graph is not placed on demand
 
 # (an ``input`` node's ``tensor`` attribute ("argN"), the region it reads or None for the
@@ -119,7 +120,8 @@ def lay_out(graph: Graph, figures: Sequence[NodeFigures], *, unsplit_bytes: int 
     while True:
         try:
             return _tile_and_place(graph, figs, plan_sizes(ClusterFigures.from_nodes(figs), headroom=headroom,
-                                                           unsplit_bytes=unsplit_bytes, explicit=explicit),
+                                                           unsplit_bytes=unsplit_bytes, explicit=explicit,
+                                                           model=MODEL),
                                    cached)
         except PlacementError as e:
             # Unschedulable (not ...AndUnresolvable): the nodes' memory is held by tiles
@@ -198,7 +200,7 @@ def _upload_region(node: Node, nodes: Mapping[str, Node]) -> Region | None:
 def _place(graph: Graph, figs: Sequence[NodeFigures], origin: Mapping[str, str],
            cached: Mapping[str, tuple[str, ...]] | None = None) -> Placement:
     try:
-        return place(graph, figs, cached=cached)
+        return place(graph, figs, cached=cached, model=MODEL)
     except PlacementError as e:
         raise _named(e, graph, origin) from None
 

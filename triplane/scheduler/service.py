@@ -49,7 +49,7 @@ from triplane.registry import (
     list_op_engines,
 )
 from triplane.scheduler.calibration import Calibration, bound_of
-from triplane.scheduler.compiler.costmodel import CostModel, NodeFigures, figures_from_registry, task_cost
+from triplane.scheduler.compiler.costmodel import NodeFigures, figures_from_registry, task_cost
 from triplane.scheduler.compiler.pipeline import PlanCache
 from triplane.scheduler.dispatch.shell import DispatchShell, Hooks
 from triplane.scheduler.dispatch.state import (
@@ -70,7 +70,13 @@ from triplane.scheduler.earlier import (
 from triplane.scheduler.fetching import FetchError, open_tiled
 from triplane.scheduler.jobplan import JobPlan, TaskTemplate, new_job_id, plan_job, prepare, unsupported_op
 from triplane.scheduler.journal import Journal
-from triplane.scheduler.layout import figures_from_json, figures_to_json, same_host_figures, structure_hash
+from triplane.scheduler.layout import (
+    MODEL,
+    figures_from_json,
+    figures_to_json,
+    same_host_figures,
+    structure_hash,
+)
 from triplane.scheduler.leading import Leading
 from triplane.scheduler.planview import plan_document
 from triplane.scheduler.residency import Residency, read_evictions
@@ -79,7 +85,7 @@ from triplane.scheduler.store import DataPortClient, DataServer, StoredTensor, T
 log = logging.getLogger(__name__)
 
 VERSION = "0.1.0"
-_TASK_OVERHEAD_S = CostModel().task_overhead_s  # what placement adds to each kernel
+_TASK_OVERHEAD_S = MODEL.task_overhead_s  # what placement adds to each kernel
 STORE_FIRST_TASKS = 1000  # a job of at most this many tasks is stored before it is dispatched
 
 _API_STATE = {

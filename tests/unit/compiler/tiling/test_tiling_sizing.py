@@ -16,6 +16,7 @@ from triplane.proto.builder import Builder
 from triplane.proto.errors import LimitError
 from triplane.proto.ir import Graph
 from triplane.proto.validate import validate
+from triplane.scheduler.compiler.costmodel import DEFAULT_OP_SCALE, CostModel
 from triplane.scheduler.compiler.tiling import ClusterFigures, TileSizes, plan_sizes, tile_graph
 from triplane.scheduler.compiler.tiling.grid import check_cuts, even_cuts, refine
 
@@ -129,6 +130,21 @@ def test_compute_vs_communication_decides_how_far_to_cut_for_parallelism() -> No
     # (each extra task costs latency and dispatch and moves no fewer bytes).
     assert 3 <= len(tile_graph(g, plan_sizes(quick)).grids["y"]) <= 6
     assert len(tile_graph(g, plan_sizes(slow)).grids["y"]) == 1   # a 0.5 s latency: never worth it
+
+
+def test_tiling_takes_the_op_calibration_of_the_cost_model_placement_uses() -> None:
+    b = Builder()
+    b.add_node("normal", [], {"shape": (2048, 2048), "seed": 1}, node_id="y")
+    g = validate(b.graph(["y"]))
+    figs = ClusterFigures.uniform(3, 768 * MiB, latency_us=50)
+    # Random numbers cost far more than their bytes (DEFAULT_OP_SCALE): cut for every
+    # executor. A model that calls them as cheap as a copy cuts them less.
+    calibrated = plan_sizes(figs, model=CostModel())
+    assert calibrated.op_scale == DEFAULT_OP_SCALE
+    assert len(tile_graph(g, calibrated).grids["y"]) > 3
+    uncalibrated = plan_sizes(figs, model=CostModel(op_scale={}, task_overhead_s=1e-3))
+    assert uncalibrated.task_overhead_s == 1e-3
+    assert len(tile_graph(g, uncalibrated).grids["y"]) < len(tile_graph(g, calibrated).grids["y"])
 
 
 def test_figures_from_placements_node_records() -> None:

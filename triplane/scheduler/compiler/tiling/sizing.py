@@ -36,6 +36,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from triplane.scheduler.compiler.costmodel import DEFAULT_OP_SCALE, CostModel
+
 __all__ = ["ClusterFigures", "NodeFigures", "TileSizes", "plan_sizes"]
 
 MiB = 1 << 20
@@ -104,7 +106,10 @@ class TileSizes:
     bandwidth_gbps: float = 1.0
     latency_s: float = 200e-6
     executors: int = 1
-    task_overhead_s: float = 200e-6  # the cost model's dispatch round trip per task
+    # The cost model's dispatch round trip per task and calibration of slow ops (plan_sizes
+    # copies both from the model placement uses).
+    task_overhead_s: float = CostModel.task_overhead_s
+    op_scale: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_OP_SCALE))
     explicit: Mapping[str, Mapping[str, int | Sequence[int]]] = field(default_factory=dict)
 
     def compute_s(self, flops: float, nbytes: float) -> float:
@@ -127,10 +132,14 @@ class TileSizes:
 
 def plan_sizes(figures: ClusterFigures, *, headroom: float = 0.5, ratio: float = 10.0,
                tasks_per_executor: int = 2, unsplit_bytes: int = 4 * MiB,
-               explicit: Mapping[str, Mapping[str, int | Sequence[int]]] | None = None) -> TileSizes:
-    """Tile sizes for ``figures`` (see the module doc for each rule)."""
+               explicit: Mapping[str, Mapping[str, int | Sequence[int]]] | None = None,
+               model: CostModel | None = None) -> TileSizes:
+    """Tile sizes for ``figures`` (see the module doc for each rule). ``model``: the cost
+    model placement will use (default ``CostModel()``); tiling takes its task overhead and
+    op calibration from it, so both predict a task's time alike."""
     if not 0 < headroom <= 1:
         raise ValueError(f"headroom must be in (0, 1], got {headroom}")
+    model = model or CostModel()
     usable = [n.usable_bytes for n in figures.nodes]
     return TileSizes(
         max_task_bytes=int(min(usable) * headroom),
@@ -143,6 +152,8 @@ def plan_sizes(figures: ClusterFigures, *, headroom: float = 0.5, ratio: float =
         bandwidth_gbps=figures.bandwidth_gbps,
         latency_s=figures.latency_us * 1e-6,
         executors=len(figures.nodes),
+        task_overhead_s=model.task_overhead_s,
+        op_scale=dict(model.op_scale),
         explicit=dict(explicit or {}),
     )
 

@@ -44,7 +44,6 @@ from triplane.proto import optable
 from triplane.proto.builder import Builder
 from triplane.proto.errors import LimitError
 from triplane.proto.ir import Graph, Node, TensorType
-from triplane.scheduler.compiler.costmodel import DEFAULT_OP_SCALE
 from triplane.scheduler.compiler.memory import plan_memory
 from triplane.scheduler.compiler.tiling.grid import (
     Cuts,
@@ -297,7 +296,7 @@ class _Tiler:
             c = optable.get(node.op).cost(ins, node.type, node.attrs)
         except Exception:  # a user op's cost function may not expect odd shapes
             return float(node.type.size), 0.0
-        scale = DEFAULT_OP_SCALE.get(node.op, 1.0)
+        scale = self.sizes.op_scale.get(node.op, 1.0)
         return float(c.flops) * scale, float(c.bytes) * scale
 
     def _compute_s(self, work: tuple[float, float], fraction: float, region_bytes: int) -> float:
