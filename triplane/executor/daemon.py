@@ -171,13 +171,14 @@ class Executor:
 
     def stats(self) -> dict[str, Any]:
         """Counters: packet drops by reason, tasks, data-port requests, memory, the upload
-        cache (the scheduler reads ``cache.evictions`` to forget what this node evicted)."""
+        cache (the scheduler reads ``cache.evictions``, ``refused``, ``dropped`` and the
+        ``lost`` keys to forget what this node no longer keeps)."""
         store, runs = self.store, self.runner.stats
         return {"node": self.name, **self.packets.stats(), "data_port": dict(self.data.stats),
                 "memory": {"capacity": store.capacity(), "used": store.used(), "tiles": len(store),
                            "cached": store.cached(), "free": store.free()},
                 "cache": {"entries": len(store.cache_keys()), "bytes": store.cached(),
-                          "hits": runs["upload_hits"], "pulls": runs["upload_pulls"], **store.cache_stats}}
+                          "hits": runs["upload_hits"], "pulls": runs["upload_pulls"], **store.cache_report()}}
 
     # --- registry records ------------------------------------------------------------------
 

@@ -6,10 +6,11 @@ learns that a node holds one when a task that read it *completes* there (the exe
 kept it unless memory was short), and forgets
 
 * everything of a node that goes down (``forget_node``);
-* everything of a node whose executor reports that it lost cache entries since the last
-  report (``evicted``: its published counters of entries evicted, refused for lack of
-  room or given up grew) -- the report does not say which, and a forgotten tile only
-  costs a pull where it could have been local;
+* the tiles a node's executor reports it lost since its last report (``evicted``: its
+  published counters of entries evicted, refused for lack of room or given up grew; the
+  report names the keys of its last ``LOST_KEPT`` (128) losses). When the counters grew
+  by more than the names it gives (or it gives none), everything of that node is
+  forgotten: a forgotten tile only costs a pull where it could have been local;
 * the uploads learned longest ago, beyond ``capacity`` tiles in all (a training loop
   uploads a new batch each step: the map must not grow for ever).
 
@@ -84,13 +85,32 @@ class Residency:
             if not entry:
                 del self._uploads[upload]
 
-    def evicted(self, node: str, count: int) -> None:
-        """The executor ``node`` reports ``count`` cache evictions in all; if that grew since
-        its last report, forget what it holds (the report does not say which went)."""
+    def evicted(self, node: str, count: int, lost: Sequence[str] = ()) -> None:
+        """The executor ``node`` reports ``count`` cache entries lost in all, and ``lost``:
+        the keys of its latest losses, oldest first. If the count grew by ``n`` since its
+        last report, forget the last ``n`` of ``lost`` there, or all it holds when ``lost``
+        names fewer (which went is not known then)."""
         with self._lock:
-            if count > self._evictions.get(node, 0):
+            grew = count - self._evictions.get(node, 0)
+            if 0 < grew <= len(lost):
+                self._forget_tiles_locked(node, lost[len(lost) - grew:])
+            elif grew > 0:
                 self._forget_locked(node)
             self._evictions[node] = count
+
+    def _forget_tiles_locked(self, node: str, tiles: Iterable[str]) -> None:
+        for tile in tiles:
+            upload = tile.partition("@")[0]
+            entry = self._uploads.get(upload)
+            nodes = entry.get(tile) if entry is not None else None
+            if entry is None or nodes is None or node not in nodes:
+                continue
+            nodes.discard(node)
+            if not nodes:
+                del entry[tile]
+                self._tiles -= 1
+                if not entry:
+                    del self._uploads[upload]
 
     def holders(self, tile: str) -> tuple[str, ...]:
         with self._lock:
@@ -122,11 +142,16 @@ class Residency:
 
 async def read_evictions(registry: Any, residency: Residency) -> None:
     """Feed each executor's published count of cache entries lost (``stats/<node>`` JSON:
-    ``cache.evictions + refused + dropped``) to ``residency``; unreadable records are skipped."""
+    ``cache.evictions + refused + dropped``) and the keys of its latest losses
+    (``cache.lost``; absent or malformed: none named) to ``residency``; records without a
+    readable count are skipped."""
     for entry in await registry.get_prefix("stats/"):
         try:
             cache = json.loads(entry.value)["cache"]
             count = sum(int(cache[k]) for k in ("evictions", "refused", "dropped"))
         except (ValueError, KeyError, TypeError):
             continue
-        residency.evicted(entry.key.removeprefix("stats/"), count)
+        lost = cache.get("lost")
+        if not isinstance(lost, list) or not all(isinstance(k, str) for k in lost):
+            lost = []
+        residency.evicted(entry.key.removeprefix("stats/"), count, lost)

@@ -111,4 +111,4 @@ def test_second_run_reads_its_upload_tiles_where_they_are_cached(cluster: LocalC
     assert sum(c["pulls"] for c in before.values()) == len(read)
     assert sum(c["pulls"] for c in after.values()) == len(read)
     assert sum(c["hits"] - before[n]["hits"] for n, c in after.items()) == len(read)
-    assert all(c["evictions"] == 0 for c in after.values())
+    assert all(c["evictions"] == 0 and c["lost"] == [] for c in after.values())

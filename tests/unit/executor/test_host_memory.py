@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from triplane.engines.memory.host import HostMemoryEngine, MemoryFullError, TileNotFoundError
+from triplane.engines.memory.host import LOST_KEPT, HostMemoryEngine, MemoryFullError, TileNotFoundError
 from triplane.engines.protocols import MemoryEngine
 
 
@@ -106,9 +106,23 @@ def test_cache_never_displaces_tiles_or_reservations() -> None:
     m.reserve(200)
     assert not m.cache_put("u-a", np.zeros(100, np.float32))  # 400 > the 200 left
     assert m.cache_stats["refused"] == 1  # the scheduler learns of it (docs/executor.md)
+    assert m.cache_report()["lost"] == ["u-a"]
     assert m.cache_put("u-b", np.zeros(50, np.float32))  # 200 fit
     assert not m.cache_put("t", np.zeros(1, np.float32))  # a tile of that id wins
     assert m.cache_take("u-missing") is None
     assert (m.used(), m.cached(), m.free()) == (600, 200, 200)
     m.delete("u-b")  # delete drops an entry too
     assert m.cached() == 0 and "u-b" not in m
+
+
+def test_the_report_names_the_latest_lost_entries_oldest_first() -> None:
+    m = HostMemoryEngine(1000)
+    for i in range(LOST_KEPT + 3):  # each new 800-byte entry evicts the one before
+        assert m.cache_put(f"u-{i}", np.zeros(200, np.float32))
+    assert m.cache_put("u-last", np.zeros(10, np.float32)) is True  # fits beside: evicts none
+    assert m.cache_take("u-last") is not None
+    m.cache_drop("u-last")  # given up by its reader: lost too
+    report = m.cache_report()
+    assert (report["evictions"], report["dropped"], report["refused"]) == (LOST_KEPT + 2, 1, 0)
+    assert report["lost"] == [f"u-{i}" for i in range(3, LOST_KEPT + 2)] + ["u-last"]
+    assert len(report["lost"]) == LOST_KEPT

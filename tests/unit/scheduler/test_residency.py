@@ -37,6 +37,21 @@ def test_an_executor_that_evicted_since_its_last_report_is_forgotten() -> None:
     assert r.holders(U) == ("e0",)
 
 
+def test_an_executor_naming_its_losses_forgets_just_those() -> None:
+    r = Residency()
+    w = "u-" + "ef" * 16
+    r.learn("e0", [U, V, w])
+    r.learn("e1", [U])
+    r.evicted("e0", 0)
+    r.evicted("e0", 1, [U])  # one loss, named
+    assert (r.holders(U), r.holders(V), r.holders(w)) == (("e1",), ("e0",), ("e0",))
+    r.evicted("e0", 2, [U, V])  # one more: the last name is the new loss
+    assert (r.holders(U), r.holders(V), r.holders(w)) == (("e1",), (), ("e0",))
+    assert len(r) == 2
+    r.evicted("e0", 5, [U, V])  # grew by 3, two named: which went is not known
+    assert (r.holders(U), r.holders(w)) == (("e1",), ())
+
+
 def test_the_uploads_learned_longest_ago_go_beyond_capacity() -> None:
     r = Residency(capacity=3)
     r.learn("e0", [f"{U}@0:1", f"{U}@1:2"])
@@ -97,8 +112,9 @@ def test_read_evictions_forgets_the_nodes_whose_published_losses_grew() -> None:
     from triplane.registry import MemoryBackend
     from triplane.scheduler.residency import read_evictions
 
-    def stats(evictions: int, refused: int = 0) -> bytes:
-        return json.dumps({"cache": {"evictions": evictions, "refused": refused, "dropped": 0}}).encode()
+    def stats(evictions: int, refused: int = 0, lost: object = None) -> bytes:
+        cache = {"evictions": evictions, "refused": refused, "dropped": 0}
+        return json.dumps({"cache": cache if lost is None else {**cache, "lost": lost}}).encode()
 
     async def go() -> Residency:
         reg = MemoryBackend()
@@ -112,6 +128,13 @@ def test_read_evictions_forgets_the_nodes_whose_published_losses_grew() -> None:
         assert r.holders(U) == ("e0", "e1")
         await reg.put("stats/e1", stats(0, refused=1))  # e1 could not keep a tile it read
         await read_evictions(reg, r)
+        assert r.holders(U) == ("e0",)
+        r.learn("e0", [V])
+        await reg.put("stats/e0", stats(1, lost=[V]))  # named: U stays known there
+        await read_evictions(reg, r)
+        assert (r.holders(U), r.holders(V)) == (("e0",), ())
+        await reg.put("stats/e0", stats(2, lost=[V, 7]))  # malformed names: all of e0 goes
+        await read_evictions(reg, r)
         return r
 
-    assert asyncio.run(go()).holders(U) == ("e0",)
+    assert asyncio.run(go()).holders(U) == ()

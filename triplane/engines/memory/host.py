@@ -31,13 +31,16 @@ executor publishes to the registry.
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
+from collections import OrderedDict, deque
+from typing import Any
 
 import numpy as np
 
 from triplane.proto.errors import TriplaneError
 
-__all__ = ["HostMemoryEngine", "MemoryFullError", "TileNotFoundError"]
+__all__ = ["LOST_KEPT", "HostMemoryEngine", "MemoryFullError", "TileNotFoundError"]
+
+LOST_KEPT = 128  # keys of lost cache entries reported (about 6 KiB of upload tile ids)
 
 
 class MemoryFullError(TriplaneError, MemoryError):
@@ -81,6 +84,9 @@ class HostMemoryEngine:
         # evictions: entries evicted for room; refused: not kept for lack of room; dropped:
         # given up by a reader (cache_drop). The scheduler forgets a node's cache when any grows.
         self.cache_stats = {"stored": 0, "evictions": 0, "evicted_bytes": 0, "refused": 0, "dropped": 0}
+        # The keys of the last LOST_KEPT entries lost those three ways, oldest first: the
+        # scheduler forgets just those when the counters grew by no more than it holds.
+        self._lost: deque[str] = deque(maxlen=LOST_KEPT)
         self._lock = threading.Lock()
 
     # --- the MemoryEngine protocol -----------------------------------------------------
@@ -203,6 +209,7 @@ class HostMemoryEngine:
                 return True
             if not self._make_room_locked(arr.nbytes):
                 self.cache_stats["refused"] += 1
+                self._lost.append(key)
                 return False
             self._cache[key] = arr
             self._cached += arr.nbytes
@@ -229,7 +236,15 @@ class HostMemoryEngine:
         with self._lock:
             if key in self._cache:
                 self.cache_stats["dropped"] += 1
+                self._lost.append(key)
             self._drop_cached_locked(key)
+
+    def cache_report(self) -> dict[str, Any]:
+        """The cache counters (``cache_stats``) and ``lost``: the keys of the last entries
+        lost (evicted, refused or dropped), oldest first -- read together, so the keys are
+        the latest of the losses the counters count."""
+        with self._lock:
+            return {**self.cache_stats, "lost": list(self._lost)}
 
     def _drop_cached_locked(self, key: str) -> None:
         arr = self._cache.pop(key, None)
@@ -261,4 +276,5 @@ class HostMemoryEngine:
             self._cached -= arr.nbytes
             self.cache_stats["evictions"] += 1
             self.cache_stats["evicted_bytes"] += arr.nbytes
+            self._lost.append(key)
         return True
