@@ -11,6 +11,7 @@ from triplane.proto.builder import Builder
 from triplane.proto.errors import KernelError
 from triplane.proto.ir import Graph
 from triplane.proto.validate import validate
+from triplane.scheduler.compiler.broadcasts import fold_broadcasts
 from triplane.scheduler.compiler.cse import cse
 from triplane.scheduler.compiler.dce import dce
 from triplane.scheduler.compiler.fold import MAX_FOLD_ELEMENTS, fold_constants
@@ -154,6 +155,61 @@ def test_compiled_results_match_unoptimised(seed: int) -> None:
     want = (2 * (xs["x"] @ xs["w"]) * np.exp(0.25)).sum(axis=1)
     assert_close(plain[y.id], want, "float64", what=f"seed={seed}")
     assert_close(opt[y.id], want, "float64", what=f"seed={seed}")
+
+
+def test_an_elementwise_op_reads_the_input_of_a_broadcast_instead(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    b = Builder()
+    x = b.op("input", tensor="x", shape=(64, 32), dtype="float64")
+    s = b.op("input", tensor="s", shape=(1, 32), dtype="float64")
+    wide = b.op("broadcast_to", s, shape=(64, 32))
+    y = b.op("sub", x, wide)
+    z = b.op("matmul", b.op("transpose", x, perm=[1, 0]), wide)  # not elementwise: keeps it
+    g = validate(b.graph([y, z]))
+    out = dce(fold_broadcasts(g))
+    assert out[y.id].inputs == (x.id, s.id)
+    assert out[z.id].inputs[1] == wide.id and out[wide.id].op == "broadcast_to"
+    xs = {"x": rng.standard_normal((64, 32)), "s": rng.standard_normal((1, 32))}
+    got = run_plan(compile_graph(g), xs, get_op_engine("numpy"))
+    assert_close(got[y.id], xs["x"] - xs["s"], "float64", what=f"seed={seed}")
+    assert_close(got[z.id], xs["x"].T @ np.broadcast_to(xs["s"], (64, 32)), "float64", what=f"seed={seed}")
+
+
+def test_a_broadcast_that_sets_the_result_shape_stays() -> None:
+    b = Builder()
+    col = b.op("input", tensor="c", shape=(8, 1), dtype="float32")
+    other = b.op("input", tensor="o", shape=(8, 1), dtype="float32")
+    y = b.op("add", b.op("broadcast_to", col, shape=(8, 5)), other)  # col + other is (8, 1)
+    c = b.op("add", b.op("broadcast_to", col, shape=(3, 8, 1)), col)  # col alone has 2 dims
+    g = validate(b.graph([y, c]))
+    assert fold_broadcasts(g) is g
+    out = compile_graph(g).graph
+    assert sum(n.op == "broadcast_to" for n in out.nodes.values()) == 2
+    b = Builder()
+    col = b.op("input", tensor="c", shape=(8, 1), dtype="float32")
+    row = b.op("input", tensor="r", shape=(1, 5), dtype="float32")
+    r = b.op("add", b.op("broadcast_to", col, shape=(8, 5)), row)  # col + row is (8, 5): folds
+    folded = dce(fold_broadcasts(validate(b.graph([r]))))
+    assert folded[r.id].inputs == (col.id, row.id) and len(folded) == 3
+
+
+def test_the_gradient_of_a_sum_is_not_made_as_a_broadcast_tensor(seed: int) -> None:
+    import triplane as tp
+    from triplane.sdk.tensor import build_graph
+
+    rng = np.random.default_rng(seed)
+    x = tp.tensor(rng.standard_normal((256, 64)).astype(np.float32))
+    w = tp.tensor(rng.standard_normal((64, 16)).astype(np.float32))
+    loss = ((x @ w) * (x @ w)).sum() / 256
+    (g,) = tp.grad(loss, [w])
+    graph, _, bindings = build_graph([g])
+    assert any(n.op == "broadcast_to" for n in graph.nodes.values())  # autograd writes one
+    plan = compile_graph(graph)
+    assert not any(n.op == "broadcast_to" for n in plan.graph.nodes.values())
+    got = run_plan(plan, {k: np.asarray(v) for k, v in bindings.items()}, get_op_engine("numpy"))
+    xv, wv = (np.asarray(t.numpy(), np.float64) for t in (x, w))
+    want = 2 * xv.T @ (xv @ wv) / 256
+    assert_close(got[graph.outputs[0]], want, "float32", what=f"seed={seed}")
 
 
 def _enc(a: np.ndarray) -> str:

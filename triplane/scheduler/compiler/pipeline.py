@@ -17,7 +17,8 @@ Pass = Callable[[Graph], Graph]
 
 @dataclass(frozen=True)
 class CompileOptions:
-    """Which optimisation passes run (all by default)."""
+    """Which optimisation passes run (all by default). ``fold``: constant folding, and
+    elementwise ops reading a ``broadcast_to`` read its input instead (numpy broadcasting)."""
 
     cse: bool = True
     fold: bool = True
@@ -42,9 +43,11 @@ def passes_for(options: CompileOptions) -> list[tuple[str, Pass]]:
 
         chosen.append(("cse", cse))
     if options.fold:
+        from triplane.scheduler.compiler.broadcasts import fold_broadcasts
         from triplane.scheduler.compiler.fold import fold_constants
 
         chosen.append(("fold", fold_constants))
+        chosen.append(("broadcasts", fold_broadcasts))
         chosen.append(("dce", dce))
     if options.fuse:
         from triplane.scheduler.compiler.fusion import fuse_elementwise
