@@ -82,10 +82,10 @@ class HostMemoryEngine:
         self._in_use: dict[str, int] = {}  # cache key -> running readers
         self._in_use_bytes = 0
         # evictions: entries evicted for room; refused: not kept for lack of room; dropped:
-        # given up by a reader (cache_drop). The scheduler forgets a node's cache when any grows.
+        # given up by a reader (cache_drop). When any grows, the scheduler forgets the lost
+        # entries: those named in _lost, the keys of the last LOST_KEPT losses (oldest
+        # first), or all of this node's when more went than are named.
         self.cache_stats = {"stored": 0, "evictions": 0, "evicted_bytes": 0, "refused": 0, "dropped": 0}
-        # The keys of the last LOST_KEPT entries lost those three ways, oldest first: the
-        # scheduler forgets just those when the counters grew by no more than it holds.
         self._lost: deque[str] = deque(maxlen=LOST_KEPT)
         self._lock = threading.Lock()
 
