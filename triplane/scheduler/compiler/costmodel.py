@@ -10,7 +10,11 @@ Predictions (seconds):
 
 * compute:  ``max(flops / gflops, bytes / gbps) * scale(op) + task_overhead_s`` — the
   roofline: a matmul is bound by FLOP/s, an elementwise op by memory bandwidth, and the
-  overhead is the dispatch round trip a task pays however small it is.
+  overhead is the dispatch round trip a task pays however small it is. An *inline* op
+  (``INLINE_OPS``: ``slice``, ``transpose``, ``broadcast_to``, whose kernels return a view
+  of their input) costs the overhead only, and placement does not make it wait for, or
+  hold, one of the node's slots: the executor runs it at once on its event loop, beside
+  a running kernel (docs/executor.md).
 * transfer: ``bytes / min(bandwidth of both ends) + max(latency of both ends)``; zero
   when the data is already on the node. A source that is not a compute node (the
   scheduler's data server holding uploaded tensors) is represented by the destination's
@@ -179,6 +183,11 @@ def task_cost(graph: Graph, task: str) -> TaskCost:
 # float32: normal 0.7-0.88 s, uniform 0.19 s, against roofline times of 7.4 and 5.5 ms).
 DEFAULT_OP_SCALE: Mapping[str, float] = {"normal": 100.0, "uniform": 35.0}
 
+# Ops whose kernels return a view of their input: O(1) however big the tile. The executor
+# runs them inline, not behind a running kernel (the numpy engine's VIEW_OPS; a test holds
+# the two equal).
+INLINE_OPS: frozenset[str] = frozenset({"slice", "transpose", "broadcast_to"})
+
 
 @dataclass(frozen=True)
 class CostModel:
@@ -188,11 +197,18 @@ class CostModel:
 
     task_overhead_s: float = 200e-6
     op_scale: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_OP_SCALE))
+    inline_ops: frozenset[str] = INLINE_OPS
 
     def compute_time(self, cost: TaskCost, node: NodeFigures, op: str = "") -> float:
         """Predicted seconds of one task's kernel on ``node`` (with the task overhead)."""
+        if op in self.inline_ops:
+            return self.task_overhead_s
         t = max(cost.flops / (node.gflops * 1e9), cost.bytes / (node.gbps * 1e9))
         return t * self.op_scale.get(op, 1.0) + self.task_overhead_s
+
+    def inline(self, op: str) -> bool:
+        """Whether a task of ``op`` runs at once on its node, beside the running kernels."""
+        return op in self.inline_ops
 
     def transfer_time(self, nbytes: float, src: NodeFigures | None, dst: NodeFigures) -> float:
         """Predicted seconds to move ``nbytes`` from ``src`` (None: a non-compute holder such

@@ -254,7 +254,7 @@ class PlacementState:
             pulls.append(Pull(i, src, task.in_bytes[i], secs))
             t += secs
         ready = max([t, *(self.copies[i][node] for i in task.inputs if node in self.copies[i])])
-        start = max(ready, min(self.slots[node]))
+        start = ready if self.model.inline(task.op) else max(ready, min(self.slots[node]))
         compute = self.model.compute_time(task.cost, fig, task.op)
         return Estimate(node, dispatch, start, start + compute, compute,
                         sum(p.seconds for p in pulls), tuple(pulls), new_bytes)
@@ -278,9 +278,10 @@ class PlacementState:
     def commit(self, task: TaskView, est: Estimate) -> TaskPlacement:
         """Record ``task`` on ``est.node``: its slot, its output, its pulled copies."""
         node = est.node
-        slots = self.slots[node]
-        slots[slots.index(min(slots))] = est.finish
-        self.busy[node] += est.compute_s
+        if not self.model.inline(task.op):  # an inline task holds no slot (CostModel.inline)
+            slots = self.slots[node]
+            slots[slots.index(min(slots))] = est.finish
+            self.busy[node] += est.compute_s
         t = est.dispatch
         for p in est.pulls:
             t += p.seconds

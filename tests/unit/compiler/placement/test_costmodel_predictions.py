@@ -138,3 +138,33 @@ def test_parse_rate(text: str, value: float) -> None:
 def test_parse_bytes_names_the_units_it_knows() -> None:
     with pytest.raises(ValueError, match="MiB"):
         parse_bytes("12 parsecs")
+
+
+def test_a_view_op_costs_the_overhead_and_the_engine_runs_it_as_a_view(seed: int) -> None:
+    from triplane.engines.op.numpy_engine import VIEW_OPS
+    from triplane.scheduler.compiler.costmodel import INLINE_OPS
+
+    assert INLINE_OPS == VIEW_OPS  # the model prices as free what the executor runs inline
+    m, n = CostModel(), node()
+    big = TaskCost(flops=1e12, bytes=1e12, out_bytes=1 << 20)
+    for op in sorted(INLINE_OPS):
+        assert m.compute_time(big, n, op) == m.task_overhead_s
+    assert m.compute_time(big, n, "exp") == pytest.approx(1e12 / 5e9 + m.task_overhead_s, rel=REL)
+
+
+def test_a_view_op_starts_when_its_input_is_ready_beside_a_running_kernel() -> None:
+    b = Builder()
+    x = b.op("input", tensor="x", shape=(512, 512), dtype="float32")
+    w = b.op("input", tensor="w", shape=(512, 512), dtype="float32")
+    e = b.op("exp", x)
+    long = b.op("matmul", e, w)  # ~27 ms on 10 GFLOP/s, placed before the transpose
+    t = b.op("transpose", e, perm=[1, 0])
+    s = b.op("neg", t)
+    g = b.graph([long, s])
+    p = place(g, [node("n0")], locations={x.id: "n0", w.id: "n0"})
+    tasks = p.tasks
+    assert tasks[t.id].start == pytest.approx(tasks[e.id].finish, rel=REL)  # not after the matmul
+    assert tasks[t.id].finish - tasks[t.id].start == pytest.approx(CostModel().task_overhead_s, rel=REL)
+    # It holds no slot: the matmul and the neg still run one after the other, in full.
+    a, c = sorted((tasks[long.id], tasks[s.id]), key=lambda tp: tp.start)
+    assert c.start >= a.finish - 1e-12 and a.start >= tasks[e.id].finish - 1e-12

@@ -64,8 +64,10 @@ def test_the_full_size_mlp_step_is_split_across_two_nodes_and_predicted_faster()
     whole = place(g, ONE_HOST)
     # Unsplit, the two nodes already share the five random inputs (priced at what their
     # kernels cost: costmodel.DEFAULT_OP_SCALE) and the independent matmuls: the split
-    # plan is predicted 0.78x of that here, 0.65x before the random ops were priced.
-    assert lay.placement.makespan < 0.85 * whole.makespan, (lay.placement.makespan, whole.makespan)
+    # plan is predicted 0.88x of that here -- 0.78x while transposes were priced as copies
+    # that wait for the node's slot (costmodel.INLINE_OPS), 0.65x before the random ops
+    # were priced.
+    assert lay.placement.makespan < 0.9 * whole.makespan, (lay.placement.makespan, whole.makespan)
 
 
 def test_a_small_mlp_step_gives_the_same_results_tiled_and_untiled(run: Any, seed: int) -> None:
