@@ -16,7 +16,7 @@ a live job's.
 
 The ``read_*`` and ``record_*`` functions block (metadb, compilation): call them in a
 worker thread. Errors: the metadb's (``UnknownJobError`` for an unknown job), and
-GraphError/KeyError/ValueError for a record this version cannot compile again.
+``REBUILD_ERRORS`` for a record this version cannot compile again.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from typing import Any
 from triplane import metadb as mdb
 from triplane.metadb.jobs import job_plan
 from triplane.metadb.tasks import kernel_times
+from triplane.proto.errors import GraphError
 from triplane.proto.ir import Graph
 from triplane.scheduler.compiler.costmodel import NodeFigures
 from triplane.scheduler.compiler.explain import with_actual as set_actual
@@ -39,11 +40,14 @@ from triplane.scheduler.jobplan import JobPlan, plan_job
 from triplane.scheduler.layout import figures_from_json, lay_out
 from triplane.scheduler.planview import plan_document
 
-__all__ = ["BINDINGS", "RELEASED", "EarlierJob", "EarlierJobs", "placed_now", "read_recorded_plan",
-           "read_released", "record_released", "recorded_document", "with_actual"]
+__all__ = ["BINDINGS", "REBUILD_ERRORS", "RELEASED", "EarlierJob", "EarlierJobs", "placed_now", "plan_again",
+           "read_recorded_plan", "read_released", "record_released", "recorded_document", "with_actual"]
 
 BINDINGS = "job.bindings"
 RELEASED = "job.released"
+# What compiling a stored job again raises when its record is not one this version
+# accepted (a graph it rejects, bindings with missing or mistyped fields).
+REBUILD_ERRORS = (GraphError, KeyError, TypeError, IndexError, ValueError)
 
 
 @dataclass
@@ -69,12 +73,16 @@ def read_job(db: mdb.MetaDB, job: str, plans: PlanCache) -> EarlierJob:
         holders = {t.task_id: t.node for t in mdb.list_tasks(s, job, states=["done"]) if t.node}
     if not ev:
         raise KeyError(f"job {job} has no {BINDINGS} event")
-    bindings: Mapping[str, Any] = ev[0].payload
-    # A tiled job is laid out again for the figures it was submitted with: its task ids
-    # then name the same tiles as its task rows.
+    return EarlierJob(job, info.state, info.fetch, plan_again(job, graph, ev[0].payload, plans), holders)
+
+
+def plan_again(job: str, graph: Graph, bindings: Mapping[str, Any], plans: PlanCache) -> JobPlan:
+    """A stored job's plan compiled again from its graph and ``job.bindings`` payload.
+    A tiled job is laid out for the figures it was submitted with, so its task ids name
+    the same tiles as its task rows. ``REBUILD_ERRORS`` for a record this version cannot
+    compile."""
     figs = figures_from_json(bindings["figures"]) if "figures" in bindings else None
-    plan = plan_job(job, graph, bindings["args"], bindings["fetch"], {}, plans, figures=figs)
-    return EarlierJob(job, info.state, info.fetch, plan, holders)
+    return plan_job(job, graph, bindings["args"], bindings["fetch"], {}, plans, figures=figs)
 
 
 def read_released(db: mdb.MetaDB, job: str) -> bool:

@@ -60,8 +60,10 @@ from triplane.scheduler.dispatch.state import (
     SubmitJob,
 )
 from triplane.scheduler.earlier import (
+    REBUILD_ERRORS,
     EarlierJobs,
     placed_now,
+    plan_again,
     read_recorded_plan,
     read_released,
     record_released,
@@ -72,7 +74,6 @@ from triplane.scheduler.jobplan import JobPlan, TaskTemplate, new_job_id, plan_j
 from triplane.scheduler.journal import Journal
 from triplane.scheduler.layout import (
     MODEL,
-    figures_from_json,
     figures_to_json,
     same_host_figures,
     structure_hash,
@@ -252,12 +253,8 @@ class Scheduler(Leading):
         resumed = await asyncio.to_thread(self._load_resumable)
         for info, cgraph, bindings, tasks in resumed:
             try:
-                # A tiled job is laid out again for the figures it was submitted with, so
-                # its task ids mean the same tiles as the recorded ones.
-                figs = figures_from_json(bindings["figures"]) if "figures" in bindings else None
-                plan = plan_job(info.id, cgraph, bindings["args"], bindings["fetch"], {}, self.plans,
-                                figures=figs)
-            except (GraphError, KeyError, TypeError, IndexError, ValueError) as e:  # not a graph we accepted
+                plan = plan_again(info.id, cgraph, bindings, self.plans)
+            except REBUILD_ERRORS as e:  # not a graph we accepted
                 await asyncio.to_thread(self._set_failed, info.id, f"cannot resume: {e}")
                 continue
             # A done task's row names the node holding its output tile (docs/scheduler.md).
@@ -451,7 +448,7 @@ class Scheduler(Leading):
         factors: dict[str, tuple[float, float]] | None = None,
     ) -> LiveJob:
         live = LiveJob(plan, back or {}, created, time.time(), factors=factors)
-        live.fetched_tasks = frozenset(self._fetched_tasks(live))
+        live.fetched_tasks = frozenset(self._fetched_tasks_of(plan))
         self.jobs[plan.job] = live
         self.templates[plan.job] = dict(plan.templates)
         self.shell.handle(SubmitJob(f"submit:{plan.job}", plan.job, plan.specs, time.time(), done))
@@ -545,7 +542,7 @@ class Scheduler(Leading):
             return
         try:
             view = await self.earlier.get(job)
-        except (GraphError, KeyError, TypeError, IndexError, ValueError) as e:
+        except REBUILD_ERRORS as e:
             log.warning("cannot rebuild job %s to release its tiles: %s", job, e)
         else:
             by_node: dict[str, list[str]] = defaultdict(list)
@@ -585,7 +582,7 @@ class Scheduler(Leading):
             view = await self.earlier.get(job)
         except (mdb.UnknownJobError, mdb.InvalidInputError):
             raise SubmitError(404, "not_found", f"unknown job {job!r}") from None
-        except (GraphError, KeyError, TypeError, IndexError, ValueError) as e:
+        except REBUILD_ERRORS as e:
             raise SubmitError(
                 404, "not_found", f"job {job} was run by an earlier scheduler process and its plan "
                 f"cannot be rebuilt from the metadb: {e}"
@@ -679,7 +676,7 @@ class Scheduler(Leading):
         if info.state == "done":
             try:
                 view = await self.earlier.get(job)
-            except (GraphError, KeyError, TypeError, IndexError, ValueError) as e:
+            except REBUILD_ERRORS as e:
                 raise SubmitError(404, "not_found", f"job {job}'s plan cannot be rebuilt: {e}") from None
             figs, _ = await self._registry_view()
             if view.plan is not None and view.plan.layout is None and figs:  # not tiled
@@ -778,10 +775,6 @@ class Scheduler(Leading):
         ff, fb = (live.factors or {}).get(node, (1.0, 1.0))
         self.calibration.observe(node, bound, predicted, kernel_s, ff if bound == "flops" else fb)
 
-    @classmethod
-    def _fetched_tasks(cls, live: LiveJob) -> set[str]:
-        return cls._fetched_tasks_of(live.plan)
-
     @staticmethod
     def _fetched_tasks_of(plan: JobPlan) -> set[str]:
         keep: set[str] = set()
@@ -803,7 +796,7 @@ class Scheduler(Leading):
         # A running job's tiles are where the dispatcher last put them; a done one's are
         # in its holders (which outlive the dispatcher's state).
         holders = {t.spec.id: t.node for t in js.tasks.values() if t.node} if js else live.holders
-        keep = self._fetched_tasks(live) if keep_fetched else set()
+        keep = self._fetched_tasks_of(live.plan) if keep_fetched else set()
         by_node: dict[str, list[str]] = defaultdict(list)
         for task, node in holders.items():
             if task not in keep:
