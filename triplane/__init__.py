@@ -6,6 +6,11 @@ training kit. See docs/quickstart.md. The names below are the public surface; a 
 pins them.
 """
 
+# ``import triplane.nn`` / ``from triplane.nn import functional as F`` name the SDK's
+# modules, as ``torch.nn`` does: one module object under two names, no copy.
+import sys as _sys
+
+from triplane._version import __version__
 from triplane.proto.dtypes import (
     DType,
     bfloat16,
@@ -132,12 +137,6 @@ from triplane.sdk.tensor import (
     Tensor,
     realize,
 )
-
-__version__ = "0.1.0"
-
-# ``import triplane.nn`` / ``from triplane.nn import functional as F`` name the SDK's
-# modules, as ``torch.nn`` does: one module object under two names, no copy.
-import sys as _sys
 
 for _name, _mod in (("nn", nn), ("nn.functional", nn.functional), ("optim", optim), ("data", data)):
     _sys.modules[f"{__name__}.{_name}"] = _mod

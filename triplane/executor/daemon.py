@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-import triplane
+from triplane._version import __version__
 from triplane.engines import get_op_engine
 from triplane.engines.memory.host import HostMemoryEngine
 from triplane.executor.dataport import DataClient, DataPortError, DataServer
@@ -184,7 +184,7 @@ class Executor:
 
     def _node_info(self) -> NodeInfo:
         return NodeInfo(self.name, self.host, self.packets.port, self.packets.port, self.data.port,
-                        triplane.__version__, self.started_at, os.getpid(), usable_cpus())
+                        __version__, self.started_at, os.getpid(), usable_cpus())
 
     def _memory_info(self) -> MemoryEngineInfo:
         # free() counts cache entries not in use as free: they are evicted for any tile

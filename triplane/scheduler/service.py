@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from triplane import metadb as mdb
+from triplane._version import __version__ as VERSION  # noqa: F401 (api/app.py reports it)
 from triplane.metadb.models import Job as JobRow
 from triplane.proto.errors import GraphError
 from triplane.proto.ir import Graph
@@ -85,7 +86,6 @@ from triplane.scheduler.store import DataPortClient, DataServer, StoredTensor, T
 
 log = logging.getLogger(__name__)
 
-VERSION = "0.1.0"
 _TASK_OVERHEAD_S = MODEL.task_overhead_s  # what placement adds to each kernel
 STORE_FIRST_TASKS = 1000  # a job of at most this many tasks is stored before it is dispatched
 
