@@ -188,14 +188,13 @@ class Triplane:
 
     def _upload(self, outputs: Sequence[Any]) -> tuple[dict[str, Any], list[str]]:
         """The canonical graph document with every host input uploaded; output node ids."""
-        from triplane.scheduler.compiler.pipeline import canonicalize
         from triplane.sdk.tensor import build_graph
 
         graph, _, bindings = build_graph(list(outputs))
-        cgraph, rename, args = canonicalize(graph)
+        cgraph, rename, args = graph.canonical()
         doc = json.loads(cgraph.to_json())
         for node in doc["nodes"].values():
-            if node["op"] == "input":  # attrs.tensor is "arg<i>" after canonicalize
+            if node["op"] == "input":  # attrs.tensor is "arg<i>" after canonical()
                 arg = int(node["attrs"]["tensor"][3:])
                 node["attrs"]["tensor"] = self.session.upload(bindings[args[arg]])
         return doc, [rename[o._id] for o in outputs]

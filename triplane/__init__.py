@@ -6,10 +6,9 @@ training kit. See docs/quickstart.md. The names below are the public surface; a 
 pins them.
 """
 
-# ``import triplane.nn`` / ``from triplane.nn import functional as F`` name the SDK's
-# modules, as ``torch.nn`` does: one module object under two names, no copy.
 import sys as _sys
 
+from triplane import embedded as _embedded
 from triplane._version import __version__
 from triplane.proto.dtypes import (
     DType,
@@ -138,6 +137,13 @@ from triplane.sdk.tensor import (
     realize,
 )
 
+# The SDK runs graphs in this process by default: the embedded session, which the SDK
+# cannot import itself (it sits beside the compiler and the executor). Installed here.
+_embedded.install()
+
+
+# ``import triplane.nn`` / ``from triplane.nn import functional as F`` name the SDK's
+# modules, as ``torch.nn`` does: one module object under two names, no copy.
 for _name, _mod in (("nn", nn), ("nn.functional", nn.functional), ("optim", optim), ("data", data)):
     _sys.modules[f"{__name__}.{_name}"] = _mod
 del _sys, _name, _mod

@@ -1,22 +1,40 @@
 """Running a compiled plan in this process (the embedded mode and the reference path).
 
-Values live in a dict for exactly as long as the memory plan says; ``input`` nodes are
-bound from host arrays by tensor id. A kernel's error is re-raised as KernelError naming
-the node it ran for.
+The plan is anything shaped like the compiler's ``Plan`` (a graph and a memory plan's
+steps): the executor does not import the compiler, which sits beside it. Values live
+in a dict for exactly as long as the memory plan says; ``input`` nodes are bound from
+host arrays by tensor id. A kernel's error is re-raised as KernelError naming the node it
+ran for.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 
 from triplane.proto.errors import KernelError
-from triplane.scheduler.compiler.pipeline import Plan
+from triplane.proto.ir import Graph
 
 
-def run_plan(plan: Plan, bindings: Mapping[str, np.ndarray], engine: Any,
+class PlanStep(Protocol):
+    node: str  # the node computed by this step
+    free: Sequence[str]  # values dead once it has run
+
+
+class MemorySteps(Protocol):
+    steps: Sequence[PlanStep]
+
+
+class RunnablePlan(Protocol):
+    """What ``run_plan`` reads of a compiled plan (``scheduler.compiler.pipeline.Plan``)."""
+
+    graph: Graph
+    memory: MemorySteps
+
+
+def run_plan(plan: RunnablePlan, bindings: Mapping[str, np.ndarray], engine: Any,
              stats: dict[str, int] | None = None) -> dict[str, np.ndarray]:
     """Execute ``plan`` on ``engine``; ``bindings`` maps input tensor ids to arrays.
     Returns the graph's outputs by node id. ``stats`` (if given) receives ``peak_bytes``

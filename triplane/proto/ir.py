@@ -463,7 +463,10 @@ class Graph:
     def canonical(self) -> tuple[Graph, dict[str, str], list[str]]:
         """This graph with nodes renamed ``n0, n1, ...`` in :meth:`dataflow_order` and the
         host tensors its ``input`` nodes bind renamed ``arg0, arg1, ...``. Returns the
-        canonical graph, old id -> new id, and the bound tensor ids in argument order."""
+        canonical graph, old id -> new id, and the bound tensor ids in argument order.
+        Two programs that differ only in names, input values and the order their nodes
+        were recorded in canonicalise to the same graph (and so share a cached plan). The
+        SDK and the scheduler both canonicalise with this."""
         order = self.dataflow_order()
         rename = {nid: f"n{i}" for i, nid in enumerate(order)}
         args: list[str] = []

@@ -34,7 +34,7 @@ from triplane.proto.ir import Graph, TensorType, thaw
 from triplane.proto.packet import canonical
 from triplane.proto.validate import Limits
 from triplane.scheduler.compiler.costmodel import NodeFigures
-from triplane.scheduler.compiler.pipeline import CompileOptions, Plan, PlanCache, canonicalize
+from triplane.scheduler.compiler.pipeline import CompileOptions, Plan, PlanCache
 from triplane.scheduler.compiler.placement import PlacementError
 from triplane.scheduler.compiler.tiling import TileGrid
 from triplane.scheduler.dispatch.state import TaskSpec
@@ -138,7 +138,7 @@ def with_fetch(graph: Graph, fetch: Sequence[str]) -> Graph:
 def prepare(graph: Graph, fetch: Sequence[str]) -> tuple[Graph, dict[str, str], list[str]]:
     """(canonical graph, submitted id -> canonical id, uploaded tensor ids by ``argN``) of
     ``graph`` with ``fetch`` among its outputs. GraphError for dangling inputs or cycles."""
-    return canonicalize(with_fetch(graph, fetch))
+    return with_fetch(graph, fetch).canonical()
 
 
 def build_job(

@@ -1,12 +1,12 @@
-"""Gradients in the SDK: ``tp.grad`` and ``Tensor.backward``, both by the compiler's
-autograd pass over the recorded graph."""
+"""Gradients in the SDK: ``tp.grad`` and ``Tensor.backward``, both by the autograd
+pass (``triplane.proto.autograd``, the one the scheduler runs) over the recorded graph."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from triplane.proto.autograd import autograd
 from triplane.proto.errors import NotDifferentiableError
-from triplane.scheduler.compiler.autograd import autograd
 from triplane.sdk.tensor import Tensor, build_graph, tensors_from_graph
 
 __all__ = ["backward", "grad"]

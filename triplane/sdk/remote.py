@@ -27,23 +27,24 @@ import json
 import os
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
 from triplane.proto import dtypes as dt
 from triplane.proto import errors as E
 from triplane.proto.ir import canonical_json
-from triplane.scheduler.compiler.pipeline import canonicalize
 
 if TYPE_CHECKING:
     import httpx
 
     from triplane.sdk.tensor import Tensor
 
-__all__ = ["RemoteError", "RemoteSession", "connect", "resolve_target"]
+__all__ = [
+    "LocalCluster", "RemoteError", "RemoteSession", "connect", "resolve_target", "set_local_cluster_lookup",
+]
 
 TERMINAL = ("done", "failed", "cancelled")
 
@@ -134,7 +135,7 @@ class RemoteSession:
         from triplane.sdk.tensor import build_graph
 
         graph, tensors, bindings = build_graph(outputs)
-        cgraph, rename, args = canonicalize(graph)
+        cgraph, rename, args = graph.canonical()
         doc = json.loads(cgraph.to_json())  # the wire form (constants encoded as the IR says)
         uploaded = 0
         local: dict[str, np.ndarray] = {}  # canonical id -> host value of input nodes
@@ -158,9 +159,9 @@ class RemoteSession:
             try:
                 self.wait(job)
             except E.KernelError as e:
-                from triplane.sdk.session import _locate
+                from triplane.sdk.session import locate_kernel_error
 
-                raise _locate(e, rename, tensors) from None
+                raise locate_kernel_error(e, rename, tensors) from None
             for nid in fetch:
                 values[nid] = self.fetch(job, nid)
         self.last_stats = {"job": self.last_job, "uploaded": uploaded, "nodes": len(cgraph),
@@ -341,27 +342,50 @@ def _job_error(job: str, err: Any) -> E.TriplaneError:
 
 # --- tp.connect --------------------------------------------------------------------------------
 
+class LocalCluster(NamedTuple):
+    """What the run directory of ``triplane up`` records: the cluster's URL (None when
+    none is recorded) and token, and the directory's path (for error messages)."""
+
+    url: str | None
+    token: str | None
+    where: str
+
+
+# Reads the run directory. The launcher owns it and sits above the SDK, so the top of the
+# package installs the lookup (triplane/embedded.py); without one, no cluster is recorded.
+_local_cluster: Callable[[str | os.PathLike[str] | None], LocalCluster] | None = None
+
+
+def set_local_cluster_lookup(lookup: Callable[[str | os.PathLike[str] | None], LocalCluster]) -> None:
+    """Install what :func:`resolve_target` asks for the cluster of ``triplane up``."""
+    global _local_cluster
+    _local_cluster = lookup
+
+
+def _recorded(home: str | os.PathLike[str] | None) -> LocalCluster:
+    if _local_cluster is None:
+        return LocalCluster(None, None, "the run directory (no lookup installed)")
+    return _local_cluster(home)
+
+
 def resolve_target(url: str | None = None, token: str | None = None,
                    home: str | os.PathLike[str] | None = None) -> tuple[str, str | None]:
     """Where to connect: the arguments, else ``TRIPLANE_URL`` / ``TRIPLANE_TOKEN``, else the
     run directory of ``triplane up`` (``home``, ``TRIPLANE_HOME``, default ``~/.triplane``).
     Raises :class:`RemoteError` naming all three places when none gives a URL."""
-    from triplane.launcher.rundir import RunDir
-
-    run = RunDir(home)
     url = url or os.environ.get("TRIPLANE_URL") or None
     token = token or os.environ.get("TRIPLANE_TOKEN") or None
     if url is None:
-        info = run.read_cluster()
-        if info is None:
+        found = _recorded(home)
+        if found.url is None:
             raise RemoteError(f"no cluster to connect to: pass tp.connect(url, token), set TRIPLANE_URL, "
-                              f"or start one with `triplane up` (nothing found in {run.path})")
-        url = str(info["url"])
-        token = token or run.read_token()
+                              f"or start one with `triplane up` (nothing found in {found.where})")
+        url = found.url
+        token = token or found.token
     elif token is None:
-        info = run.read_cluster()
-        if info is not None and str(info.get("url", "")).rstrip("/") == url.rstrip("/"):
-            token = run.read_token()
+        found = _recorded(home)
+        if found.url is not None and found.url.rstrip("/") == url.rstrip("/"):
+            token = found.token
     return url, token
 
 

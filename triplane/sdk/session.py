@@ -1,56 +1,25 @@
 """Where graphs run: the session.
 
-The default session is embedded: graphs compile with the full pass pipeline (plans
-cached by canonical graph hash, so a training loop compiles once) and run in this process
-on the numpy engine, freeing buffers per the memory plan. ``tp.connect`` (the
-distributed-runtime issue) swaps in a session that submits to a cluster.
+A session is anything with ``evaluate(outputs) -> list[np.ndarray]``. The default one is
+made by the factory the top of the package installs (``triplane/embedded.py``, wired in
+``triplane/__init__.py``): the embedded session, which compiles and runs in this process.
+The SDK does not import the compiler or the executor itself; they sit beside it, not
+below. ``tp.connect`` swaps in a session that submits to a cluster (``remote.py``).
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from triplane.proto.errors import KernelError
-from triplane.scheduler.compiler.pipeline import CompileOptions, PlanCache, canonicalize
 
 if TYPE_CHECKING:
     from triplane.sdk.tensor import Tensor
 
 
-class EmbeddedSession:
-    """Compiles and runs graphs in-process."""
-
-    def __init__(self, engine: str = "numpy", options: CompileOptions | None = None) -> None:
-        from triplane.engines.registry import get_op_engine
-
-        self.engine = get_op_engine(engine)
-        self.options = options or CompileOptions()
-        self.plans = PlanCache()
-        self.last_stats: dict[str, Any] = {}
-
-    def evaluate(self, outputs: Sequence[Tensor]) -> list[np.ndarray]:
-        from triplane.executor.local import run_plan
-        from triplane.sdk.tensor import build_graph
-
-        graph, tensors, bindings = build_graph(outputs)
-        cgraph, rename, args = canonicalize(graph)
-        plan = self.plans.get_or_compile(cgraph, self.options)
-        stats: dict[str, Any] = {}
-        try:
-            results = run_plan(plan, {f"arg{i}": bindings[a] for i, a in enumerate(args)},
-                               self.engine, stats)
-        except KernelError as e:
-            raise _locate(e, rename, tensors) from None
-        stats.update(planned_peak_bytes=plan.memory.peak_bytes, nodes=len(plan.graph))
-        self.last_stats = stats
-        return [np.asarray(results[rename[t._id]]) for t in outputs]
-
-
-def _locate(e: KernelError, rename: dict[str, str], tensors: dict[str, Tensor]) -> KernelError:
+def locate_kernel_error(e: KernelError, rename: dict[str, str], tensors: dict[str, Tensor]) -> KernelError:
     """Name the user's line that made the node a kernel failed on."""
     back = {v: k for k, v in rename.items()}
     t = tensors.get(back.get(e.node or "", ""))
@@ -62,17 +31,30 @@ def _locate(e: KernelError, rename: dict[str, str], tensors: dict[str, Tensor]) 
 
 
 _local = threading.local()
-_default: EmbeddedSession | None = None
+_default: Any | None = None
+_factory: Callable[[], Any] | None = None
+
+
+def set_session_factory(factory: Callable[[], Any]) -> None:
+    """What makes the process default session when none is set (``triplane/__init__.py``
+    installs the embedded session's class)."""
+    global _factory
+    _factory = factory
 
 
 def current_session() -> Any:
-    """The session of this thread (set by ``use_session``), else the process default."""
+    """The session of this thread (set by ``use_session``), else the process default.
+    Raises RuntimeError when no default was set and no factory installed (only possible
+    when the SDK is used without its package's ``__init__``)."""
     s = getattr(_local, "session", None)
     if s is not None:
         return s
     global _default
     if _default is None:
-        _default = EmbeddedSession()
+        if _factory is None:
+            raise RuntimeError("no session to run on: nothing installed a session factory "
+                               "(import triplane, or call set_session_factory)")
+        _default = _factory()
     return _default
 
 

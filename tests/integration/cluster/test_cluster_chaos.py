@@ -16,9 +16,10 @@ import pytest
 from cluster_graphs import GRAPHS
 
 import triplane as tp
+from triplane.embedded import EmbeddedSession
 from triplane.launcher import LocalCluster
 from triplane.sdk.remote import RemoteSession
-from triplane.sdk.session import EmbeddedSession, use_session
+from triplane.sdk.session import use_session
 
 
 def long_job(width: int = 512, chains: int = 8, depth: int = 12) -> list[tp.Tensor]:

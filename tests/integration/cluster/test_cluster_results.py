@@ -8,10 +8,11 @@ import pytest
 from cluster_graphs import GRAPHS
 
 import triplane as tp
+from triplane.embedded import EmbeddedSession
 from triplane.launcher import LocalCluster
 from triplane.proto.errors import KernelError, ShapeError
 from triplane.sdk.remote import RemoteError, RemoteSession
-from triplane.sdk.session import EmbeddedSession, use_session
+from triplane.sdk.session import use_session
 
 
 @pytest.mark.parametrize("name", sorted(GRAPHS))

@@ -19,10 +19,11 @@ import numpy as np
 import pytest
 
 import triplane as tp
+from triplane.embedded import EmbeddedSession
 from triplane.engines.op.numpy_kernels import random as rnd
 from triplane.launcher import LocalCluster
 from triplane.sdk.remote import RemoteSession
-from triplane.sdk.session import EmbeddedSession, use_session
+from triplane.sdk.session import use_session
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,6 @@ import pytest
 import triplane as tp
 from triplane.launcher import LocalCluster
 from triplane.registry import connect_registry
-from triplane.scheduler.compiler.pipeline import canonicalize
 from triplane.sdk.remote import RemoteSession
 from triplane.sdk.tensor import build_graph
 
@@ -73,7 +72,7 @@ def test_second_run_reads_its_upload_tiles_where_they_are_cached(cluster: LocalC
     try:
         out = (tp.tensor(x) * 0.5 + 1.0).exp()
         graph, _, bindings = build_graph([out])
-        cgraph, rename, args = canonicalize(graph)
+        cgraph, rename, args = graph.canonical()
         doc = json.loads(cgraph.to_json())
         for node in doc["nodes"].values():
             if node["op"] == "input":

@@ -6,7 +6,7 @@ import numpy as np
 
 from triplane.proto.builder import Builder
 from triplane.proto.ir import Graph
-from triplane.scheduler.compiler.pipeline import CompileOptions, PlanCache, canonicalize
+from triplane.scheduler.compiler.pipeline import CompileOptions, PlanCache
 
 
 def _step(prefix: str, w_tensor: str, lr: float = 0.1, reverse: bool = False) -> Graph:
@@ -29,8 +29,8 @@ def test_training_steps_share_a_canonical_hash_and_a_plan() -> None:
     g1 = _step("a", "w0")
     g2 = _step("b", "w1", reverse=True)  # next step: new ids, new parameter tensor
     assert g1.hash() != g2.hash()
-    c1, rename1, args1 = canonicalize(g1)
-    c2, rename2, args2 = canonicalize(g2)
+    c1, rename1, args1 = g1.canonical()
+    c2, rename2, args2 = g2.canonical()
     assert c1.to_json() == c2.to_json() and c1.hash() == c2.hash()
     assert args1 == ["a-x", "w0", "a-t"] and args2 == ["b-x", "w1", "b-t"]
     assert [rename1[o] for o in g1.outputs] == [rename2[o] for o in g2.outputs]
@@ -42,15 +42,15 @@ def test_training_steps_share_a_canonical_hash_and_a_plan() -> None:
 
 def test_a_different_constant_or_options_miss() -> None:
     cache = PlanCache()
-    cache.get_or_compile(canonicalize(_step("a", "w"))[0])
-    cache.get_or_compile(canonicalize(_step("a", "w", lr=0.01))[0])
-    cache.get_or_compile(canonicalize(_step("a", "w"))[0], CompileOptions(fuse=False))
+    cache.get_or_compile(_step("a", "w").canonical()[0])
+    cache.get_or_compile(_step("a", "w", lr=0.01).canonical()[0])
+    cache.get_or_compile(_step("a", "w").canonical()[0], CompileOptions(fuse=False))
     assert cache.hits == 0 and cache.misses == 3
 
 
 def test_cache_evicts_least_recently_used() -> None:
     cache = PlanCache(capacity=2)
-    gs = [canonicalize(_step("a", "w", lr=lr))[0] for lr in (0.1, 0.2, 0.3)]
+    gs = [_step("a", "w", lr=lr).canonical()[0] for lr in (0.1, 0.2, 0.3)]
     cache.get_or_compile(gs[0])
     cache.get_or_compile(gs[1])
     cache.get_or_compile(gs[0])  # hit: gs[1] is now the oldest
@@ -62,7 +62,8 @@ def test_cache_evicts_least_recently_used() -> None:
 
 
 def test_sdk_second_step_is_a_cache_hit() -> None:
-    from triplane.sdk.session import EmbeddedSession, use_session
+    from triplane.embedded import EmbeddedSession
+    from triplane.sdk.session import use_session
     from triplane.sdk.tensor import Tensor
 
     sess = EmbeddedSession()

@@ -16,13 +16,14 @@ import numpy as np
 import pytest
 
 import triplane as tp
+from triplane.embedded import EmbeddedSession
 from triplane.proto import dtypes as dt
 from triplane.proto.errors import KernelError, ShapeError
 from triplane.proto.ir import Graph
 from triplane.sdk import nn
 from triplane.sdk.nn import functional as F
 from triplane.sdk.remote import RemoteError, RemoteSession, connect, resolve_target
-from triplane.sdk.session import EmbeddedSession, current_session, set_default_session, use_session
+from triplane.sdk.session import current_session, set_default_session, use_session
 
 TOKEN = "t0ken"
 URL = "http://sched.test"

@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 
 import triplane as tp
+from triplane.embedded import EmbeddedSession
 from triplane.proto.errors import DTypeError, KernelError, ShapeError
-from triplane.sdk.session import EmbeddedSession, use_session
+from triplane.sdk.session import use_session
 from triplane.sdk.tensor import Tensor, realize
 
 

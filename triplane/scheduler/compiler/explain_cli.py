@@ -43,7 +43,7 @@ from triplane.scheduler.compiler.costmodel import (
     parse_rate,
 )
 from triplane.scheduler.compiler.explain import InputRegion, explain, input_regions, made_regions, render_text
-from triplane.scheduler.compiler.pipeline import canonicalize, compile_graph
+from triplane.scheduler.compiler.pipeline import compile_graph
 from triplane.scheduler.compiler.placement import PlacementError, place
 
 __all__ = ["cluster_figures", "explain_command", "explain_target", "load_target"]
@@ -149,7 +149,7 @@ def explain_target(target: Path, figures: list[NodeFigures], *,
     from triplane.scheduler.layout import lay_out
 
     graph, labels = load_target(target)
-    cgraph, rename, _ = canonicalize(graph)
+    cgraph, rename, _ = graph.canonical()
     plan = compile_graph(cgraph)
     names: dict[str, str] = {new: labels.get(old, new) for old, new in rename.items()}
     grids: Mapping[str, Any] = {}

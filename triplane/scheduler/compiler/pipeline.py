@@ -68,15 +68,6 @@ def compile_graph(graph: Graph, options: CompileOptions | None = None) -> Plan:
     return Plan(g, plan_memory(g), source, tuple(names))
 
 
-def canonicalize(graph: Graph) -> tuple[Graph, dict[str, str], list[str]]:
-    """Rename nodes to ``n0, n1, ...`` in topological order and input bindings to
-    ``arg0, arg1, ...``. Returns the canonical graph, old id -> new id, and the host
-    tensor ids in argument order. Two programs that differ only in names, input values
-    and the order their nodes were recorded in canonicalise to the same graph (and so
-    share a cached plan): the numbering follows :meth:`Graph.dataflow_order`."""
-    return graph.canonical()
-
-
 class PlanCache:
     """An LRU cache of compiled plans keyed by canonical graph hash."""
 

@@ -13,7 +13,7 @@ import numpy as np
 import triplane as tp
 from triplane.proto.ir import Graph
 from triplane.scheduler.compiler.costmodel import NodeFigures
-from triplane.scheduler.compiler.pipeline import canonicalize, compile_graph
+from triplane.scheduler.compiler.pipeline import compile_graph
 from triplane.scheduler.compiler.placement import place
 from triplane.scheduler.compiler.tiling import TileSizes, tile_graph
 from triplane.scheduler.layout import lay_out
@@ -37,7 +37,7 @@ def _mlp_step(n: int, width: int, seed: int = 1) -> Graph:
     loss = (diff * diff).sum() / n
     grads = tp.grad(loss, ws)
     graph, _, _ = build_graph([w - 0.1 * g for w, g in zip(ws, grads)] + [loss])
-    return compile_graph(canonicalize(graph)[0]).graph
+    return compile_graph(graph.canonical()[0]).graph
 
 
 def _matmuls(g: Graph) -> tuple[list[str], list[str]]:

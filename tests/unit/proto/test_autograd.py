@@ -7,12 +7,12 @@ import pytest
 
 import triplane as tp
 from triplane.proto import optable
+from triplane.proto.autograd import autograd
 from triplane.proto.builder import Builder
 from triplane.proto.errors import GraphError, NotDifferentiableError
 from triplane.proto.ir import TensorType
 from triplane.proto.optable import OpDef
 from triplane.proto.validate import validate
-from triplane.scheduler.compiler.autograd import autograd
 from triplane.sdk.tensor import Tensor
 from triplane.testing import check_grad
 
