@@ -205,7 +205,7 @@ def down(home: Path | None = HomeOption,
 def _mount_process_commands() -> None:
     """``triplane executor`` and ``triplane scheduler``: one process each (their own modules)."""
     from triplane.executor.cli import executor_command
-    from triplane.scheduler.compiler.explain_cli import explain_command
+    from triplane.explain_cli import explain_command
 
     app.command("executor")(executor_command)
     app.command("explain")(explain_command)

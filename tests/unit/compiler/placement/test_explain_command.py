@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import typer
 
+from triplane.explain_cli import cluster_figures, explain_command, load_target
 from triplane.proto.builder import Builder
-from triplane.scheduler.compiler.explain_cli import cluster_figures, explain_command, load_target
 
 
 def run(capsys: pytest.CaptureFixture[str], target: Path, **options: object) -> str:

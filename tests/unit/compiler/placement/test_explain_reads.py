@@ -11,12 +11,12 @@ from typing import Any
 import numpy as np
 import pytest
 
+from triplane.explain_cli import explain_target
 from triplane.proto.builder import Builder
 from triplane.proto.ir import Graph
 from triplane.proto.validate import validate
 from triplane.scheduler.compiler.costmodel import NodeFigures
 from triplane.scheduler.compiler.explain import InputRegion, explain, render_text
-from triplane.scheduler.compiler.explain_cli import explain_target
 from triplane.scheduler.compiler.pipeline import compile_graph
 from triplane.scheduler.compiler.placement import place
 from triplane.scheduler.layout import Layout, lay_out

@@ -15,9 +15,9 @@ GB/s, network bandwidth and latency), or, with ``--registry URL``, the nodes tha
 registry holds now. Prints tables, or with ``--json`` the dict that
 ``GET /v1/jobs/{id}/plan`` serves.
 
-The lead mounts :func:`explain_command` on the ``triplane`` typer app::
-
-    app.command("explain")(explain_command)
+``triplane/cli.py`` mounts :func:`explain_command` on the ``triplane`` typer app. This
+module sits at the top of the package (docs/layout.md): it runs SDK scripts and reads a
+live registry, neither of which the compiler may import.
 """
 
 from __future__ import annotations
