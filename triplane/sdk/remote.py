@@ -35,7 +35,7 @@ import numpy as np
 
 from triplane.proto import dtypes as dt
 from triplane.proto import errors as E
-from triplane.proto.ir import canonical_json
+from triplane.proto.canonjson import canonical_json
 
 if TYPE_CHECKING:
     import httpx

@@ -15,8 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from triplane.proto.builder import Builder
+from triplane.proto.canonjson import canonical_json, es_number
 from triplane.proto.errors import GraphError
-from triplane.proto.ir import Graph, canonical_json, es_number
+from triplane.proto.ir import Graph
 
 VECTORS = Path(__file__).resolve().parents[3] / "proto" / "vectors"
 
@@ -164,7 +165,7 @@ _json_values = st.recursive(
 
 @given(_json_values)
 def test_fast_encoder_writes_what_the_reference_encoder_writes(value: object) -> None:
-    from triplane.proto.ir import _emit
+    from triplane.proto.canonjson import _emit
 
     out: list[str] = []
     _emit(value, out)
