@@ -21,7 +21,7 @@ import triplane as tp
 from triplane.proto.builder import Builder, Ref
 from triplane.proto.errors import ShapeError
 from triplane.proto.ir import Attrs, TensorType
-from triplane.proto.optable import GradCtx
+from triplane.proto.opdef import GradCtx
 from triplane.sdk.custom import load_kernel_library, register_op
 
 HERE = Path(__file__).resolve().parent

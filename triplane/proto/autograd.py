@@ -18,7 +18,7 @@ from triplane.proto import optable
 from triplane.proto.builder import Builder, Ref
 from triplane.proto.errors import GraphError, NotDifferentiableError
 from triplane.proto.ir import Graph
-from triplane.proto.optable import GradCtx
+from triplane.proto.opdef import GradCtx
 
 
 def autograd(graph: Graph, loss: str, wrt: Sequence[str], grad_output: str | None = None,

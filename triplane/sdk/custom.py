@@ -37,7 +37,7 @@ from triplane.proto import dtypes as dt
 from triplane.proto import optable
 from triplane.proto.errors import KernelError
 from triplane.proto.ir import Attrs, TensorType
-from triplane.proto.optable import Attr, GradRule, OpDef
+from triplane.proto.opdef import Attr, GradRule, OpDef
 
 __all__ = ["load_kernel_library", "register_op", "unregister_op"]
 
@@ -59,8 +59,8 @@ def _attr_schema(attrs: Mapping[str, Any] | None) -> dict[str, Attr]:
         elif isinstance(spec, (list, tuple)) and all(isinstance(v, int) for v in spec):
             out[name] = Attr("ints", tuple(spec))
         else:
-            raise TypeError(f"attribute {name!r}: give an optable.Attr or a default value of type "
-                            f"bool, int, float, str or a list of ints, not {spec!r}")
+            raise TypeError(f"attribute {name!r}: give a triplane.proto.opdef.Attr or a default value "
+                            f"of type bool, int, float, str or a list of ints, not {spec!r}")
     return out
 
 
@@ -90,8 +90,8 @@ def register_op(name: str, *, infer: UserInfer, kernel: Kernel, arity: int | Non
     ``kernel(inputs, attrs, out)`` computes it with numpy (or comes from
     :func:`load_kernel_library`). ``grad`` is a gradient rule as in the op table
     (``rule(builder, node, g) -> [grad per input or None]``); without it the op is not
-    differentiable. ``attrs`` maps attribute names to ``optable.Attr`` s or to default
-    values. ``dtypes`` are the accepted input dtypes (default: every float).
+    differentiable. ``attrs`` maps attribute names to ``triplane.proto.opdef.Attr`` s or to
+    default values. ``dtypes`` are the accepted input dtypes (default: every float).
 
     Raises ValueError if ``name`` is already an op (built-in or user).
     """
@@ -101,10 +101,9 @@ def register_op(name: str, *, infer: UserInfer, kernel: Kernel, arity: int | Non
         kind = "user op" if name in _USER_OPS else f"built-in op of group {optable.get(name).group!r}"
         raise ValueError(f"op {name!r} is already registered ({kind}); pick another name "
                          f"or unregister_op({name!r}) first")
-    from triplane.engines.op import numpy_engine
+    from triplane.engines.op.numpy_kernels import KERNELS
 
-    numpy_engine._load_kernels()
-    if name in numpy_engine.KERNELS:
+    if name in KERNELS:
         raise ValueError(f"the numpy engine already has a kernel named {name!r}")
     accepted = frozenset(dtypes) if dtypes is not None else dt.FLOATS
     unknown = accepted - dt.EVERY
@@ -114,7 +113,7 @@ def register_op(name: str, *, infer: UserInfer, kernel: Kernel, arity: int | Non
                   dtypes=accepted, grad=grad, nograd_inputs=frozenset(nograd_inputs),
                   doc=doc or f"user op {name}")
     optable.register(opdef)
-    numpy_engine.KERNELS[name] = kernel
+    KERNELS[name] = kernel
     _USER_OPS.add(name)
 
     def fn(*inputs: Any, **attrs: Any) -> Any:
@@ -131,10 +130,10 @@ def unregister_op(name: str) -> None:
     """Remove a user op (built-ins cannot be removed)."""
     if name not in _USER_OPS:
         raise ValueError(f"{name!r} is not a registered user op")
-    from triplane.engines.op import numpy_engine
+    from triplane.engines.op.numpy_kernels import KERNELS
 
     optable.unregister(name)
-    numpy_engine.KERNELS.pop(name, None)
+    KERNELS.pop(name, None)
     _USER_OPS.discard(name)
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from triplane.proto import dtypes as dt
 from triplane.proto.errors import GraphError
-from triplane.proto.optable import normalise_axes, normalise_axis
+from triplane.proto.opdef import normalise_axes, normalise_axis
 from triplane.sdk.elementwise import cast
 from triplane.sdk.tensor import Tensor, apply, as_tensor
 

@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import pytest
 
+from triplane.proto import dtypes as dt
 from triplane.proto import optable
 from triplane.proto.errors import AttrError, DTypeError, ShapeError
 from triplane.proto.ir import TensorType
@@ -136,7 +137,7 @@ def test_conv2d_gradient_with_unused_trailing_rows(rng: np.random.Generator, see
 def test_conv2d_cost_counts_multiply_adds() -> None:
     op = optable.get("conv2d")
     a = op.normalise_attrs({"stride": (1, 1), "groups": 2})
-    ins = [TensorType((2, 4, 6, 6), optable.dt.float32), TensorType((6, 2, 3, 3), optable.dt.float32)]
+    ins = [TensorType((2, 4, 6, 6), dt.float32), TensorType((6, 2, 3, 3), dt.float32)]
     out = op.check(ins, a)
     assert out.shape == (2, 6, 4, 4)
     assert op.cost(ins, out, a).flops == 2 * (2 * 6 * 4 * 4) * (2 * 3 * 3)

@@ -11,7 +11,7 @@ from triplane.proto.autograd import autograd
 from triplane.proto.builder import Builder
 from triplane.proto.errors import GraphError, NotDifferentiableError
 from triplane.proto.ir import TensorType
-from triplane.proto.optable import OpDef
+from triplane.proto.opdef import OpDef
 from triplane.proto.validate import validate
 from triplane.sdk.tensor import Tensor
 from triplane.testing import check_grad
@@ -82,7 +82,7 @@ def test_integer_tensors_have_no_gradient() -> None:
 @pytest.fixture
 def opaque_op():
     """An op without a gradient rule, registered for the duration of a test."""
-    from triplane.engines.op.numpy_engine import KERNELS
+    from triplane.engines.op.numpy_kernels import KERNELS
 
     optable.register(OpDef("test_opaque", "test", 1, lambda ins, a: ins[0]))
     KERNELS["test_opaque"] = lambda ins, a, out: ins[0] * 1

@@ -15,7 +15,7 @@ from triplane.proto import optable
 from triplane.proto.builder import Builder, Ref
 from triplane.proto.errors import GraphError, KernelError, NotDifferentiableError, ShapeError
 from triplane.proto.ir import Attrs, TensorType
-from triplane.proto.optable import GradCtx
+from triplane.proto.opdef import GradCtx
 from triplane.scheduler.compiler.pipeline import compile_graph
 from triplane.sdk.custom import load_kernel_library, register_op, unregister_op
 from triplane.sdk.tensor import Tensor, build_graph

@@ -20,7 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from triplane.engines.op.numpy_engine import KERNELS, NumpyEngine
+from triplane.engines.op.numpy_engine import NumpyEngine
+from triplane.engines.op.numpy_kernels import KERNELS
 from triplane.engines.op.numpy_kernels.fused import run_whole
 from triplane.proto.errors import KernelError, TriplaneError
 from triplane.proto.ir import TensorType

@@ -1,9 +1,7 @@
 """The numpy op engine: the reference implementation every other engine is checked against.
 
-Kernels live in :mod:`triplane.engines.op.numpy_kernels`, one module per op group, each
-registered with :func:`kernel`. A kernel is ``fn(inputs, attrs, out) -> ndarray``:
-``inputs`` are numpy arrays, ``attrs`` the node's normalised attributes and ``out`` the
-inferred :class:`TensorType` of the result.
+Kernels live in :mod:`triplane.engines.op.numpy_kernels`, one module per op group, in
+one table (``numpy_kernels.KERNELS``; ``numpy_kernels/table.py`` says what a kernel is).
 
 bfloat16 has no native numpy arithmetic: inputs in it are computed in float32 and the
 result is rounded back, which is what hardware with bfloat16 storage does too.
@@ -17,34 +15,10 @@ from typing import Any
 
 import numpy as np
 
+from triplane.engines.op.numpy_kernels import KERNELS
 from triplane.proto import optable
-from triplane.proto.errors import KernelError
+from triplane.proto.errors import KernelError, TriplaneError
 from triplane.proto.ir import TensorType
-
-Kernel = Callable[[Sequence[np.ndarray], Mapping[str, Any], TensorType], np.ndarray]
-
-KERNELS: dict[str, Kernel] = {}
-
-
-def kernel(*ops: str) -> Callable[[Kernel], Kernel]:
-    """Register ``fn`` as the numpy kernel of ``ops``."""
-
-    def deco(fn: Kernel) -> Kernel:
-        for op in ops:
-            KERNELS[op] = fn
-        return fn
-
-    return deco
-
-
-def _load_kernels() -> None:
-    import triplane.engines.op.numpy_kernels  # noqa: F401
-
-
-# Kernels that return a view (basic slicing, np.transpose, np.broadcast_to), never a copy.
-# Regrouping tiles between differently split ops is mostly these: a 16 MiB transpose
-# queued behind a 0.15 s matmul held up the tasks waiting for it on the other executor.
-VIEW_OPS = frozenset({"slice", "transpose", "broadcast_to"})
 
 
 class NumpyEngine:
@@ -52,9 +26,6 @@ class NumpyEngine:
 
     name = "numpy"
     device = "cpu"
-
-    def __init__(self) -> None:
-        _load_kernels()
 
     def supports(self, op: str, dtypes: Sequence[str] = ()) -> bool:
         if op not in KERNELS:
@@ -68,7 +39,12 @@ class NumpyEngine:
     def cheap(self, op: str, inputs: Sequence[np.ndarray]) -> bool:
         """Whether the kernel of ``op`` on ``inputs`` returns a view of its input: O(1)
         however big the tile (the executor runs it inline, not behind a running kernel)."""
-        return op in VIEW_OPS and not any(a.dtype.name == "bfloat16" for a in inputs)
+        if any(a.dtype.name == "bfloat16" for a in inputs):
+            return False  # computed in float32 and rounded back: a copy
+        try:
+            return optable.get(op).view
+        except TriplaneError:
+            return False
 
     def run(self, op: str, inputs: Sequence[np.ndarray], attrs: Mapping[str, Any],
             out: TensorType) -> np.ndarray:

@@ -13,7 +13,9 @@ from collections.abc import Sequence
 from triplane.proto import dtypes as dt
 from triplane.proto.errors import AttrError, LimitError, ShapeError
 from triplane.proto.ir import Attrs, TensorType
-from triplane.proto.optable import Attr, Cost, CostFn, OpDef, SplitDecl, register
+from triplane.proto.opdef import Attr, Cost, CostFn, OpDef, OpGroup, SplitDecl
+
+OPS = OpGroup("creation")  # registered by triplane.proto.ops.register_all
 
 _SHAPE = Attr("shape")
 _DTYPE = Attr("dtype", "float32")
@@ -41,7 +43,7 @@ def _check_number(v: object) -> str | None:
     return None
 
 
-register(OpDef(
+OPS.declare(OpDef(
     "input", "creation", 0, _declared,
     attrs={"tensor": Attr("str"), "shape": _SHAPE, "dtype": _DTYPE},
     cost=_free, split=SplitDecl("input"), doc="Host data uploaded beforehand, referenced by tensor id."))
@@ -58,12 +60,12 @@ def _infer_constant(ins: Sequence[TensorType], a: Attrs) -> TensorType:
     return t
 
 
-register(OpDef(
+OPS.declare(OpDef(
     "constant", "creation", 0, _infer_constant,
     attrs={"data": Attr("str"), "shape": _SHAPE, "dtype": _DTYPE},
     cost=_write, doc="Small inline data: little-endian bytes, base64 (what constant folding makes)."))
 
-register(OpDef(
+OPS.declare(OpDef(
     "full", "creation", 0, _declared,
     attrs={"value": Attr("any", check=_check_number), "shape": _SHAPE, "dtype": _DTYPE},
     cost=_write, split=SplitDecl("full"), doc="Every element set to one value (zeros, ones, scalars)."))
@@ -100,7 +102,7 @@ def _infer_arange(ins: Sequence[TensorType], a: Attrs) -> TensorType:
     return TensorType((n,), d)
 
 
-register(OpDef(
+OPS.declare(OpDef(
     "arange", "creation", 0, _infer_arange,
     attrs={"start": Attr("float", 0.0, check=_finite), "stop": Attr("float", check=_finite),
            "step": Attr("float", 1.0, check=_nonzero), "dtype": Attr("dtype", "int64")},
@@ -118,7 +120,7 @@ def _infer_eye(ins: Sequence[TensorType], a: Attrs) -> TensorType:
     return TensorType((a["n"], m), dt.dtype(a["dtype"]))
 
 
-register(OpDef(
+OPS.declare(OpDef(
     "eye", "creation", 0, _infer_eye,
     attrs={"n": Attr("int", check=_non_negative),
            "m": Attr("int", None, check=_non_negative, nullable=True),
@@ -190,7 +192,7 @@ def _random_cost(flops: float) -> CostFn:
     return cost
 
 
-register(OpDef(
+OPS.declare(OpDef(
     "uniform", "creation", 0, _infer_uniform,
     attrs={**_RANDOM_COMMON, "low": Attr("float", 0.0, check=_finite),
            "high": Attr("float", 1.0, check=_finite)},
@@ -199,7 +201,7 @@ register(OpDef(
         "alone (engines/op/numpy_kernels/random.py); rounding to a narrow dtype may give high. "
         "With full_shape/start the node is that region of the full tensor."))
 
-register(OpDef(
+OPS.declare(OpDef(
     "normal", "creation", 0, _infer_random,
     attrs={**_RANDOM_COMMON, "mean": Attr("float", 0.0, check=_finite),
            "std": Attr("float", 1.0, check=lambda v: _finite(v) or (None if v >= 0 else "must be >= 0"))},

@@ -25,21 +25,26 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from triplane.proto import dtypes as dt
-from triplane.proto.builder import Builder, Ref
 from triplane.proto.errors import DTypeError, NotDifferentiableError
 from triplane.proto.ir import Attrs, TensorType
-from triplane.proto.optable import (
+from triplane.proto.opdef import (
     Attr,
     GradCtx,
     GradRule,
     OpDef,
+    OpGroup,
     SplitDecl,
     broadcast_shapes,
     elementwise_cost,
-    register,
 )
+
+if TYPE_CHECKING:
+    from triplane.proto.builder import Builder, Ref
+
+OPS = OpGroup("elementwise")  # registered by triplane.proto.ops.register_all
 
 BOOL = frozenset({"bool"})
 # Elementwise ops split along any dimension; a broadcast (size-1) input dim is read whole.
@@ -52,7 +57,7 @@ def _same(ins: Sequence[TensorType], a: Attrs) -> TensorType:
 
 def unary(name: str, grad: GradRule | None, *, dtypes: frozenset[str] = dt.FLOATS,
           flops: float = 1.0, doc: str = "") -> OpDef:
-    return register(OpDef(name, "elementwise", 1, _same, dtypes=dtypes, grad=grad,
+    return OPS.declare(OpDef(name, "elementwise", 1, _same, dtypes=dtypes, grad=grad,
                           cost=elementwise_cost(flops), elementwise=True, split=SPLIT, doc=doc))
 
 
@@ -69,7 +74,7 @@ def binary(name: str, grad: GradRule | None, *, dtypes: frozenset[str] = dt.NUME
     def infer(ins: Sequence[TensorType], a: Attrs) -> TensorType:
         return _broadcast(ins, dt.bool_ if predicate else None)
 
-    return register(OpDef(name, "elementwise", 2, infer, dtypes=dtypes, grad=grad,
+    return OPS.declare(OpDef(name, "elementwise", 2, infer, dtypes=dtypes, grad=grad,
                           cost=elementwise_cost(flops), elementwise=True, split=SPLIT, doc=doc))
 
 
@@ -222,7 +227,7 @@ def _infer_where(ins: Sequence[TensorType], a: Attrs) -> TensorType:
     return TensorType(broadcast_shapes(c.shape, x.shape, y.shape), x.dtype)
 
 
-register(OpDef("where", "elementwise", 3, _infer_where, grad=_g_where, nograd_inputs=frozenset({0}),
+OPS.declare(OpDef("where", "elementwise", 3, _infer_where, grad=_g_where, nograd_inputs=frozenset({0}),
                cost=elementwise_cost(1), elementwise=True, split=SPLIT,
                doc="cond ? x : y elementwise, all three broadcast (numpy.where)"))
 
@@ -243,6 +248,6 @@ def _cast_grad_allowed(b: Builder, n: GradCtx, g: Ref) -> list[Ref | None]:
     return _g_cast(b, n, g)
 
 
-register(OpDef("cast", "elementwise", 1, _infer_cast, attrs={"dtype": Attr("dtype")},
+OPS.declare(OpDef("cast", "elementwise", 1, _infer_cast, attrs={"dtype": Attr("dtype")},
                grad=_cast_grad_allowed, cost=elementwise_cost(0), elementwise=True, split=SPLIT,
                doc="Convert to another dtype (numpy's astype: floats to ints truncate)."))

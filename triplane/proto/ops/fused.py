@@ -19,7 +19,9 @@ from collections.abc import Sequence
 from triplane.proto import optable
 from triplane.proto.errors import AttrError, ShapeError, UnknownOpError
 from triplane.proto.ir import Attrs, TensorType
-from triplane.proto.optable import Attr, Cost, OpDef, SplitDecl, register
+from triplane.proto.opdef import Attr, Cost, OpDef, OpGroup, SplitDecl
+
+OPS = OpGroup("fused")  # registered by triplane.proto.ops.register_all
 
 
 def is_reduction(op: str) -> bool:
@@ -101,7 +103,7 @@ def _cost(ins: Sequence[TensorType], out: TensorType, a: Attrs) -> Cost:
     return Cost(flops, float(sum(t.nbytes for t in ins) + out.nbytes) + IN_CACHE_PASS * steps)
 
 
-register(OpDef("fused", "fused", None, _infer, attrs={"program": Attr("any")},
+OPS.declare(OpDef("fused", "fused", None, _infer, attrs={"program": Attr("any")},
                cost=_cost, internal=True, split=SplitDecl("fused"),
                doc="A fused chain of elementwise ops, optionally ending in a reduction (see the "
                    "module doc)."))

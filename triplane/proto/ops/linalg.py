@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from triplane.proto import dtypes as dt
-from triplane.proto.builder import Builder, Ref
 from triplane.proto.errors import DTypeError, ShapeError
 from triplane.proto.ir import Attrs, TensorType
-from triplane.proto.optable import Cost, GradCtx, OpDef, SplitDecl, broadcast_shapes, register
+from triplane.proto.opdef import Cost, GradCtx, OpDef, OpGroup, SplitDecl, broadcast_shapes
+
+if TYPE_CHECKING:
+    from triplane.proto.builder import Builder, Ref
+
+OPS = OpGroup("linalg")  # registered by triplane.proto.ops.register_all
 
 
 def _infer_matmul(ins: Sequence[TensorType], a: Attrs) -> TensorType:
@@ -59,6 +64,6 @@ def _g_matmul(b: Builder, n: GradCtx, g: Ref) -> list[Ref | None]:
     return [gx, gy]
 
 
-register(OpDef("matmul", "linalg", 2, _infer_matmul, dtypes=dt.NUMERIC, grad=_g_matmul,
+OPS.declare(OpDef("matmul", "linalg", 2, _infer_matmul, dtypes=dt.NUMERIC, grad=_g_matmul,
                cost=_matmul_cost, split=SplitDecl("matmul", "add"),
                doc="numpy.matmul: batched, batch dimensions broadcast."))

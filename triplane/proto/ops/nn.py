@@ -12,22 +12,27 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from triplane.proto import dtypes as dt
-from triplane.proto.builder import Builder, Ref
 from triplane.proto.errors import AttrError, DTypeError, ShapeError
 from triplane.proto.ir import Attrs, TensorType
-from triplane.proto.ops.creation import REGION_ATTRS, check_region
-from triplane.proto.optable import (
+from triplane.proto.opdef import (
     Attr,
     Cost,
     CostFn,
     GradCtx,
     OpDef,
+    OpGroup,
     SplitDecl,
     broadcast_shapes,
-    register,
 )
+from triplane.proto.ops.creation import REGION_ATTRS, check_region
+
+if TYPE_CHECKING:
+    from triplane.proto.builder import Builder, Ref
+
+OPS = OpGroup("nn")  # registered by triplane.proto.ops.register_all
 
 _INDEX_DTYPES = dt.INTS
 _FLOAT_OR_INDEX = dt.FLOATS | dt.INTS
@@ -90,9 +95,9 @@ def _g_log_softmax(b: Builder, n: GradCtx, g: Ref) -> list[Ref | None]:
 
 _AXIS = {"axis": Attr("int", -1)}
 _ROWS = SplitDecl("softmax")  # along every axis but the normalised one
-register(OpDef("softmax", "nn", 1, _infer_softmax, attrs=_AXIS, dtypes=dt.FLOATS, grad=_g_softmax,
+OPS.declare(OpDef("softmax", "nn", 1, _infer_softmax, attrs=_AXIS, dtypes=dt.FLOATS, grad=_g_softmax,
                cost=_cost_per_element(5), split=_ROWS, doc="exp(x) / sum(exp(x)) along axis (max-shifted)."))
-register(OpDef("log_softmax", "nn", 1, _infer_softmax, attrs=_AXIS, dtypes=dt.FLOATS,
+OPS.declare(OpDef("log_softmax", "nn", 1, _infer_softmax, attrs=_AXIS, dtypes=dt.FLOATS,
                grad=_g_log_softmax, cost=_cost_per_element(5), split=_ROWS,
                doc="x - logsumexp(x) along axis (max-shifted)."))
 
@@ -141,13 +146,13 @@ def _infer_ce_grad(ins: Sequence[TensorType], a: Attrs) -> TensorType:
     return logits
 
 
-register(OpDef(
+OPS.declare(OpDef(
     "cross_entropy", "nn", 2, _infer_ce, attrs=_CE_ATTRS, dtypes=_FLOAT_OR_INDEX, grad=_g_ce,
     nograd_inputs=frozenset({1}), cost=_cost_per_element(6), split=SplitDecl("cross_entropy", "add"),
     doc="Softmax cross entropy of logits (C,)/(N, C)/(N, C, d...) with integer labels "
         "(the shape of logits without axis 1). 'mean' divides by the count of labels "
         "that are not ignore_index. A label outside [0, C) fails the kernel (user error)."))
-register(OpDef("cross_entropy_grad", "nn", 3, _infer_ce_grad, attrs=_CE_ATTRS,
+OPS.declare(OpDef("cross_entropy_grad", "nn", 3, _infer_ce_grad, attrs=_CE_ATTRS,
                dtypes=_FLOAT_OR_INDEX, cost=_cost_per_element(6), internal=True,
                doc="d cross_entropy / d logits, given the incoming gradient (input 2)."))
 
@@ -168,7 +173,7 @@ def _g_mse(b: Builder, n: GradCtx, g: Ref) -> list[Ref | None]:
     return [b.unbroadcast(gd, x.shape), b.unbroadcast(-gd, y.shape)]
 
 
-register(OpDef("mse_loss", "nn", 2, _infer_mse, attrs={"reduction": _REDUCTION}, dtypes=dt.FLOATS,
+OPS.declare(OpDef("mse_loss", "nn", 2, _infer_mse, attrs={"reduction": _REDUCTION}, dtypes=dt.FLOATS,
                grad=_g_mse, cost=_cost_per_element(3), split=SplitDecl("mse_loss", "add"),
                doc="(x - y)^2 (operands broadcast), reduced by 'mean', 'sum' or 'none'."))
 
@@ -259,13 +264,13 @@ def _infer_conv_grad_weight(ins: Sequence[TensorType], a: Attrs) -> TensorType:
     return w
 
 
-register(OpDef("conv2d", "nn", 2, _infer_conv2d, attrs=_CONV_ATTRS, dtypes=dt.FLOATS, grad=_g_conv2d,
+OPS.declare(OpDef("conv2d", "nn", 2, _infer_conv2d, attrs=_CONV_ATTRS, dtypes=dt.FLOATS, grad=_g_conv2d,
                cost=_conv_cost, split=SplitDecl("conv2d"),
                doc="2-d cross-correlation, NCHW, weight (O, C/groups, kH, kW); no bias (the SDK adds it)."))
-register(OpDef("conv2d_grad_input", "nn", 2, _infer_conv_grad_input,
+OPS.declare(OpDef("conv2d_grad_input", "nn", 2, _infer_conv_grad_input,
                attrs={**_CONV_ATTRS, "input_shape": Attr("shape")}, dtypes=dt.FLOATS,
                cost=_conv_grad_input_cost, internal=True, doc="d conv2d / d input: inputs (g, weight)."))
-register(OpDef("conv2d_grad_weight", "nn", 2, _infer_conv_grad_weight,
+OPS.declare(OpDef("conv2d_grad_weight", "nn", 2, _infer_conv_grad_weight,
                attrs={**_CONV_ATTRS, "weight_shape": Attr("shape")}, dtypes=dt.FLOATS,
                cost=_conv_grad_weight_cost, internal=True, doc="d conv2d / d weight: inputs (x, g)."))
 
@@ -323,17 +328,17 @@ def _pool_cost(ins: Sequence[TensorType], out: TensorType, a: Attrs) -> Cost:
     return Cost(float(k * max(out.size, ins[-1].size)), _bytes(ins, out))
 
 
-register(OpDef("max_pool2d", "nn", 1, _infer_pool, attrs=_POOL_ATTRS, dtypes=dt.FLOATS,
+OPS.declare(OpDef("max_pool2d", "nn", 1, _infer_pool, attrs=_POOL_ATTRS, dtypes=dt.FLOATS,
                grad=_g_max_pool, cost=_pool_cost, split=SplitDecl("pool"),
                doc="Max over kH x kW windows, NCHW; padding counts as -inf; stride null = kernel."))
-register(OpDef("avg_pool2d", "nn", 1, _infer_pool, attrs=_POOL_ATTRS, dtypes=dt.FLOATS,
+OPS.declare(OpDef("avg_pool2d", "nn", 1, _infer_pool, attrs=_POOL_ATTRS, dtypes=dt.FLOATS,
                grad=_g_avg_pool, cost=_pool_cost, split=SplitDecl("pool"),
                doc="Mean over kH x kW windows, NCHW; padding counts as zeros in the mean "
                    "(torch's count_include_pad=True); stride null = kernel."))
-register(OpDef("max_pool2d_grad", "nn", 2, _infer_max_pool_grad, attrs=_POOL_ATTRS, dtypes=dt.FLOATS,
+OPS.declare(OpDef("max_pool2d_grad", "nn", 2, _infer_max_pool_grad, attrs=_POOL_ATTRS, dtypes=dt.FLOATS,
                cost=_pool_cost, internal=True,
                doc="Inputs (x, g): each window's gradient goes to its max (the first on ties)."))
-register(OpDef("avg_pool2d_grad", "nn", 1, _infer_avg_pool_grad,
+OPS.declare(OpDef("avg_pool2d_grad", "nn", 1, _infer_avg_pool_grad,
                attrs={**_POOL_ATTRS, "input_shape": Attr("shape")}, dtypes=dt.FLOATS,
                cost=_pool_cost, internal=True, doc="Input g: spread evenly over each window."))
 
@@ -364,11 +369,11 @@ def _infer_embedding_grad(ins: Sequence[TensorType], a: Attrs) -> TensorType:
     return TensorType((a["num_embeddings"], g.shape[-1]), g.dtype)
 
 
-register(OpDef("embedding", "nn", 2, _infer_embedding, dtypes=_FLOAT_OR_INDEX, grad=_g_embedding,
+OPS.declare(OpDef("embedding", "nn", 2, _infer_embedding, dtypes=_FLOAT_OR_INDEX, grad=_g_embedding,
                nograd_inputs=frozenset({1}), cost=_cost_per_element(0), split=SplitDecl("embedding"),
                doc="Rows of weight (V, D) picked by integer indices of any shape -> (*idx, D). "
                    "An index outside [0, V) fails the kernel (user error)."))
-register(OpDef("embedding_grad", "nn", 2, _infer_embedding_grad,
+OPS.declare(OpDef("embedding_grad", "nn", 2, _infer_embedding_grad,
                attrs={"num_embeddings": Attr("int", check=lambda v: None if v >= 1 else "must be >= 1")},
                dtypes=_FLOAT_OR_INDEX, cost=_cost_per_element(1), internal=True,
                doc="Inputs (indices, g): scatter-add of g's rows into a (V, D) zero tensor."))
@@ -379,7 +384,7 @@ def _infer_one_hot(ins: Sequence[TensorType], a: Attrs) -> TensorType:
     return TensorType((*ins[0].shape, a["num_classes"]), dt.dtype(a["dtype"]))
 
 
-register(OpDef("one_hot", "nn", 1, _infer_one_hot, dtypes=_INDEX_DTYPES,
+OPS.declare(OpDef("one_hot", "nn", 1, _infer_one_hot, dtypes=_INDEX_DTYPES,
                attrs={"num_classes": Attr("int", check=lambda v: None if v >= 1 else "must be >= 1"),
                       "dtype": Attr("dtype", "float32")},
                cost=_cost_per_element(1), split=SplitDecl("one_hot"),
@@ -406,7 +411,7 @@ def _infer_dropout(ins: Sequence[TensorType], a: Attrs) -> TensorType:
     return ins[0]
 
 
-register(OpDef("dropout", "nn", 1, _infer_dropout, dtypes=dt.FLOATS, grad=_g_dropout,
+OPS.declare(OpDef("dropout", "nn", 1, _infer_dropout, dtypes=dt.FLOATS, grad=_g_dropout,
                attrs={"p": Attr("float", 0.5, check=_dropout_p), "seed": Attr("int", check=_seed_ok),
                       "training": Attr("bool", True), **REGION_ATTRS},
                cost=_cost_per_element(2), split=SplitDecl("dropout"),
@@ -464,7 +469,7 @@ def _g_layer_norm(b: Builder, n: GradCtx, g: Ref) -> list[Ref | None]:
 
 
 _EPS = Attr("float", 1e-5, check=lambda v: None if v > 0 else "must be > 0")
-register(OpDef("layer_norm", "nn", 3, _infer_layer_norm, dtypes=dt.FLOATS, grad=_g_layer_norm,
+OPS.declare(OpDef("layer_norm", "nn", 3, _infer_layer_norm, dtypes=dt.FLOATS, grad=_g_layer_norm,
                attrs={"normalized_ndim": Attr("int", 1), "eps": _EPS}, cost=_cost_per_element(8),
                split=SplitDecl("layer_norm"),
                doc="Inputs (x, weight, bias): normalise over the last normalized_ndim axes "
@@ -500,7 +505,7 @@ def _g_batch_norm(b: Builder, n: GradCtx, g: Ref) -> list[Ref | None]:
     return [dx, dw, db, None, None]
 
 
-register(OpDef(
+OPS.declare(OpDef(
     "batch_norm", "nn", 5, _infer_batch_norm, dtypes=dt.FLOATS, grad=_g_batch_norm,
     attrs={"training": Attr("bool", False), "eps": _EPS}, nograd_inputs=frozenset({3, 4}),
     cost=_cost_per_element(8), split=SplitDecl("batch_norm"),

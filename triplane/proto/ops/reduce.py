@@ -1,5 +1,7 @@
 """Reductions over any axes, with ``keepdims``.
 
+OPS = OpGroup("reduce")  # registered by triplane.proto.ops.register_all
+
 Value reductions (sum, mean, max, min, prod, var, logsumexp) take attrs ``axes`` (null
 for all axes, an int or a list; negative axes count from the end) and ``keepdims``.
 Index reductions (argmax, argmin) take one ``axis`` (null: over the flattened tensor) and
@@ -31,12 +33,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from triplane.proto import dtypes as dt
-from triplane.proto.builder import Builder, Ref
 from triplane.proto.errors import ShapeError
 from triplane.proto.ir import Attrs, TensorType
-from triplane.proto.optable import (
+from triplane.proto.opdef import (
     Attr,
     Cost,
     CostFn,
@@ -44,11 +46,16 @@ from triplane.proto.optable import (
     GradRule,
     InferFn,
     OpDef,
+    OpGroup,
     SplitDecl,
     normalise_axes,
     normalise_axis,
-    register,
 )
+
+if TYPE_CHECKING:
+    from triplane.proto.builder import Builder, Ref
+
+OPS = OpGroup("reduce")  # registered by triplane.proto.ops.register_all
 
 REDUCE_ATTRS = {"axes": Attr("axes", None), "keepdims": Attr("bool", False)}
 
@@ -99,7 +106,7 @@ def reduction(name: str, grad: GradRule | None, *, dtypes: frozenset[str] = dt.N
             _need_elements(name, x, reduced_axes(x.shape, a))
         return TensorType(shape, x.dtype)
 
-    return register(OpDef(name, "reduce", 1, infer, attrs={**REDUCE_ATTRS, **(extra or {})},
+    return OPS.declare(OpDef(name, "reduce", 1, infer, attrs={**REDUCE_ATTRS, **(extra or {})},
                           dtypes=dtypes, grad=grad, cost=_reduce_cost(flops),
                           split=SplitDecl("reduce", combine), doc=doc))
 
@@ -197,7 +204,7 @@ def _infer_var(ins: Sequence[TensorType], a: Attrs) -> TensorType:
     return TensorType(reduced_shape(x.shape, a), x.dtype)
 
 
-register(OpDef("var", "reduce", 1, _infer_var,
+OPS.declare(OpDef("var", "reduce", 1, _infer_var,
                attrs={**REDUCE_ATTRS, "ddof": Attr("int", 0, check=_check_ddof)},
                dtypes=dt.FLOATS, grad=_g_var, cost=_reduce_cost(3.0), split=SplitDecl("reduce"),
                doc="Variance over axes: sum((x - mean)^2) / (N - ddof)."))
@@ -226,6 +233,6 @@ def _infer_arg(name: str) -> InferFn:
 
 
 for _name in ("argmax", "argmin"):
-    register(OpDef(_name, "reduce", 1, _infer_arg(_name), attrs=ARG_ATTRS, dtypes=dt.EVERY,
+    OPS.declare(OpDef(_name, "reduce", 1, _infer_arg(_name), attrs=ARG_ATTRS, dtypes=dt.EVERY,
                    grad=None, cost=_reduce_cost(1.0), split=SplitDecl("argreduce"),
                    doc=f"int64 index of the first {_name[3:]}imum along axis (flattened when null)."))

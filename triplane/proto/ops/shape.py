@@ -14,22 +14,26 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from triplane.proto import dtypes as dt
-from triplane.proto.builder import Builder, Ref
 from triplane.proto.errors import DTypeError, ShapeError
 from triplane.proto.ir import Attrs, TensorType
-from triplane.proto.optable import (
+from triplane.proto.opdef import (
     Attr,
     Cost,
     GradCtx,
     OpDef,
+    OpGroup,
     SplitDecl,
     normalise_axes,
     normalise_axis,
-    register,
 )
+
+if TYPE_CHECKING:
+    from triplane.proto.builder import Builder, Ref
+
+OPS = OpGroup("shape")  # registered by triplane.proto.ops.register_all
 
 
 def _move_cost(ins: Sequence[TensorType], out: TensorType, a: Attrs) -> Cost:
@@ -38,11 +42,11 @@ def _move_cost(ins: Sequence[TensorType], out: TensorType, a: Attrs) -> Cost:
 
 def _shape_op(name: str, infer: Any, attrs: dict[str, Attr], grad: Any, doc: str, *,
               arity: int | None = 1, internal: bool = False, nograd: frozenset[int] = frozenset(),
-              split: bool = True) -> OpDef:
+              split: bool = True, view: bool = False) -> OpDef:
     # Each shape op's split rule maps tile indices through the op (kind = the op's name).
-    return register(OpDef(name, "shape", arity, infer, attrs=attrs, grad=grad, cost=_move_cost,
-                          internal=internal, nograd_inputs=nograd,
-                          split=SplitDecl(name) if split else None, doc=doc))
+    return OPS.declare(OpDef(name, "shape", arity, infer, attrs=attrs, grad=grad, cost=_move_cost,
+                             internal=internal, nograd_inputs=nograd,
+                             split=SplitDecl(name) if split else None, view=view, doc=doc))
 
 
 def _back_to(b: Builder, g: Ref, x: Ref) -> Ref:
@@ -83,7 +87,7 @@ def _g_transpose(b: Builder, n: GradCtx, g: Ref) -> list[Ref | None]:
 
 
 _shape_op("transpose", _infer_transpose, {"perm": Attr("ints")}, _g_transpose,
-          "Permute axes (numpy.transpose); perm lists every axis once, non-negative.")
+          "Permute axes (numpy.transpose); perm lists every axis once, non-negative.", view=True)
 
 
 def _infer_broadcast_to(ins: Sequence[TensorType], a: Attrs) -> TensorType:
@@ -97,7 +101,7 @@ def _infer_broadcast_to(ins: Sequence[TensorType], a: Attrs) -> TensorType:
 
 
 _shape_op("broadcast_to", _infer_broadcast_to, {"shape": Attr("shape")},
-          lambda b, n, g: [b.unbroadcast(g, n.inputs[0].shape)], "numpy.broadcast_to.")
+          lambda b, n, g: [b.unbroadcast(g, n.inputs[0].shape)], "numpy.broadcast_to.", view=True)
 
 
 def _infer_squeeze(ins: Sequence[TensorType], a: Attrs) -> TensorType:
@@ -238,7 +242,7 @@ def _g_slice(b: Builder, n: GradCtx, g: Ref) -> list[Ref | None]:
 
 
 _shape_op("slice", _infer_slice, _SLICE_ATTRS, _g_slice,
-          "x[start:stop:step] on every axis; 0 <= start <= stop <= dim, step >= 1.")
+          "x[start:stop:step] on every axis; 0 <= start <= stop <= dim, step >= 1.", view=True)
 
 
 def _infer_unslice(ins: Sequence[TensorType], a: Attrs) -> TensorType:

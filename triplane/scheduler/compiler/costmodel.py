@@ -11,10 +11,10 @@ Predictions (seconds):
 * compute:  ``max(flops / gflops, bytes / gbps) * scale(op) + task_overhead_s`` — the
   roofline: a matmul is bound by FLOP/s, an elementwise op by memory bandwidth, and the
   overhead is the dispatch round trip a task pays however small it is. An *inline* op
-  (``INLINE_OPS``: ``slice``, ``transpose``, ``broadcast_to``, whose kernels return a view
-  of their input) costs the overhead only, and placement does not make it wait for, or
-  hold, one of the node's slots: the executor runs it at once on its event loop, beside
-  a running kernel (docs/executor.md).
+  (``INLINE_OPS``: the ops the table declares ``view``: ``slice``, ``transpose``,
+  ``broadcast_to``, whose kernels return a view of their input) costs the overhead only,
+  and placement does not make it wait for, or hold, one of the node's slots: the
+  executor runs it at once on its event loop, beside a running kernel (docs/executor.md).
 * transfer: ``bytes / min(bandwidth of both ends) + max(latency of both ends)``; zero
   when the data is already on the node. A source that is not a compute node (the
   scheduler's data server holding uploaded tensors) is represented by the destination's
@@ -31,7 +31,7 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from triplane.proto import optable
+from triplane.proto import opdef, optable
 from triplane.proto.errors import UnknownOpError
 from triplane.proto.ir import Graph, Node, TensorType
 from triplane.registry.records import MemoryEngineInfo, NetworkEngineInfo, OpEngineInfo
@@ -174,7 +174,7 @@ def task_cost(graph: Graph, task: str) -> TaskCost:
     try:
         c = optable.get(node.op).cost(ins, out, node.attrs)
     except UnknownOpError:
-        c = optable.default_cost(ins, out, node.attrs)
+        c = opdef.default_cost(ins, out, node.attrs)
     return TaskCost(float(c.flops), float(c.bytes), out.nbytes)
 
 
@@ -184,9 +184,8 @@ def task_cost(graph: Graph, task: str) -> TaskCost:
 DEFAULT_OP_SCALE: Mapping[str, float] = {"normal": 100.0, "uniform": 35.0}
 
 # Ops whose kernels return a view of their input: O(1) however big the tile. The executor
-# runs them inline, not behind a running kernel (the numpy engine's VIEW_OPS; a test holds
-# the two equal).
-INLINE_OPS: frozenset[str] = frozenset({"slice", "transpose", "broadcast_to"})
+# runs them inline, not behind a running kernel. Declared on the op (``OpDef.view``).
+INLINE_OPS: frozenset[str] = frozenset(name for name, op in optable.table().items() if op.view)
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,11 @@ import base64
 
 import numpy as np
 
-from triplane.engines.op.numpy_engine import kernel
 from triplane.engines.op.numpy_kernels import random
+from triplane.engines.op.numpy_kernels.table import KernelGroup
+
+KERNEL_GROUP = KernelGroup()  # registered by numpy_kernels.register_all
+kernel = KERNEL_GROUP.kernel
 
 
 @kernel("full")

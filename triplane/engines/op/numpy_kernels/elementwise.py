@@ -12,7 +12,10 @@ import math
 
 import numpy as np
 
-from triplane.engines.op.numpy_engine import kernel
+from triplane.engines.op.numpy_kernels.table import KernelGroup
+
+KERNEL_GROUP = KernelGroup()  # registered by numpy_kernels.register_all
+kernel = KERNEL_GROUP.kernel
 
 _UNARY = {
     "neg": np.negative, "exp": np.exp, "log": np.log, "sqrt": np.sqrt, "sin": np.sin,

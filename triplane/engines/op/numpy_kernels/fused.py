@@ -21,11 +21,14 @@ from typing import Any
 
 import numpy as np
 
-from triplane.engines.op.numpy_engine import KERNELS, kernel
+from triplane.engines.op.numpy_kernels.table import KERNELS, KernelGroup
 from triplane.proto import optable
 from triplane.proto.ir import Attrs, TensorType
+from triplane.proto.opdef import normalise_axes
 from triplane.proto.ops.fused import program_types, reduce_step
-from triplane.proto.optable import normalise_axes
+
+KERNEL_GROUP = KernelGroup()  # registered by numpy_kernels.register_all
+kernel = KERNEL_GROUP.kernel
 
 SLICE_ELEMENTS = 1 << 16  # measured here: 49 ms for a 4096x8192 chain, 59-68 ms at 1 << 15
 

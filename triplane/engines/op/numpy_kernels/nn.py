@@ -11,9 +11,12 @@ from __future__ import annotations
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from triplane.engines.op.numpy_engine import kernel
 from triplane.engines.op.numpy_kernels.random import region_index, uniform01, uniform01_at
+from triplane.engines.op.numpy_kernels.table import KernelGroup
 from triplane.proto.errors import KernelError
+
+KERNEL_GROUP = KernelGroup()  # registered by numpy_kernels.register_all
+kernel = KERNEL_GROUP.kernel
 
 
 def _work(x: np.ndarray) -> np.ndarray:

@@ -6,8 +6,11 @@ import builtins
 
 import numpy as np
 
-from triplane.engines.op.numpy_engine import kernel
+from triplane.engines.op.numpy_kernels.table import KernelGroup
 from triplane.proto.errors import KernelError
+
+KERNEL_GROUP = KernelGroup()  # registered by numpy_kernels.register_all
+kernel = KERNEL_GROUP.kernel
 
 
 @kernel("reshape", "squeeze", "unsqueeze")

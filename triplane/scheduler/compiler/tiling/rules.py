@@ -33,8 +33,8 @@ from triplane.proto import dtypes as dt
 from triplane.proto import optable
 from triplane.proto.builder import Builder, Ref
 from triplane.proto.ir import Node, TensorType
+from triplane.proto.opdef import SplitDecl, broadcast_shapes, normalise_axes, normalise_axis
 from triplane.proto.ops.fused import body_type, reduce_step
-from triplane.proto.optable import SplitDecl, broadcast_shapes, normalise_axes, normalise_axis
 from triplane.scheduler.compiler.tiling.grid import Region, full_region, region_shape
 
 __all__ = ["Axis", "RULES", "Ranges", "Rule", "Space", "Task", "bcast_region", "space_of"]

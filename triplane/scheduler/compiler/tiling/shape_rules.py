@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from triplane.proto.ir import Node, TensorType
-from triplane.proto.optable import SplitDecl, normalise_axes, normalise_axis
+from triplane.proto.opdef import SplitDecl, normalise_axes, normalise_axis
 from triplane.scheduler.compiler.tiling.grid import Region, region_shape
 from triplane.scheduler.compiler.tiling.rules import (
     RULES,
