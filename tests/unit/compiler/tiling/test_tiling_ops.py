@@ -219,7 +219,6 @@ def test_every_op_with_a_split_rule_has_a_case() -> None:
 
 
 def test_every_declared_kind_has_a_rule() -> None:
-    from triplane.scheduler.compiler.tiling import shape_rules  # noqa: F401
     from triplane.scheduler.compiler.tiling.rules import RULES
 
     kinds = {op.split.kind for op in optable.table().values() if op.split is not None}

@@ -20,13 +20,13 @@ and cost; this module implements each kind. A rule looks at one node and answers
 Inputs read whole (a broadcast dim, the class axis of softmax, conv weights when the
 output channels are not cut) appear in the task with their full region.
 
-Kinds: see :data:`RULES` (shape ops live in :mod:`.shape_rules`).
+Kinds: see :data:`RULES`, which adds the shape ops' rules (:mod:`.shape_rules`). The
+framework (Axis, Task, Space and shared helpers) is :mod:`.space`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from triplane.proto import dtypes as dt
@@ -36,94 +36,29 @@ from triplane.proto.ir import Node, TensorType
 from triplane.proto.opdef import SplitDecl, broadcast_shapes, normalise_axes, normalise_axis
 from triplane.proto.ops.fused import body_type, reduce_step
 from triplane.scheduler.compiler.tiling.grid import Region, full_region, region_shape
+from triplane.scheduler.compiler.tiling.shape_rules import SHAPE_RULES
+from triplane.scheduler.compiler.tiling.space import (
+    Axis,
+    Ranges,
+    Rule,
+    Space,
+    Task,
+    bcast_aligns,
+    bcast_region,
+    dim_axes,
+    out_reg,
+    rng,
+)
 
-__all__ = ["Axis", "RULES", "Ranges", "Rule", "Space", "Task", "bcast_region", "space_of"]
-
-Ranges = Mapping[str, tuple[int, int]]
-
-
-@dataclass(frozen=True)
-class Axis:
-    """One axis a node may be cut along (see the module doc)."""
-
-    name: str
-    length: int
-    out_dim: int | None = None
-    aligns: tuple[tuple[int, int], ...] = ()
-
-
-@dataclass(frozen=True)
-class Task:
-    """One tile op: ``inputs`` are ``(input index, region)`` in the tile op's input order
-    (an input may be skipped, as concat skips inputs outside its range)."""
-
-    op: str
-    attrs: Mapping[str, Any]
-    inputs: tuple[tuple[int, Region], ...] = ()
-
-
-@dataclass(frozen=True)
-class Space:
-    axes: tuple[Axis, ...]
-    task: Callable[[Ranges, bool], Task]
-    combine: str | None = None
-    finish: Callable[[Builder, Ref], Ref] | None = None
-    makes_regions: bool = False
-
-    def out_region(self, ranges: Ranges, shape: Sequence[int]) -> Region:
-        """The output region a task with these ranges makes (uncut dims whole)."""
-        reg = list(full_region(shape))
-        for ax in self.axes:
-            if ax.out_dim is not None and ax.name in ranges:
-                reg[ax.out_dim] = ranges[ax.name]
-        return tuple(reg)
-
-
-Rule = Callable[[Node, Sequence[TensorType], SplitDecl], "Space | None"]
-
+__all__ = ["RULES", "space_of"]
 
 def space_of(node: Node, ins: Sequence[TensorType], decl: SplitDecl | None) -> Space | None:
     """The split space of ``node`` (None: take it whole). Unknown kinds are taken whole, so
     an op table newer than this pass still compiles."""
     if decl is None:
         return None
-    from triplane.scheduler.compiler.tiling import shape_rules  # noqa: F401 (fills RULES)
-
     rule = RULES.get(decl.kind)
     return rule(node, ins, decl) if rule is not None else None
-
-
-def rng(r: Ranges, name: str, length: int) -> tuple[int, int]:
-    return r.get(name, (0, length))
-
-
-def bcast_region(out: Region, shape: Sequence[int]) -> Region:
-    """The region of an operand of ``shape`` that broadcasts to the output region ``out``:
-    a size-1 (broadcast) dim is read whole, missing leading dims are dropped."""
-    lead = len(out) - len(shape)
-    return tuple((0, s) if s == 1 else out[lead + j] for j, s in enumerate(shape))
-
-
-def _bcast_aligns(d: int, n: int, ins: Sequence[TensorType], out: Sequence[int],
-                  which: Sequence[int] | None = None) -> tuple[tuple[int, int], ...]:
-    out_al = []
-    for i, t in enumerate(ins):
-        if which is not None and i not in which:
-            continue
-        j = d - (n - len(t.shape))
-        if j >= 0 and t.shape[j] == out[d]:
-            out_al.append((i, j))
-    return tuple(out_al)
-
-
-def _dim_axes(shape: Sequence[int], aligns: Callable[[int], tuple[tuple[int, int], ...]],
-              dims: Sequence[int] | None = None) -> tuple[Axis, ...]:
-    dims = range(len(shape)) if dims is None else dims
-    return tuple(Axis(f"d{d}", shape[d], d, aligns(d)) for d in dims)
-
-
-def _out_reg(r: Ranges, shape: Sequence[int]) -> Region:
-    return tuple(rng(r, f"d{d}", n) for d, n in enumerate(shape))
 
 
 def _divide_by(count: int) -> Callable[[Builder, Ref], Ref]:
@@ -140,10 +75,10 @@ def _elementwise(node: Node, ins: Sequence[TensorType], decl: SplitDecl) -> Spac
     out, n = node.shape, len(node.shape)
 
     def task(r: Ranges, partial: bool) -> Task:
-        reg = _out_reg(r, out)
+        reg = out_reg(r, out)
         return Task(node.op, node.attrs, tuple((i, bcast_region(reg, t.shape)) for i, t in enumerate(ins)))
 
-    return Space(_dim_axes(out, lambda d: _bcast_aligns(d, n, ins, out)), task)
+    return Space(dim_axes(out, lambda d: bcast_aligns(d, n, ins, out)), task)
 
 
 def with_region(attrs: Mapping[str, Any], reg: Region, shape: Sequence[int]) -> dict[str, Any]:
@@ -160,10 +95,10 @@ def _dropout(node: Node, ins: Sequence[TensorType], decl: SplitDecl) -> Space:
     out = node.shape
 
     def task(r: Ranges, partial: bool) -> Task:
-        reg = _out_reg(r, out)
+        reg = out_reg(r, out)
         return Task("dropout", with_region(node.attrs, reg, out), ((0, reg),))
 
-    return Space(_dim_axes(out, lambda d: ((0, d),)), task)
+    return Space(dim_axes(out, lambda d: ((0, d),)), task)
 
 
 # --- sources -------------------------------------------------------------------------------
@@ -172,7 +107,7 @@ def _dropout(node: Node, ins: Sequence[TensorType], decl: SplitDecl) -> Space:
 def _source(make: Callable[[Region], Task]) -> Rule:
     def rule(node: Node, ins: Sequence[TensorType], decl: SplitDecl) -> Space:
         out = node.shape
-        return Space(_dim_axes(out, lambda d: ()), lambda r, p: make(_out_reg(r, out)), makes_regions=True)
+        return Space(dim_axes(out, lambda d: ()), lambda r, p: make(out_reg(r, out)), makes_regions=True)
 
     return rule
 
@@ -296,10 +231,10 @@ def _fused(node: Node, ins: Sequence[TensorType], decl: SplitDecl) -> Space | No
         return None  # an empty reduction is a constant; keep it whole
     kept = [i for i in range(n) if i not in red]
     out_dim = {i: (i if ra["keepdims"] else kept.index(i)) for i in kept}
-    axes = [Axis(f"d{out_dim[i]}", body[i], out_dim[i], _bcast_aligns(i, n, ins, body)) for i in kept]
+    axes = [Axis(f"d{out_dim[i]}", body[i], out_dim[i], bcast_aligns(i, n, ins, body)) for i in kept]
     combine = _combinable(optable.get(op).split.combine, node.type.dtype)  # type: ignore[union-attr]
     if combine:
-        axes += [Axis(f"r{i}", body[i], None, _bcast_aligns(i, n, ins, body)) for i in red]
+        axes += [Axis(f"r{i}", body[i], None, bcast_aligns(i, n, ins, body)) for i in red]
     name = {i: f"d{out_dim[i]}" for i in kept} | {i: f"r{i}" for i in red}
     program = node.attrs["program"]
     summing = {**node.attrs, "program": (*program[:-1], ("sum", *program[-1][1:]))}
@@ -343,7 +278,7 @@ def _rows(node: Node, x: TensorType, whole: set[int], extra: Sequence[TensorType
         whole_extra = tuple((i + 1, full_region(t.shape)) for i, t in enumerate(extra))
         return Task(node.op, node.attrs, ((0, xr), *whole_extra))
 
-    return Space(_dim_axes(x.shape, lambda d: ((0, d),), dims), task)
+    return Space(dim_axes(x.shape, lambda d: ((0, d),), dims), task)
 
 
 def _softmax(node: Node, ins: Sequence[TensorType], decl: SplitDecl) -> Space:
@@ -383,7 +318,7 @@ def _embedding(node: Node, ins: Sequence[TensorType], decl: SplitDecl) -> Space:
 
     def task(r: Ranges, partial: bool) -> Task:
         wr = ((0, w.shape[0]), rng(r, f"d{k}", w.shape[1]))
-        return Task("embedding", node.attrs, ((0, wr), (1, _out_reg(r, idx.shape))))
+        return Task("embedding", node.attrs, ((0, wr), (1, out_reg(r, idx.shape))))
 
     return Space(tuple(axes), task)
 
@@ -392,9 +327,9 @@ def _one_hot(node: Node, ins: Sequence[TensorType], decl: SplitDecl) -> Space:
     idx = ins[0]
 
     def task(r: Ranges, partial: bool) -> Task:
-        return Task("one_hot", node.attrs, ((0, _out_reg(r, idx.shape)),))
+        return Task("one_hot", node.attrs, ((0, out_reg(r, idx.shape)),))
 
-    return Space(_dim_axes(idx.shape, lambda d: ((0, d),)), task)
+    return Space(dim_axes(idx.shape, lambda d: ((0, d),)), task)
 
 
 def _cross_entropy(node: Node, ins: Sequence[TensorType], decl: SplitDecl) -> Space | None:
@@ -413,7 +348,7 @@ def _cross_entropy(node: Node, ins: Sequence[TensorType], decl: SplitDecl) -> Sp
         axes = tuple(Axis(f"d{j}", ls[j], None, ((0, ldim[j]), (1, j))) for j in range(len(ls)))
 
     def task(r: Ranges, partial: bool) -> Task:
-        lr = _out_reg(r, ls)
+        lr = out_reg(r, ls)
         xr = (lr[0], (0, logits.shape[1]), *lr[1:])
         attrs = {**a, "reduction": "sum"} if partial else a
         return Task("cross_entropy", attrs, ((0, xr), (1, lr)))
@@ -432,11 +367,11 @@ def _mse_loss(node: Node, ins: Sequence[TensorType], decl: SplitDecl) -> Space:
     n = len(shape)
     reduction = node.attrs["reduction"]
     out_dims = reduction == "none"
-    axes = tuple(Axis(f"d{d}", shape[d], d if out_dims else None, _bcast_aligns(d, n, ins, shape))
+    axes = tuple(Axis(f"d{d}", shape[d], d if out_dims else None, bcast_aligns(d, n, ins, shape))
                  for d in range(n))
 
     def task(r: Ranges, partial: bool) -> Task:
-        reg = _out_reg(r, shape)
+        reg = out_reg(r, shape)
         attrs = {**node.attrs, "reduction": "sum"} if partial else node.attrs
         return Task("mse_loss", attrs, ((0, bcast_region(reg, x.shape)), (1, bcast_region(reg, y.shape))))
 
@@ -456,13 +391,14 @@ def _batch_norm(node: Node, ins: Sequence[TensorType], decl: SplitDecl) -> Space
         return ((0, d), (1, 0), (2, 0), (3, 0), (4, 0)) if d == 1 else ((0, d),)
 
     def task(r: Ranges, partial: bool) -> Task:
-        xr = _out_reg(r, x.shape)
+        xr = out_reg(r, x.shape)
         return Task("batch_norm", node.attrs, ((0, xr), *((i, (xr[1],)) for i in range(1, 5))))
 
-    return Space(_dim_axes(x.shape, aligns, dims), task)
+    return Space(dim_axes(x.shape, aligns, dims), task)
 
 
 RULES: dict[str, Rule] = {
+    **SHAPE_RULES,
     "elementwise": _elementwise,
     "dropout": _dropout,
     "input": _input,

@@ -1,6 +1,6 @@
 """Split rules of the shape ops: each maps an output tile's region to the input region(s)
 holding its elements, so a tile of a reshape/transpose/slice/... reads only what it needs.
-(Framework and the other kinds: :mod:`.rules`.)"""
+(The framework: :mod:`.space`; the other kinds, and the table of all: :mod:`.rules`.)"""
 
 from __future__ import annotations
 
@@ -9,16 +9,16 @@ from collections.abc import Sequence
 from triplane.proto.ir import Node, TensorType
 from triplane.proto.opdef import SplitDecl, normalise_axes, normalise_axis
 from triplane.scheduler.compiler.tiling.grid import Region, region_shape
-from triplane.scheduler.compiler.tiling.rules import (
-    RULES,
+from triplane.scheduler.compiler.tiling.space import (
     Axis,
     Ranges,
+    Rule,
     Space,
     Task,
-    _bcast_aligns,
-    _dim_axes,
-    _out_reg,
+    bcast_aligns,
     bcast_region,
+    dim_axes,
+    out_reg,
 )
 
 
@@ -46,7 +46,7 @@ def _reshape(node: Node, ins: Sequence[TensorType], decl: SplitDecl) -> Space | 
     back = {j: d for d, j in anchors.items()}
 
     def task(r: Ranges, partial: bool) -> Task:
-        reg = _out_reg(r, out)
+        reg = out_reg(r, out)
         xr = tuple(reg[back[j]] if j in back else (0, s) for j, s in enumerate(x.shape))
         return Task("reshape", {"shape": region_shape(reg)}, ((0, xr),))
 
@@ -58,23 +58,23 @@ def _transpose(node: Node, ins: Sequence[TensorType], decl: SplitDecl) -> Space:
     out = node.shape
 
     def task(r: Ranges, partial: bool) -> Task:
-        reg = _out_reg(r, out)
+        reg = out_reg(r, out)
         xr: list[tuple[int, int]] = [(0, 0)] * len(perm)
         for d, p in enumerate(perm):
             xr[p] = reg[d]
         return Task("transpose", node.attrs, ((0, tuple(xr)),))
 
-    return Space(_dim_axes(out, lambda d: ((0, perm[d]),)), task)
+    return Space(dim_axes(out, lambda d: ((0, perm[d]),)), task)
 
 
 def _broadcast_to(node: Node, ins: Sequence[TensorType], decl: SplitDecl) -> Space:
     out, n = node.shape, len(node.shape)
 
     def task(r: Ranges, partial: bool) -> Task:
-        reg = _out_reg(r, out)
+        reg = out_reg(r, out)
         return Task("broadcast_to", {"shape": region_shape(reg)}, ((0, bcast_region(reg, ins[0].shape)),))
 
-    return Space(_dim_axes(out, lambda d: _bcast_aligns(d, n, ins, out)), task)
+    return Space(dim_axes(out, lambda d: bcast_aligns(d, n, ins, out)), task)
 
 
 def _squeeze(node: Node, ins: Sequence[TensorType], decl: SplitDecl) -> Space:
@@ -99,7 +99,7 @@ def _unsqueeze(node: Node, ins: Sequence[TensorType], decl: SplitDecl) -> Space:
     old = [d for d in range(len(out)) if d not in new]  # input dim j is output dim old[j]
 
     def task(r: Ranges, partial: bool) -> Task:
-        reg = _out_reg(r, out)
+        reg = out_reg(r, out)
         return Task("unsqueeze", node.attrs, ((0, tuple(reg[d] for d in old)),))
 
     return Space(tuple(Axis(f"d{d}", out[d], d, ((0, j),)) for j, d in enumerate(old)), task)
@@ -111,7 +111,7 @@ def _slice(node: Node, ins: Sequence[TensorType], decl: SplitDecl) -> Space:
     starts, steps = a["starts"], a["steps"]
 
     def task(r: Ranges, partial: bool) -> Task:
-        reg = _out_reg(r, out)
+        reg = out_reg(r, out)
         xr = tuple((s + lo * st, s + (hi - 1) * st + 1) if hi > lo else (s, s)
                    for (lo, hi), s, st in zip(reg, starts, steps))
         return Task("slice", {"starts": (0,) * len(out), "stops": region_shape(xr), "steps": steps},
@@ -120,7 +120,7 @@ def _slice(node: Node, ins: Sequence[TensorType], decl: SplitDecl) -> Space:
     def aligns(d: int) -> tuple[tuple[int, int], ...]:
         return ((0, d),) if starts[d] == 0 and steps[d] == 1 else ()
 
-    return Space(_dim_axes(out, aligns), task)
+    return Space(dim_axes(out, aligns), task)
 
 
 def _concat(node: Node, ins: Sequence[TensorType], decl: SplitDecl) -> Space:
@@ -131,7 +131,7 @@ def _concat(node: Node, ins: Sequence[TensorType], decl: SplitDecl) -> Space:
         offsets.append(offsets[-1] + t.shape[ax])
 
     def task(r: Ranges, partial: bool) -> Task:
-        reg = _out_reg(r, out)
+        reg = out_reg(r, out)
         lo, hi = reg[ax]
         parts: list[tuple[int, Region]] = []
         for i in range(len(ins)):
@@ -146,7 +146,7 @@ def _concat(node: Node, ins: Sequence[TensorType], decl: SplitDecl) -> Space:
     def aligns(d: int) -> tuple[tuple[int, int], ...]:
         return () if d == ax else tuple((i, d) for i in range(len(ins)))
 
-    return Space(_dim_axes(out, aligns), task)
+    return Space(dim_axes(out, aligns), task)
 
 
 def _stack(node: Node, ins: Sequence[TensorType], decl: SplitDecl) -> Space:
@@ -154,14 +154,14 @@ def _stack(node: Node, ins: Sequence[TensorType], decl: SplitDecl) -> Space:
     ax = normalise_axis(node.attrs["axis"], len(out))
 
     def task(r: Ranges, partial: bool) -> Task:
-        reg = _out_reg(r, out)
+        reg = out_reg(r, out)
         sub = reg[:ax] + reg[ax + 1:]
         return Task("stack", node.attrs, tuple((i, sub) for i in range(*reg[ax])))
 
     def aligns(d: int) -> tuple[tuple[int, int], ...]:
         return () if d == ax else tuple((i, d if d < ax else d - 1) for i in range(len(ins)))
 
-    return Space(_dim_axes(out, aligns), task)
+    return Space(dim_axes(out, aligns), task)
 
 
 def _flip(node: Node, ins: Sequence[TensorType], decl: SplitDecl) -> Space:
@@ -169,12 +169,12 @@ def _flip(node: Node, ins: Sequence[TensorType], decl: SplitDecl) -> Space:
     flipped = set(normalise_axes(node.attrs["axes"], len(out)))
 
     def task(r: Ranges, partial: bool) -> Task:
-        reg = _out_reg(r, out)
+        reg = out_reg(r, out)
         xr = tuple((n - hi, n - lo) if d in flipped else (lo, hi)
                    for d, ((lo, hi), n) in enumerate(zip(reg, out)))
         return Task("flip", {"axes": tuple(sorted(flipped))}, ((0, xr),))
 
-    return Space(_dim_axes(out, lambda d: () if d in flipped else ((0, d),)), task)
+    return Space(dim_axes(out, lambda d: () if d in flipped else ((0, d),)), task)
 
 
 def _pad(node: Node, ins: Sequence[TensorType], decl: SplitDecl) -> Space:
@@ -183,7 +183,7 @@ def _pad(node: Node, ins: Sequence[TensorType], decl: SplitDecl) -> Space:
     pads = a["pads"]
 
     def task(r: Ranges, partial: bool) -> Task:
-        reg = _out_reg(r, out)
+        reg = out_reg(r, out)
         inside = [(max(lo, before), min(hi, before + n))
                   for (lo, hi), (before, _), n in zip(reg, pads, x.shape)]
         if any(stop <= start for start, stop in inside):
@@ -196,7 +196,7 @@ def _pad(node: Node, ins: Sequence[TensorType], decl: SplitDecl) -> Space:
     def aligns(d: int) -> tuple[tuple[int, int], ...]:
         return ((0, d),) if pads[d][0] == 0 else ()
 
-    return Space(_dim_axes(out, aligns), task)
+    return Space(dim_axes(out, aligns), task)
 
 
 def _gather(node: Node, ins: Sequence[TensorType], decl: SplitDecl) -> Space:
@@ -210,14 +210,14 @@ def _gather(node: Node, ins: Sequence[TensorType], decl: SplitDecl) -> Space:
     out = node.shape
 
     def task(r: Ranges, partial: bool) -> Task:
-        reg = _out_reg(r, out)
+        reg = out_reg(r, out)
         xr = (*reg[:ax], (0, x.shape[ax]), *reg[ax + k:])
         return Task("gather", node.attrs, ((0, xr), (1, reg[ax:ax + k])))
 
     return Space(tuple(axes), task)
 
 
-RULES.update({
+SHAPE_RULES: dict[str, Rule] = {
     "reshape": _reshape,
     "transpose": _transpose,
     "broadcast_to": _broadcast_to,
@@ -229,4 +229,4 @@ RULES.update({
     "flip": _flip,
     "pad": _pad,
     "gather": _gather,
-})
+}

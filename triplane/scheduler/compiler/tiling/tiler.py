@@ -55,8 +55,9 @@ from triplane.scheduler.compiler.tiling.grid import (
     refine,
     region_shape,
 )
-from triplane.scheduler.compiler.tiling.rules import Space, Task, space_of
+from triplane.scheduler.compiler.tiling.rules import space_of
 from triplane.scheduler.compiler.tiling.sizing import TileSizes, format_bytes
+from triplane.scheduler.compiler.tiling.space import Space, Task
 
 __all__ = ["TiledGraph", "tile_graph"]
 
