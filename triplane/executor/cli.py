@@ -46,8 +46,8 @@ def _connect(url: str, token: str | None):
     return connect_registry(url)
 
 
-async def _serve(registry: str, engines: list[str], memory_bytes: int, host: str, name: str | None,
-                 secret: bytes, token: str | None, drop_udp: float, fault_seed: int) -> int:
+async def _serve(registry: str, engines: list[str], memory_bytes: int, memory_engine: str, host: str,
+                 name: str | None, secret: bytes, token: str | None, drop_udp: float, fault_seed: int) -> int:
     from triplane.executor.daemon import Executor
     from triplane.registry import RegistryUnavailable
 
@@ -59,8 +59,9 @@ async def _serve(registry: str, engines: list[str], memory_bytes: int, host: str
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    executor = Executor(backend, secret, memory_bytes=memory_bytes, engines=engines, host=host, name=name,
-                        drop_udp=drop_udp, fault_seed=fault_seed)
+    executor = Executor(backend, secret, memory_bytes=memory_bytes, engines=engines,
+                        memory_engine=memory_engine, host=host, name=name, drop_udp=drop_udp,
+                        fault_seed=fault_seed)
     try:
         await executor.start()
     except RegistryUnavailable as e:
@@ -82,6 +83,7 @@ def executor_command(
     registry: Annotated[str, typer.Option(help="registry URL: etcd://HOST:PORT or http://SCHEDULER")],
     engines: Annotated[str, typer.Option(help="op engines, comma-separated")] = "numpy",
     memory: Annotated[str, typer.Option(help="host memory for tiles, e.g. 768MiB, 8GiB, 1.5G")] = "8GiB",
+    memory_engine: Annotated[str, typer.Option(help="memory engine for tiles (host, or a plugin)")] = "host",
     host: Annotated[str, typer.Option(help="address to listen on and publish")] = "127.0.0.1",
     name: Annotated[str | None, typer.Option(help="node id (default: <host>-<pid>)")] = None,
     secret_file: Annotated[Path | None, typer.Option(help="cluster secret; else $TRIPLANE_SECRET")] = None,
@@ -91,16 +93,18 @@ def executor_command(
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error")] = "info",
 ) -> None:
     """Run an executor: register with REGISTRY, serve task packets and tiles until stopped."""
-    code = run_executor(registry, engines=engines, memory=memory, host=host, name=name,
+    code = run_executor(registry, engines=engines, memory=memory, memory_engine=memory_engine, host=host,
+                        name=name,
                         secret_file=secret_file, token_file=token_file, drop_udp=drop_udp,
                         fault_seed=fault_seed, log_level=log_level)
     if code:
         raise SystemExit(code)
 
 
-def run_executor(registry: str, *, engines: str = "numpy", memory: str = "8GiB", host: str = "127.0.0.1",
-                 name: str | None = None, secret_file: Path | None = None, token_file: Path | None = None,
-                 drop_udp: float = 0.0, fault_seed: int = 0, log_level: str = "info") -> int:
+def run_executor(registry: str, *, engines: str = "numpy", memory: str = "8GiB", memory_engine: str = "host",
+                 host: str = "127.0.0.1", name: str | None = None, secret_file: Path | None = None,
+                 token_file: Path | None = None, drop_udp: float = 0.0, fault_seed: int = 0,
+                 log_level: str = "info") -> int:
     """``executor_command`` returning its exit status instead of raising ``SystemExit``."""
     try:
         if log_level.lower() not in _LEVELS:
@@ -115,21 +119,23 @@ def run_executor(registry: str, *, engines: str = "numpy", memory: str = "8GiB",
         engine_names = [e.strip() for e in engines.split(",") if e.strip()]
         if not engine_names:
             raise _Usage("--engines names no engine (e.g. --engines numpy)")
-        from triplane.engines.registry import UnknownEngineError, get_op_engine
+        from triplane.engines.errors import UnknownEngineError
+        from triplane.engines.registry import engine_factory, get_op_engine
 
-        for e in engine_names:
-            try:
+        try:
+            for e in engine_names:
                 get_op_engine(e)
-            except UnknownEngineError as err:
-                raise _Usage(str(err)) from None
+            engine_factory("memory", memory_engine)
+        except UnknownEngineError as err:
+            raise _Usage(str(err)) from None
     except (ValueError, _Usage) as e:
         print(f"triplane executor: {e}", file=sys.stderr)
         return 2
     prepare_process()
     runner = event_loop_runner()
     try:
-        return runner(_serve(registry, engine_names, memory_bytes, host, name, secret, token,
-                             drop_udp, fault_seed))
+        return runner(_serve(registry, engine_names, memory_bytes, memory_engine, host, name, secret,
+                             token, drop_udp, fault_seed))
     except _Usage as e:
         print(f"triplane executor: {e}", file=sys.stderr)
         return 2

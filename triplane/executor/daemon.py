@@ -28,8 +28,7 @@ from typing import Any
 import numpy as np
 
 from triplane._version import __version__
-from triplane.engines import get_op_engine
-from triplane.engines.memory.host import HostMemoryEngine
+from triplane.engines import get_memory_engine, get_op_engine
 from triplane.executor.dataport import DataClient, DataPortError, DataServer
 from triplane.executor.intake import Intake
 from triplane.executor.server import PacketServer
@@ -91,7 +90,8 @@ class Executor:
     """One executor node. Use ``await start()``, then ``await stop()`` (or ``async with``)."""
 
     def __init__(self, registry: RegistryBackend, secret: bytes, *, memory_bytes: int,
-                 engines: Sequence[str] = ("numpy",), host: str = "127.0.0.1", name: str | None = None,
+                 engines: Sequence[str] = ("numpy",), memory_engine: str = "host",
+                 host: str = "127.0.0.1", name: str | None = None,
                  drop_udp: float = 0.0, fault_seed: int = 0, workers: int = 1, ttl_s: float = 5.0,
                  stats_interval_s: float = 1.0, benchmark_size: int = 512) -> None:
         self.registry = registry
@@ -104,7 +104,9 @@ class Executor:
         if not engines:
             raise ValueError("at least one op engine is needed")
         self.op_engines = [get_op_engine(e) for e in engines]
-        self.store = HostMemoryEngine(memory_bytes)
+        # Tiles live in the memory engine named (built-in ``host``, or a plugin): the executor
+        # uses only what the MemoryEngine protocol names.
+        self.store = get_memory_engine(memory_engine, capacity=memory_bytes)
         self.client = DataClient(secret)
         self.data = DataServer(self.store, secret, host=host)
         self.intake = Intake(secret)

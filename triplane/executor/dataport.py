@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from triplane.engines.memory.host import MemoryFullError, TileNotFoundError
+from triplane.engines.errors import MemoryFullError, MissingTileError
 from triplane.executor.datawire import (
     HEADER,
     MAX_HEADER_BYTES,
@@ -207,7 +207,7 @@ class DataServer:
             return await self._put(loop, conn, req)
         try:
             arr = self.store.get(req.tile)
-        except TileNotFoundError as e:
+        except MissingTileError as e:
             await loop.sock_sendall(conn, make_response(False, str(e)))
             return True
         view = _byte_view(arr)

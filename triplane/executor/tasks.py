@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from triplane.engines.memory.host import MemoryFullError
+from triplane.engines.errors import MemoryFullError
 from triplane.proto import dtypes as dt
 from triplane.proto import optable
 from triplane.proto.errors import GraphError, KernelError

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from triplane.engines.memory.host import LOST_KEPT, HostMemoryEngine, MemoryFullError, TileNotFoundError
+from triplane.engines.errors import MemoryFullError, MissingTileError
+from triplane.engines.memory.host import LOST_KEPT, HostMemoryEngine
 from triplane.engines.protocols import MemoryEngine
 
 
@@ -45,9 +46,9 @@ def test_stored_tiles_are_read_only_and_not_copied() -> None:
     assert np.shares_memory(got, x) and not got.flags.writeable
     with pytest.raises(ValueError):
         got[0] = 1
-    with pytest.raises(TileNotFoundError, match="no such tile: y"):
+    with pytest.raises(MissingTileError, match="no such tile: y"):
         m.get("y")
-    assert str(TileNotFoundError("no such tile: y")) == "no such tile: y"
+    assert str(MissingTileError("no such tile: y")) == "no such tile: y"
 
 
 def test_reservations_hold_capacity_until_put_or_release() -> None:

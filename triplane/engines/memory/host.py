@@ -1,11 +1,12 @@
 """The host memory engine: tiles as numpy arrays in this process's heap, within a byte capacity.
 
-Contract (``triplane.engines.protocols.MemoryEngine``):
+It implements ``triplane.engines.protocols.MemoryEngine`` (the registry's built-in
+``host``); errors from ``triplane.engines.errors``. In short:
 
 * ``put(key, array)`` stores the array (replacing any tile of that key) and accounts its
   ``nbytes``. If it does not fit, ``MemoryFullError`` is raised and nothing changes --
   the caller answers "memory full" (an infra error: the scheduler drifts the task).
-* ``get(key)`` returns the stored array, read-only (``TileNotFoundError`` if absent).
+* ``get(key)`` returns the stored array, read-only (``MissingTileError`` if absent).
   Stored arrays are never copied on the way out and never written to afterwards, so a
   reader may stream them while other tiles come and go.
 * ``delete(key)`` is idempotent: deleting an absent tile is not an error (the scheduler
@@ -36,22 +37,11 @@ from typing import Any
 
 import numpy as np
 
-from triplane.proto.errors import TriplaneError
+from triplane.engines.errors import MemoryFullError, MissingTileError
 
-__all__ = ["LOST_KEPT", "HostMemoryEngine", "MemoryFullError", "TileNotFoundError"]
+__all__ = ["LOST_KEPT", "HostMemoryEngine"]
 
 LOST_KEPT = 128  # keys of lost cache entries reported (about 6 KiB of upload tile ids)
-
-
-class MemoryFullError(TriplaneError, MemoryError):
-    """A tile does not fit in the engine's remaining capacity."""
-
-
-class TileNotFoundError(TriplaneError, KeyError):
-    """No tile of that id is held here."""
-
-    def __str__(self) -> str:  # KeyError would quote the whole message
-        return str(self.args[0]) if self.args else "no such tile"
 
 
 def _frozen(value: np.ndarray) -> np.ndarray:
@@ -70,6 +60,7 @@ class HostMemoryEngine:
     kind = "host"
 
     def __init__(self, capacity: int, name: str = "host") -> None:
+        """ValueError unless ``capacity`` is a positive int."""
         if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity <= 0:
             raise ValueError(f"capacity must be a positive number of bytes, got {capacity!r}")
         self.name = name
@@ -114,7 +105,7 @@ class HostMemoryEngine:
         with self._lock:
             arr = self._cache.get(key)
             if arr is None:
-                raise TileNotFoundError(f"no such tile: {key}")
+                raise MissingTileError(f"no such tile: {key}")
             self._cache.move_to_end(key)
             return arr
 
