@@ -58,7 +58,7 @@ def _same(ins: Sequence[TensorType], a: Attrs) -> TensorType:
 def unary(name: str, grad: GradRule | None, *, dtypes: frozenset[str] = dt.FLOATS,
           flops: float = 1.0, doc: str = "") -> OpDef:
     return OPS.declare(OpDef(name, "elementwise", 1, _same, dtypes=dtypes, grad=grad,
-                          cost=elementwise_cost(flops), elementwise=True, split=SPLIT, doc=doc))
+                             cost=elementwise_cost(flops), elementwise=True, split=SPLIT, doc=doc))
 
 
 def _broadcast(ins: Sequence[TensorType], out_dtype: dt.DType | None = None) -> TensorType:
@@ -75,7 +75,7 @@ def binary(name: str, grad: GradRule | None, *, dtypes: frozenset[str] = dt.NUME
         return _broadcast(ins, dt.bool_ if predicate else None)
 
     return OPS.declare(OpDef(name, "elementwise", 2, infer, dtypes=dtypes, grad=grad,
-                          cost=elementwise_cost(flops), elementwise=True, split=SPLIT, doc=doc))
+                             cost=elementwise_cost(flops), elementwise=True, split=SPLIT, doc=doc))
 
 
 # --- gradient rules ---------------------------------------------------------------------
@@ -228,8 +228,8 @@ def _infer_where(ins: Sequence[TensorType], a: Attrs) -> TensorType:
 
 
 OPS.declare(OpDef("where", "elementwise", 3, _infer_where, grad=_g_where, nograd_inputs=frozenset({0}),
-               cost=elementwise_cost(1), elementwise=True, split=SPLIT,
-               doc="cond ? x : y elementwise, all three broadcast (numpy.where)"))
+                  cost=elementwise_cost(1), elementwise=True, split=SPLIT,
+                  doc="cond ? x : y elementwise, all three broadcast (numpy.where)"))
 
 
 def _infer_cast(ins: Sequence[TensorType], a: Attrs) -> TensorType:
@@ -249,5 +249,5 @@ def _cast_grad_allowed(b: Builder, n: GradCtx, g: Ref) -> list[Ref | None]:
 
 
 OPS.declare(OpDef("cast", "elementwise", 1, _infer_cast, attrs={"dtype": Attr("dtype")},
-               grad=_cast_grad_allowed, cost=elementwise_cost(0), elementwise=True, split=SPLIT,
-               doc="Convert to another dtype (numpy's astype: floats to ints truncate)."))
+                  grad=_cast_grad_allowed, cost=elementwise_cost(0), elementwise=True, split=SPLIT,
+                  doc="Convert to another dtype (numpy's astype: floats to ints truncate)."))

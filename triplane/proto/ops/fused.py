@@ -104,6 +104,6 @@ def _cost(ins: Sequence[TensorType], out: TensorType, a: Attrs) -> Cost:
 
 
 OPS.declare(OpDef("fused", "fused", None, _infer, attrs={"program": Attr("any")},
-               cost=_cost, internal=True, split=SplitDecl("fused"),
-               doc="A fused chain of elementwise ops, optionally ending in a reduction (see the "
+                  cost=_cost, internal=True, split=SplitDecl("fused"),
+                  doc="A fused chain of elementwise ops, optionally ending in a reduction (see the "
                    "module doc)."))

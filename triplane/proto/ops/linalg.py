@@ -65,5 +65,5 @@ def _g_matmul(b: Builder, n: GradCtx, g: Ref) -> list[Ref | None]:
 
 
 OPS.declare(OpDef("matmul", "linalg", 2, _infer_matmul, dtypes=dt.NUMERIC, grad=_g_matmul,
-               cost=_matmul_cost, split=SplitDecl("matmul", "add"),
-               doc="numpy.matmul: batched, batch dimensions broadcast."))
+                  cost=_matmul_cost, split=SplitDecl("matmul", "add"),
+                  doc="numpy.matmul: batched, batch dimensions broadcast."))

@@ -96,10 +96,11 @@ def _g_log_softmax(b: Builder, n: GradCtx, g: Ref) -> list[Ref | None]:
 _AXIS = {"axis": Attr("int", -1)}
 _ROWS = SplitDecl("softmax")  # along every axis but the normalised one
 OPS.declare(OpDef("softmax", "nn", 1, _infer_softmax, attrs=_AXIS, dtypes=dt.FLOATS, grad=_g_softmax,
-               cost=_cost_per_element(5), split=_ROWS, doc="exp(x) / sum(exp(x)) along axis (max-shifted)."))
+                  cost=_cost_per_element(5), split=_ROWS,
+                  doc="exp(x) / sum(exp(x)) along axis (max-shifted)."))
 OPS.declare(OpDef("log_softmax", "nn", 1, _infer_softmax, attrs=_AXIS, dtypes=dt.FLOATS,
-               grad=_g_log_softmax, cost=_cost_per_element(5), split=_ROWS,
-               doc="x - logsumexp(x) along axis (max-shifted)."))
+                  grad=_g_log_softmax, cost=_cost_per_element(5), split=_ROWS,
+                  doc="x - logsumexp(x) along axis (max-shifted)."))
 
 
 # --- losses --------------------------------------------------------------------------------
@@ -153,8 +154,8 @@ OPS.declare(OpDef(
         "(the shape of logits without axis 1). 'mean' divides by the count of labels "
         "that are not ignore_index. A label outside [0, C) fails the kernel (user error)."))
 OPS.declare(OpDef("cross_entropy_grad", "nn", 3, _infer_ce_grad, attrs=_CE_ATTRS,
-               dtypes=_FLOAT_OR_INDEX, cost=_cost_per_element(6), internal=True,
-               doc="d cross_entropy / d logits, given the incoming gradient (input 2)."))
+                  dtypes=_FLOAT_OR_INDEX, cost=_cost_per_element(6), internal=True,
+                  doc="d cross_entropy / d logits, given the incoming gradient (input 2)."))
 
 
 def _infer_mse(ins: Sequence[TensorType], a: Attrs) -> TensorType:
@@ -174,8 +175,8 @@ def _g_mse(b: Builder, n: GradCtx, g: Ref) -> list[Ref | None]:
 
 
 OPS.declare(OpDef("mse_loss", "nn", 2, _infer_mse, attrs={"reduction": _REDUCTION}, dtypes=dt.FLOATS,
-               grad=_g_mse, cost=_cost_per_element(3), split=SplitDecl("mse_loss", "add"),
-               doc="(x - y)^2 (operands broadcast), reduced by 'mean', 'sum' or 'none'."))
+                  grad=_g_mse, cost=_cost_per_element(3), split=SplitDecl("mse_loss", "add"),
+                  doc="(x - y)^2 (operands broadcast), reduced by 'mean', 'sum' or 'none'."))
 
 
 # --- conv2d ---------------------------------------------------------------------------------
@@ -265,14 +266,15 @@ def _infer_conv_grad_weight(ins: Sequence[TensorType], a: Attrs) -> TensorType:
 
 
 OPS.declare(OpDef("conv2d", "nn", 2, _infer_conv2d, attrs=_CONV_ATTRS, dtypes=dt.FLOATS, grad=_g_conv2d,
-               cost=_conv_cost, split=SplitDecl("conv2d"),
-               doc="2-d cross-correlation, NCHW, weight (O, C/groups, kH, kW); no bias (the SDK adds it)."))
+                  cost=_conv_cost, split=SplitDecl("conv2d"),
+                  doc="2-d cross-correlation, NCHW, weight (O, C/groups, kH, kW); no bias "
+                      "(the SDK adds it)."))
 OPS.declare(OpDef("conv2d_grad_input", "nn", 2, _infer_conv_grad_input,
-               attrs={**_CONV_ATTRS, "input_shape": Attr("shape")}, dtypes=dt.FLOATS,
-               cost=_conv_grad_input_cost, internal=True, doc="d conv2d / d input: inputs (g, weight)."))
+                  attrs={**_CONV_ATTRS, "input_shape": Attr("shape")}, dtypes=dt.FLOATS,
+                  cost=_conv_grad_input_cost, internal=True, doc="d conv2d / d input: inputs (g, weight)."))
 OPS.declare(OpDef("conv2d_grad_weight", "nn", 2, _infer_conv_grad_weight,
-               attrs={**_CONV_ATTRS, "weight_shape": Attr("shape")}, dtypes=dt.FLOATS,
-               cost=_conv_grad_weight_cost, internal=True, doc="d conv2d / d weight: inputs (x, g)."))
+                  attrs={**_CONV_ATTRS, "weight_shape": Attr("shape")}, dtypes=dt.FLOATS,
+                  cost=_conv_grad_weight_cost, internal=True, doc="d conv2d / d weight: inputs (x, g)."))
 
 
 # --- pooling ----------------------------------------------------------------------------------
@@ -329,18 +331,18 @@ def _pool_cost(ins: Sequence[TensorType], out: TensorType, a: Attrs) -> Cost:
 
 
 OPS.declare(OpDef("max_pool2d", "nn", 1, _infer_pool, attrs=_POOL_ATTRS, dtypes=dt.FLOATS,
-               grad=_g_max_pool, cost=_pool_cost, split=SplitDecl("pool"),
-               doc="Max over kH x kW windows, NCHW; padding counts as -inf; stride null = kernel."))
+                  grad=_g_max_pool, cost=_pool_cost, split=SplitDecl("pool"),
+                  doc="Max over kH x kW windows, NCHW; padding counts as -inf; stride null = kernel."))
 OPS.declare(OpDef("avg_pool2d", "nn", 1, _infer_pool, attrs=_POOL_ATTRS, dtypes=dt.FLOATS,
-               grad=_g_avg_pool, cost=_pool_cost, split=SplitDecl("pool"),
-               doc="Mean over kH x kW windows, NCHW; padding counts as zeros in the mean "
+                  grad=_g_avg_pool, cost=_pool_cost, split=SplitDecl("pool"),
+                  doc="Mean over kH x kW windows, NCHW; padding counts as zeros in the mean "
                    "(torch's count_include_pad=True); stride null = kernel."))
 OPS.declare(OpDef("max_pool2d_grad", "nn", 2, _infer_max_pool_grad, attrs=_POOL_ATTRS, dtypes=dt.FLOATS,
-               cost=_pool_cost, internal=True,
-               doc="Inputs (x, g): each window's gradient goes to its max (the first on ties)."))
+                  cost=_pool_cost, internal=True,
+                  doc="Inputs (x, g): each window's gradient goes to its max (the first on ties)."))
 OPS.declare(OpDef("avg_pool2d_grad", "nn", 1, _infer_avg_pool_grad,
-               attrs={**_POOL_ATTRS, "input_shape": Attr("shape")}, dtypes=dt.FLOATS,
-               cost=_pool_cost, internal=True, doc="Input g: spread evenly over each window."))
+                  attrs={**_POOL_ATTRS, "input_shape": Attr("shape")}, dtypes=dt.FLOATS,
+                  cost=_pool_cost, internal=True, doc="Input g: spread evenly over each window."))
 
 
 # --- embedding, one_hot, dropout ---------------------------------------------------------------
@@ -370,13 +372,13 @@ def _infer_embedding_grad(ins: Sequence[TensorType], a: Attrs) -> TensorType:
 
 
 OPS.declare(OpDef("embedding", "nn", 2, _infer_embedding, dtypes=_FLOAT_OR_INDEX, grad=_g_embedding,
-               nograd_inputs=frozenset({1}), cost=_cost_per_element(0), split=SplitDecl("embedding"),
-               doc="Rows of weight (V, D) picked by integer indices of any shape -> (*idx, D). "
+                  nograd_inputs=frozenset({1}), cost=_cost_per_element(0), split=SplitDecl("embedding"),
+                  doc="Rows of weight (V, D) picked by integer indices of any shape -> (*idx, D). "
                    "An index outside [0, V) fails the kernel (user error)."))
 OPS.declare(OpDef("embedding_grad", "nn", 2, _infer_embedding_grad,
-               attrs={"num_embeddings": Attr("int", check=lambda v: None if v >= 1 else "must be >= 1")},
-               dtypes=_FLOAT_OR_INDEX, cost=_cost_per_element(1), internal=True,
-               doc="Inputs (indices, g): scatter-add of g's rows into a (V, D) zero tensor."))
+                  attrs={"num_embeddings": Attr("int", check=lambda v: None if v >= 1 else "must be >= 1")},
+                  dtypes=_FLOAT_OR_INDEX, cost=_cost_per_element(1), internal=True,
+                  doc="Inputs (indices, g): scatter-add of g's rows into a (V, D) zero tensor."))
 
 
 def _infer_one_hot(ins: Sequence[TensorType], a: Attrs) -> TensorType:
@@ -385,7 +387,7 @@ def _infer_one_hot(ins: Sequence[TensorType], a: Attrs) -> TensorType:
 
 
 OPS.declare(OpDef("one_hot", "nn", 1, _infer_one_hot, dtypes=_INDEX_DTYPES,
-               attrs={"num_classes": Attr("int", check=lambda v: None if v >= 1 else "must be >= 1"),
+                  attrs={"num_classes": Attr("int", check=lambda v: None if v >= 1 else "must be >= 1"),
                       "dtype": Attr("dtype", "float32")},
                cost=_cost_per_element(1), split=SplitDecl("one_hot"),
                doc="(*idx, num_classes): 1 at each index, 0 elsewhere. An index outside "
@@ -412,7 +414,7 @@ def _infer_dropout(ins: Sequence[TensorType], a: Attrs) -> TensorType:
 
 
 OPS.declare(OpDef("dropout", "nn", 1, _infer_dropout, dtypes=dt.FLOATS, grad=_g_dropout,
-               attrs={"p": Attr("float", 0.5, check=_dropout_p), "seed": Attr("int", check=_seed_ok),
+                  attrs={"p": Attr("float", 0.5, check=_dropout_p), "seed": Attr("int", check=_seed_ok),
                       "training": Attr("bool", True), **REGION_ATTRS},
                cost=_cost_per_element(2), split=SplitDecl("dropout"),
                doc="In training, element i (row-major) is kept when uniform01(seed, i) >= p and "
@@ -470,9 +472,9 @@ def _g_layer_norm(b: Builder, n: GradCtx, g: Ref) -> list[Ref | None]:
 
 _EPS = Attr("float", 1e-5, check=lambda v: None if v > 0 else "must be > 0")
 OPS.declare(OpDef("layer_norm", "nn", 3, _infer_layer_norm, dtypes=dt.FLOATS, grad=_g_layer_norm,
-               attrs={"normalized_ndim": Attr("int", 1), "eps": _EPS}, cost=_cost_per_element(8),
-               split=SplitDecl("layer_norm"),
-               doc="Inputs (x, weight, bias): normalise over the last normalized_ndim axes "
+                  attrs={"normalized_ndim": Attr("int", 1), "eps": _EPS}, cost=_cost_per_element(8),
+                  split=SplitDecl("layer_norm"),
+                  doc="Inputs (x, weight, bias): normalise over the last normalized_ndim axes "
                    "(biased variance), then * weight + bias."))
 
 

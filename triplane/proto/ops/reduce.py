@@ -107,8 +107,8 @@ def reduction(name: str, grad: GradRule | None, *, dtypes: frozenset[str] = dt.N
         return TensorType(shape, x.dtype)
 
     return OPS.declare(OpDef(name, "reduce", 1, infer, attrs={**REDUCE_ATTRS, **(extra or {})},
-                          dtypes=dtypes, grad=grad, cost=_reduce_cost(flops),
-                          split=SplitDecl("reduce", combine), doc=doc))
+                             dtypes=dtypes, grad=grad, cost=_reduce_cost(flops),
+                             split=SplitDecl("reduce", combine), doc=doc))
 
 
 def keep(b: Builder, r: Ref, x: Ref, a: Attrs) -> Ref:
@@ -205,9 +205,9 @@ def _infer_var(ins: Sequence[TensorType], a: Attrs) -> TensorType:
 
 
 OPS.declare(OpDef("var", "reduce", 1, _infer_var,
-               attrs={**REDUCE_ATTRS, "ddof": Attr("int", 0, check=_check_ddof)},
-               dtypes=dt.FLOATS, grad=_g_var, cost=_reduce_cost(3.0), split=SplitDecl("reduce"),
-               doc="Variance over axes: sum((x - mean)^2) / (N - ddof)."))
+                  attrs={**REDUCE_ATTRS, "ddof": Attr("int", 0, check=_check_ddof)},
+                  dtypes=dt.FLOATS, grad=_g_var, cost=_reduce_cost(3.0), split=SplitDecl("reduce"),
+                  doc="Variance over axes: sum((x - mean)^2) / (N - ddof)."))
 
 
 # --- index reductions ----------------------------------------------------------------------
@@ -234,5 +234,5 @@ def _infer_arg(name: str) -> InferFn:
 
 for _name in ("argmax", "argmin"):
     OPS.declare(OpDef(_name, "reduce", 1, _infer_arg(_name), attrs=ARG_ATTRS, dtypes=dt.EVERY,
-                   grad=None, cost=_reduce_cost(1.0), split=SplitDecl("argreduce"),
-                   doc=f"int64 index of the first {_name[3:]}imum along axis (flattened when null)."))
+                      grad=None, cost=_reduce_cost(1.0), split=SplitDecl("argreduce"),
+                      doc=f"int64 index of the first {_name[3:]}imum along axis (flattened when null)."))
