@@ -106,6 +106,7 @@ def _check_node(node: Node, types: dict[str, TensorType], limits: Limits) -> Nod
 # Control characters (C0, DEL, C1), '/' (a fetched name is one URL path segment) and lone
 # surrogates (UTF-8 cannot carry them: the response naming them could not be written).
 _BAD_ID_CHAR = re.compile("[\x00-\x1f\x7f-\x9f/\ud800-\udfff]")
+_BAD_TEXT_CHAR = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
 
 
 def shown(text: str, limit: int = 80) -> str:
@@ -125,8 +126,8 @@ def check_id(value: Any, what: str = "node id") -> str:
     if not value:
         raise GraphError(f"{what} is empty")
     if len(value) > MAX_ID_LENGTH:
-        raise LimitError(f"{what} is {len(value)} characters long, more than the limit of "
-                         f"{MAX_ID_LENGTH}", node=shown(value, 40))
+        raise _named(LimitError(f"{what} '{shown(value, 40)}' is {len(value)} characters long, more "
+                                f"than the limit of {MAX_ID_LENGTH}"), shown(value, 40))
     bad = _BAD_ID_CHAR.search(value)
     if bad is not None or value in (".", ".."):
         c = bad.group() if bad is not None else value
@@ -134,9 +135,15 @@ def check_id(value: Any, what: str = "node id") -> str:
                else f"a lone surrogate (U+{ord(c):04X})" if "\ud800" <= c <= "\udfff"
                else f"a control character (U+{ord(c):04X})" if len(c) == 1
                else "a path step ('.' or '..')")
-        raise GraphError(f"{what} holds {why}, which an id may not: results are fetched by "
-                         "id, as one URL path segment", node=shown(value))
+        raise _named(GraphError(f"{what} '{shown(value)}' holds {why}, which an id may not: results "
+                                "are fetched by id, as one URL path segment"), shown(value))
     return value
+
+
+def _named(e: GraphError, node: str) -> GraphError:
+    # The node field of the error body, without repeating the (escaped) id in the message.
+    e.node = node
+    return e
 
 
 def check_submission(graph_doc: Any, fetch: Any) -> None:
@@ -148,9 +155,12 @@ def check_submission(graph_doc: Any, fetch: Any) -> None:
         if isinstance(nodes, Mapping):
             for nid, nd in nodes.items():
                 check_id(nid)
+                op = nd.get("op") if isinstance(nd, Mapping) else None
+                if isinstance(op, str) and _BAD_TEXT_CHAR.search(op):
+                    raise GraphError(f"op name '{shown(op)}' holds a control character or a lone "
+                                     "surrogate", node=nid, op=shown(op))
                 shape = nd.get("shape") if isinstance(nd, Mapping) else None
                 if isinstance(shape, (list, tuple)) and len(shape) > MAX_RANK:
-                    op = nd.get("op")
                     raise LimitError(f"shape has {len(shape)} dimensions, more than the limit of "
                                      f"{MAX_RANK}", node=nid, op=op if isinstance(op, str) else None)
         outputs = graph_doc.get("outputs")

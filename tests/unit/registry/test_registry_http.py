@@ -321,8 +321,9 @@ def test_node_credential_is_derived_one_way_from_the_secret() -> None:
     import hashlib
     import hmac
 
-    cred = node_credential(b"cluster-secret-0123456789")
-    assert cred == hmac.new(b"cluster-secret-0123456789", b"triplane-node-credential", hashlib.sha256).hexdigest()
+    secret = b"cluster-secret-0123456789"
+    cred = node_credential(secret)
+    assert cred == hmac.new(secret, b"triplane-node-credential", hashlib.sha256).hexdigest()
     assert len(cred) == 64 and cred == node_credential("cluster-secret-0123456789")
     with pytest.raises(ValueError):
         node_credential(b"")

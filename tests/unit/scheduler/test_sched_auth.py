@@ -58,8 +58,8 @@ class Cluster:
 
     def upload(self, who: str = "submit") -> str:
         arr = np.ones((2, 2), np.float32)
-        r = self.client.post("/v1/tensors", content=arr.tobytes(),
-                             headers={**self.headers(who), "X-Triplane-Shape": "2,2", "X-Triplane-Dtype": "float32"})
+        headers = {**self.headers(who), "X-Triplane-Shape": "2,2", "X-Triplane-Dtype": "float32"}
+        r = self.client.post("/v1/tensors", content=arr.tobytes(), headers=headers)
         assert r.status_code == 201, r.text
         return r.json()["id"]
 
