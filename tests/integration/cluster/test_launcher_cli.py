@@ -4,6 +4,7 @@ refused while the first cluster lives; ``down`` is idempotent and leaves no proc
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -19,6 +20,7 @@ import pytest
 import triplane as tp
 from triplane.launcher import down as stop_cluster
 from triplane.launcher.procs import alive
+from triplane.registry.http import HttpBackend, RegistryAuthError
 from triplane.sdk.remote import RemoteSession
 from triplane.sdk.session import set_default_session, use_session
 
@@ -97,6 +99,17 @@ def test_up_status_connect_down_round_trip(home: Path) -> None:
         (x * 2).numpy()
     listed = httpx.get(f"{info['url']}/v1/jobs", headers={"Authorization": f"Bearer {alice}"}).json()
     assert [j["id"] for j in listed] == [alices_job]
+
+    # Issue 11's poisoning attempt on a real cluster: the admin token cannot re-point
+    # scheduler/data (where executors pull uploads from) at a fake server; jobs stay right.
+    async def poison() -> None:
+        async with HttpBackend(info["url"], token) as reg:
+            await reg.put("scheduler/data", b'{"address": "127.0.0.1", "data_port": 9}')
+    with pytest.raises(RegistryAuthError, match="403"):
+        asyncio.run(poison())
+    with RemoteSession(info["url"], token) as admin, use_session(admin):
+        y = tp.Tensor.from_array(np.array([0, 1, 2, 3], dtype=np.float32))
+        np.testing.assert_array_equal((y + 1).numpy(), [1, 2, 3, 4])
 
     st = _cli(home, "status", "--json")
     assert st.returncode == 0, st.stderr

@@ -120,12 +120,3 @@ class Authenticator:
             return p
 
         return dependency
-
-
-def require_token(token: bytes) -> Callable[[Request], Awaitable[None]]:
-    """A dependency checking the request's bearer token against ``token`` alone."""
-
-    async def dependency(request: Request) -> None:
-        check_bearer(request.headers.get("authorization"), token)
-
-    return dependency
