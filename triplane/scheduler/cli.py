@@ -80,7 +80,7 @@ async def _serve(
     from triplane.scheduler.service import Scheduler
 
     try:
-        backend = connect_registry(registry)
+        backend = connect_registry(registry, secret=secret)  # http://: the node credential
     except ValueError as e:
         raise _Usage(str(e)) from None
     database = await asyncio.to_thread(mdb.open_db, db, run_dir=run_dir)

@@ -214,6 +214,9 @@ def test_tokens_file_holds_hashes_only_and_is_private(tmp_path: Path) -> None:
         add_token(path, "carol", "root")
     with pytest.raises(ValueError, match="bad token name"):
         add_token(path, "a/b", "read")
+    for reserved in ("admin", "node"):  # would share the owner name of the admin token / nodes
+        with pytest.raises(ValueError, match="reserved"):
+            add_token(path, reserved, "submit")
 
 
 def test_registry_poisoning_with_a_client_token_is_refused(cluster: Cluster) -> None:

@@ -59,10 +59,18 @@ def hash_token(token: str | bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+# The admin token of the run directory is principal "admin" and the node credential
+# "node": a listed token of either name would own (and so see) their jobs.
+RESERVED_NAMES = frozenset({"admin", "node"})
+
+
 def check_name(name: object) -> str:
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise ValueError(f"bad token name {name!r}: 1 to 64 letters, digits, '.', '_' or '-', "
                          "starting with a letter or digit")
+    if name in RESERVED_NAMES:
+        raise ValueError(f"the token name {name!r} is reserved (the run directory's admin token "
+                         "and the node credential go by 'admin' and 'node')")
     return name
 
 
