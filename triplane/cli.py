@@ -5,6 +5,8 @@
     triplane up [--executors N] ...       start a local cluster in the background (docs/cluster.md)
     triplane status [--json]              its nodes and recent jobs
     triplane down                         stop it
+    triplane tokens add NAME --role R     a client token (admin, submit or read; docs/security.md)
+    triplane tokens list / remove NAME    the tokens of the run directory
     triplane scheduler / executor ...     run one scheduler / executor process (docs/runtime.md)
     triplane ops                          the op table: name, group, gradient, dtypes
     triplane version                      the installed version
@@ -128,8 +130,12 @@ def up(executors: int = typer.Option(2, min=0, max=64, help="executor processes 
        port: int = typer.Option(0, min=0, max=65535, help="scheduler HTTP port (0: a free one)"),
        home: Path | None = HomeOption,
        timeout: float = typer.Option(60.0, min=1.0, help="seconds to wait for the cluster to be ready"),
+       show_token: bool = typer.Option(False, "--show-token", help="print the admin token"),
        ) -> None:
-    """Start a local cluster (scheduler + N executors) in the background; print URL and token."""
+    """Start a local cluster (scheduler + N executors) in the background; print its URL.
+
+    The admin token is written to the run directory's ``token`` file (where tp.connect()
+    finds it); it is printed only with --show-token."""
     from triplane.launcher import ClusterConfig, LaunchError
     from triplane.launcher import up as launch
 
@@ -142,7 +148,10 @@ def up(executors: int = typer.Option(2, min=0, max=64, help="executor processes 
         raise typer.Exit(1) from None
     console.print(f"triplane cluster up: [bold]{info['url']}[/bold] ({len(info['executors'])} executors, "
                   f"registry {info['registry']})")
-    console.print(f"token:   {info['token']}")
+    if show_token:
+        console.print(f"token:   {info['token']}")
+    else:
+        console.print(f"token:   in {info['token_file']} (--show-token prints it)")
     console.print(f"run dir: {info['home']} (logs in {info['home']}/logs)")
     console.print("connect: tp.connect()  (or TRIPLANE_URL / TRIPLANE_TOKEN);  stop: triplane down")
 
@@ -200,6 +209,62 @@ def down(home: Path | None = HomeOption,
         console.print("no cluster was running")
     else:
         console.print(f"stopped the cluster at {info['url']}")
+
+
+tokens_app = typer.Typer(add_completion=False, no_args_is_help=True,
+                         help="Client tokens of the local cluster (admin, submit, read).")
+app.add_typer(tokens_app, name="tokens")
+
+
+@tokens_app.command("add")
+def tokens_add(name: str = typer.Argument(..., help="the token's name: the owner of the jobs it submits"),
+               role: str = typer.Option(..., help="admin, submit or read"),
+               home: Path | None = HomeOption) -> None:
+    """Make a token with ROLE and print it (once: only its hash is kept, in tokens.json).
+
+    A running scheduler of the run directory accepts it at once."""
+    from triplane.launcher.rundir import RunDir
+    from triplane.scheduler.api.tokens import add_token
+
+    run = RunDir(home)
+    try:
+        with run.locked():
+            token = add_token(run.tokens_file, name, role)
+    except ValueError as e:
+        console.print(f"[red]triplane tokens add:[/red] {e}")
+        raise typer.Exit(2) from None
+    typer.echo(token)
+
+
+@tokens_app.command("list")
+def tokens_list(home: Path | None = HomeOption) -> None:
+    """Name and role of each token in tokens.json (the admin token of `up` is the `token` file)."""
+    from triplane.launcher.rundir import RunDir
+    from triplane.scheduler.api.tokens import read_tokens
+
+    try:
+        entries = read_tokens(RunDir(home).tokens_file)
+    except ValueError as e:
+        console.print(f"[red]triplane tokens list:[/red] {e}")
+        raise typer.Exit(1) from None
+    for e in entries:
+        typer.echo(f"{e.name}\t{e.role}")
+
+
+@tokens_app.command("remove")
+def tokens_remove(name: str = typer.Argument(..., help="the token's name"),
+                  home: Path | None = HomeOption) -> None:
+    """Remove a token; a running scheduler refuses it from its next request."""
+    from triplane.launcher.rundir import RunDir
+    from triplane.scheduler.api.tokens import remove_token
+
+    run = RunDir(home)
+    with run.locked():
+        removed = remove_token(run.tokens_file, name)
+    if not removed:
+        console.print(f"no token named {name!r}")
+        raise typer.Exit(1)
+    console.print(f"removed token {name!r}")
 
 
 def _mount_process_commands() -> None:

@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import logging
-import os
 import signal
 import sys
 from pathlib import Path
@@ -22,7 +20,7 @@ from typing import Annotated
 
 import typer
 
-from triplane.executor.config import load_secret, load_token, parse_size
+from triplane.executor.config import load_secret, parse_size
 from triplane.process import event_loop_runner, prepare_process
 
 __all__ = ["executor_command", "main"]
@@ -36,23 +34,14 @@ class _Usage(Exception):
     pass
 
 
-def _connect(url: str, token: str | None):
-    from triplane.registry import connect_registry
-
-    if token is not None and url.startswith(("http://", "https://")):
-        if "token" in inspect.signature(connect_registry).parameters:
-            return connect_registry(url, token=token)  # type: ignore[call-arg]
-        os.environ["TRIPLANE_TOKEN"] = token  # the served registry's client reads it
-    return connect_registry(url)
-
-
 async def _serve(registry: str, engines: list[str], memory_bytes: int, memory_engine: str, host: str,
-                 name: str | None, secret: bytes, token: str | None, drop_udp: float, fault_seed: int) -> int:
+                 name: str | None, secret: bytes, drop_udp: float, fault_seed: int) -> int:
     from triplane.executor.daemon import Executor
-    from triplane.registry import RegistryUnavailable
+    from triplane.registry import RegistryUnavailable, connect_registry
 
     try:
-        backend = _connect(registry, token)
+        # A registry served over http:// takes the node credential, derived from the secret.
+        backend = connect_registry(registry, secret=secret)
     except ValueError as e:
         raise _Usage(str(e)) from None
     stop = asyncio.Event()
@@ -87,15 +76,13 @@ def executor_command(
     host: Annotated[str, typer.Option(help="address to listen on and publish")] = "127.0.0.1",
     name: Annotated[str | None, typer.Option(help="node id (default: <host>-<pid>)")] = None,
     secret_file: Annotated[Path | None, typer.Option(help="cluster secret; else $TRIPLANE_SECRET")] = None,
-    token_file: Annotated[Path | None, typer.Option(help="API token for an http:// registry")] = None,
     drop_udp: Annotated[float, typer.Option(help="drop each datagram with this probability")] = 0.0,
     fault_seed: Annotated[int, typer.Option(help="seed of the fault injection")] = 0,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error")] = "info",
 ) -> None:
     """Run an executor: register with REGISTRY, serve task packets and tiles until stopped."""
     code = run_executor(registry, engines=engines, memory=memory, memory_engine=memory_engine, host=host,
-                        name=name,
-                        secret_file=secret_file, token_file=token_file, drop_udp=drop_udp,
+                        name=name, secret_file=secret_file, drop_udp=drop_udp,
                         fault_seed=fault_seed, log_level=log_level)
     if code:
         raise SystemExit(code)
@@ -103,8 +90,7 @@ def executor_command(
 
 def run_executor(registry: str, *, engines: str = "numpy", memory: str = "8GiB", memory_engine: str = "host",
                  host: str = "127.0.0.1", name: str | None = None, secret_file: Path | None = None,
-                 token_file: Path | None = None, drop_udp: float = 0.0, fault_seed: int = 0,
-                 log_level: str = "info") -> int:
+                 drop_udp: float = 0.0, fault_seed: int = 0, log_level: str = "info") -> int:
     """``executor_command`` returning its exit status instead of raising ``SystemExit``."""
     try:
         if log_level.lower() not in _LEVELS:
@@ -113,7 +99,6 @@ def run_executor(registry: str, *, engines: str = "numpy", memory: str = "8GiB",
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         memory_bytes = parse_size(memory)
         secret = load_secret(secret_file)
-        token = load_token(token_file)
         if not 0.0 <= drop_udp < 1.0:
             raise _Usage(f"--drop-udp must be a probability in [0, 1), got {drop_udp}")
         engine_names = [e.strip() for e in engines.split(",") if e.strip()]
@@ -135,7 +120,7 @@ def run_executor(registry: str, *, engines: str = "numpy", memory: str = "8GiB",
     runner = event_loop_runner()
     try:
         return runner(_serve(registry, engine_names, memory_bytes, memory_engine, host, name, secret,
-                             token, drop_udp, fault_seed))
+                             drop_udp, fault_seed))
     except _Usage as e:
         print(f"triplane executor: {e}", file=sys.stderr)
         return 2

@@ -1,4 +1,5 @@
-"""Executor settings from the command line: memory sizes, the cluster secret, the API token.
+"""Executor settings from the command line: memory sizes and the cluster secret (from which
+the node credential for a served registry is derived: executors hold no client token).
 
 Every parse error is a ``ValueError`` whose message says what was given and what is
 accepted, so the CLI can print it as is.
@@ -10,7 +11,7 @@ import os
 import re
 from pathlib import Path
 
-__all__ = ["MIN_SECRET_BYTES", "format_size", "load_secret", "load_token", "parse_size"]
+__all__ = ["MIN_SECRET_BYTES", "format_size", "load_secret", "parse_size"]
 
 MIN_SECRET_BYTES = 16
 
@@ -77,12 +78,3 @@ def load_secret(secret_file: Path | None = None, env: dict[str, str] | None = No
         raise ValueError(f"the cluster secret from {source} is {len(secret)} bytes; "
                          f"at least {MIN_SECRET_BYTES} are needed")
     return secret
-
-
-def load_token(token_file: Path | None = None, env: dict[str, str] | None = None) -> str | None:
-    """The API token (for an ``http://`` registry served by the scheduler): ``token_file``'s
-    contents, else ``$TRIPLANE_TOKEN``, else None."""
-    env = os.environ if env is None else env
-    if token_file is not None:
-        return _read_file(token_file, "token").decode("utf-8", "replace")
-    return env.get("TRIPLANE_TOKEN") or None

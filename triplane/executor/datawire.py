@@ -24,6 +24,7 @@ import numpy as np
 
 from triplane.proto import dtypes as dt
 from triplane.proto.errors import TriplaneError
+from triplane.proto.limits import MAX_RANK
 from triplane.proto.packet import PacketError, canonical, sign
 
 __all__ = [
@@ -34,7 +35,7 @@ __all__ = [
 MAX_HEADER_BYTES = 64 * 1024
 FRESHNESS_S = 30.0
 HEADER = struct.Struct(">I")
-MAX_NDIM = 32
+MAX_NDIM = MAX_RANK  # one limit for the whole system (triplane.proto.limits)
 MAX_DELETE_TILES = 4096
 
 Op = Literal["get", "put", "delete", "stat"]

@@ -10,7 +10,8 @@ them running; ``down`` stops them from the pids in ``cluster.json``).
 Registry choices (``etcd``):
 
 * ``None`` (default): the scheduler owns an in-memory registry (``memory://``) and serves
-  it; executors reach it as ``http://<scheduler>`` with the API token.
+  it; executors reach it as ``http://<scheduler>`` with the node credential (derived from
+  the cluster secret; client tokens cannot use the registry).
 * ``"embedded"``: a private etcd in the run directory, managed (and stopped) with the rest.
 * ``"etcd://host:port"``: an existing etcd, not managed.
 """
@@ -118,6 +119,7 @@ class LocalCluster:
                 self._start_all()
                 info = self.info()
                 self.run.write_cluster(info)
+                self.run.secure()  # what the processes (and a managed etcd) created meanwhile
             except BaseException:
                 self.stop()
                 raise
@@ -151,6 +153,7 @@ class LocalCluster:
         return triplane_argv("scheduler", "--registry", self.registry, "--db", self.db,
                              "--host", cfg.host, "--port", str(port), "--run-dir", str(self.run.path),
                              "--token-file", str(self.run.token_file),
+                             "--tokens-file", str(self.run.tokens_file),
                              "--secret-file", str(self.run.secret_file),
                              "--ready-file", str(self.ready_file),
                              "--log-level", cfg.log_level, *cfg.scheduler_args)
@@ -174,7 +177,6 @@ class LocalCluster:
         argv = triplane_argv("executor", "--registry", self.executor_registry, "--engines", cfg.engines,
                              "--memory", cfg.memory, "--host", cfg.host, "--name", name,
                              "--secret-file", str(self.run.secret_file),
-                             "--token-file", str(self.run.token_file),
                              "--log-level", cfg.log_level, *cfg.executor_args, *(extra_args or []))
         proc = _Proc(name, argv, self.run.log(name))
         proc.popen = spawn(argv, proc.log, {**self.env, **self._blas_env()})
@@ -306,7 +308,8 @@ class LocalCluster:
         return {
             "url": self.url, "registry": self.registry, "executor_registry": self.executor_registry,
             "db": self.db, "version": __version__, "started": time.time(), "home": str(self.run.path),
-            "token_file": str(self.run.token_file), "secret_file": str(self.run.secret_file),
+            "token_file": str(self.run.token_file), "tokens_file": str(self.run.tokens_file),
+            "secret_file": str(self.run.secret_file),
             "scheduler": _proc_info(self.scheduler) if self.scheduler else None,
             "executors": [_proc_info(p) for p in self.executors if p.running()],
             "etcd": ({"pid": self.etcd.proc.pid if self.etcd.proc else 0, "url": self.etcd.url,

@@ -29,15 +29,22 @@ def triplane_argv(*args: str) -> list[str]:
     return [sys.executable, "-m", "triplane", *args]
 
 
+PRIVATE_UMASK = 0o077  # what a cluster's processes create is their user's alone (0600 / 0700)
+
+
 def spawn(argv: Sequence[str], log_path: Path,
           env: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]:
-    """Start ``argv`` detached, appending its output to ``log_path``."""
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "ab") as log:
+    """Start ``argv`` detached, appending its output to ``log_path`` (created 0600). The
+    process runs with umask 077, so the files it makes (tensors, the metadb) are private."""
+    log_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    with os.fdopen(fd, "ab") as log:
+        os.fchmod(fd, 0o600)
         log.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(argv)}\n".encode())
         log.flush()
         return subprocess.Popen(list(argv), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, env=dict(env) if env is not None else None)
+                                start_new_session=True, env=dict(env) if env is not None else None,
+                                umask=PRIVATE_UMASK)
 
 
 def alive(pid: int) -> bool:

@@ -3,7 +3,8 @@
 Layout (docs/cluster.md)::
 
     cluster.json     what ``triplane up`` started: url, registry, db, pids, ports, logs
-    token            the REST API bearer token (mode 0600)
+    token            the admin bearer token of the REST API, fresh for each ``up``
+    tokens.json      more client tokens (admin, submit, read): names, roles, SHA-256 hashes
     secret           the cluster secret that signs packets and data-port requests (0600)
     logs/            one log file per process: scheduler.log, executor-<i>.log, etcd.log
     tensors/         uploaded tensors, kept by the scheduler as .npy (no pickle)
@@ -13,6 +14,10 @@ Layout (docs/cluster.md)::
 ``cluster.json`` is written atomically (temp file + rename) and only after every process
 is ready, so a reader sees either no cluster or a complete record. Readers treat a
 malformed file as "no cluster" and say so instead of crashing.
+
+Everything in the directory is its user's alone: ``secure()`` makes the directory and
+everything under it 0700 (directories) / 0600 (files), whether it existed before or not,
+and the processes ``up`` starts run with umask 077, so what they create later is too.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import fcntl
 import json
 import os
 import secrets
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -50,6 +56,10 @@ class RunDir:
         return self.path / "token"
 
     @property
+    def tokens_file(self) -> Path:
+        return self.path / "tokens.json"
+
+    @property
     def secret_file(self) -> Path:
         return self.path / "secret"
 
@@ -69,16 +79,29 @@ class RunDir:
         return self.logs / f"{name}.log"
 
     def create(self) -> None:
-        """Make the directory tree (the run dir itself private to this user)."""
+        """Make the directory tree and make all of it private to this user (``secure``)."""
         self.path.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self.logs.mkdir(exist_ok=True)
-        self.tensors.mkdir(exist_ok=True)
+        self.logs.mkdir(exist_ok=True, mode=0o700)
+        self.tensors.mkdir(exist_ok=True, mode=0o700)
+        self.secure()
+
+    def secure(self) -> None:
+        """chmod the run directory and everything under it to 0700 (directories) and 0600
+        (files): a directory that existed before (mode 0755, world-readable uploads, logs
+        and metadb) is closed too. Symlinks are left alone (never followed)."""
+        _private(self.path, 0o700)
+        for root, dirs, files in os.walk(self.path):
+            for name in dirs:
+                _private(Path(root) / name, 0o700)
+            for name in files:
+                _private(Path(root) / name, 0o600)
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
         """Hold the run dir's lock (blocks while another ``up``/``down`` holds it)."""
         self.path.mkdir(parents=True, exist_ok=True, mode=0o700)
-        with open(self.path / "up.lock", "a") as f:
+        fd = os.open(self.path / "up.lock", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        with os.fdopen(fd, "a") as f:
             fcntl.flock(f.fileno(), fcntl.LOCK_EX)
             try:
                 yield
@@ -118,6 +141,17 @@ class RunDir:
     def clear_cluster(self) -> None:
         with contextlib.suppress(FileNotFoundError):
             self.cluster_file.unlink()
+
+
+def _private(path: Path, mode: int) -> None:
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if stat.S_ISLNK(st.st_mode) or stat.S_IMODE(st.st_mode) == mode:
+        return
+    with contextlib.suppress(FileNotFoundError):
+        os.chmod(path, mode)
 
 
 def _write_private(path: Path, text: str) -> None:

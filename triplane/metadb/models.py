@@ -79,7 +79,8 @@ class Job(Base):
     """One submission: a graph, what to fetch, its state and progress counters."""
 
     __tablename__ = "jobs"
-    __table_args__ = (Index(None, "state", "created_at"), Index(None, "created_at"))
+    __table_args__ = (Index(None, "state", "created_at"), Index(None, "created_at"),
+                      Index(None, "owner", "created_at"))
 
     id: Mapped[str] = mapped_column(String(ID), primary_key=True)
     state: Mapped[str] = mapped_column(String(32))
@@ -87,7 +88,7 @@ class Job(Base):
     plan_id: Mapped[str | None] = mapped_column(ForeignKey("plans.id"))
     fetch: Mapped[list[str]] = mapped_column(JSON)
     error: Mapped[str | None] = mapped_column(Text)
-    owner: Mapped[str | None] = mapped_column(String(ID))
+    owner: Mapped[str | None] = mapped_column(String(ID))  # the submitting token's name
     tasks_total: Mapped[int] = mapped_column(Integer, default=0)
     tasks_done: Mapped[int] = mapped_column(Integer, default=0)
     tasks_failed: Mapped[int] = mapped_column(Integer, default=0)

@@ -11,6 +11,7 @@ import math
 from typing import Any, Literal, get_args
 
 from triplane.metadb.errors import InvalidInputError, PayloadTooLargeError
+from triplane.proto.limits import MAX_ID_LENGTH, MAX_RANK
 
 JobState = Literal["submitted", "compiling", "running", "done", "failed", "cancelled"]
 TaskState = Literal["pending", "ready", "dispatched", "running", "done", "failed", "cancelled"]
@@ -24,12 +25,12 @@ ERROR_KINDS: tuple[str, ...] = get_args(ErrorKind)
 TERMINAL_JOB_STATES = frozenset({"done", "failed", "cancelled"})
 TERMINAL_TASK_STATES = frozenset({"done", "failed", "cancelled"})
 
-MAX_ID = 128                       # ids and names (job, task, node, engine, tensor, op)
+MAX_ID = MAX_ID_LENGTH             # ids and names (job, task, node, engine, tensor, op)
 MAX_GRAPH_BYTES = 32 * 1024 * 1024  # canonical graph JSON
 MAX_PLAN_BYTES = 64 * 1024 * 1024   # a plan encoded as JSON
 MAX_PAYLOAD_BYTES = 64 * 1024       # an event payload encoded as JSON
 MAX_FETCH = 10_000                  # names in a job's fetch list
-MAX_TILE_RANK = 16
+MAX_TILE_RANK = MAX_RANK
 MAX_ERROR_CHARS = 8192              # longer error messages are truncated, not rejected
 
 

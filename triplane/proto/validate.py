@@ -1,19 +1,31 @@
-"""The one place a graph is checked against the op table.
+"""The one place a graph is checked: against the op table, and at the front door.
 
 ``validate`` never trusts the declared shapes and dtypes: it re-infers every node from
 its inputs and rejects the graph at the first node that disagrees, naming the node, the
-op and what is wrong.
+op and what is wrong. No tensor may have more than ``MAX_RANK`` dimensions.
+
+``check_submission`` checks what a client submits before anything else reads it: node
+ids and fetched names must be names a result can be fetched by (``check_id``), declared
+shapes within ``MAX_RANK``; ``loads_json`` parses a request body refusing duplicate keys
+and NaN/Infinity. Each raises a ``GraphError`` naming the node or field, with the
+offending text escaped (a lone surrogate or a control character never reaches a log or a
+response as such).
 """
 
 from __future__ import annotations
 
+import json
 import math
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from triplane.proto import dtypes as dt
 from triplane.proto import optable
 from triplane.proto.errors import DTypeError, GraphError, LimitError, ShapeError
 from triplane.proto.ir import Graph, Node, TensorType
+from triplane.proto.limits import MAX_ID_LENGTH, MAX_RANK
 
 
 @dataclass(frozen=True)
@@ -61,6 +73,9 @@ def validate(graph: Graph, limits: Limits = DEFAULT_LIMITS) -> Graph:
 
 def _check_node(node: Node, types: dict[str, TensorType], limits: Limits) -> Node:
     opdef = optable.get(node.op)
+    if len(node.shape) > MAX_RANK:
+        raise LimitError(f"shape {list(node.shape)} has {len(node.shape)} dimensions, more than "
+                         f"the limit of {MAX_RANK}")
     if len(node.inputs) > limits.max_inputs:
         raise LimitError(f"{len(node.inputs)} inputs, more than the limit of {limits.max_inputs}")
     attrs = opdef.normalise_attrs(node.attrs)
@@ -71,6 +86,8 @@ def _check_node(node: Node, types: dict[str, TensorType], limits: Limits) -> Nod
             raise LimitError(f"inline constant of {declared} bytes, more than the limit of "
                              f"{limits.max_constant_bytes} (upload it as a tensor instead)")
     inferred = opdef.check([types[i] for i in node.inputs], attrs)
+    if inferred.ndim > MAX_RANK:
+        raise LimitError(f"the op gives {inferred.ndim} dimensions, more than the limit of {MAX_RANK}")
     if inferred.size > limits.max_elements:
         raise LimitError(f"tensor of shape {inferred.shape} has {inferred.size} elements, more than "
                          f"the limit of {limits.max_elements}")
@@ -82,3 +99,107 @@ def _check_node(node: Node, types: dict[str, TensorType], limits: Limits) -> Nod
     if node.dtype != inferred.dtype.name:
         raise DTypeError(f"declared dtype {node.dtype} but the op gives {inferred.dtype.name}")
     return node if attrs == node.attrs else node.replace(attrs=attrs)
+
+
+# --- the front door: what a client submits ---------------------------------------------------
+
+# Control characters (C0, DEL, C1), '/' (a fetched name is one URL path segment) and lone
+# surrogates (UTF-8 cannot carry them: the response naming them could not be written).
+_BAD_ID_CHAR = re.compile("[\x00-\x1f\x7f-\x9f/\ud800-\udfff]")
+_BAD_TEXT_CHAR = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+
+
+def shown(text: str, limit: int = 80) -> str:
+    """``text`` safe to put in a message or a JSON response: non-ASCII and control
+    characters escaped, cut at ``limit`` characters."""
+    return ascii(text[:limit])[1:-1] + ("..." if len(text) > limit else "")
+
+
+def check_id(value: Any, what: str = "node id") -> str:
+    """``value`` if it can name a node and be fetched back by that name
+    (``GET /v1/jobs/{id}/tensors/{name}``): a non-empty string of at most
+    ``MAX_ID_LENGTH`` characters, no ``/``, no control character (NUL included), no lone
+    surrogate, not ``.`` or ``..``. GraphError (LimitError for the length) otherwise,
+    naming ``what`` and the escaped value."""
+    if not isinstance(value, str):
+        raise GraphError(f"{what} must be a string, got {type(value).__name__}")
+    if not value:
+        raise GraphError(f"{what} is empty")
+    if len(value) > MAX_ID_LENGTH:
+        raise _named(LimitError(f"{what} '{shown(value, 40)}' is {len(value)} characters long, more "
+                                f"than the limit of {MAX_ID_LENGTH}"), shown(value, 40))
+    bad = _BAD_ID_CHAR.search(value)
+    if bad is not None or value in (".", ".."):
+        c = bad.group() if bad is not None else value
+        why = ("'/'" if c == "/"
+               else f"a lone surrogate (U+{ord(c):04X})" if "\ud800" <= c <= "\udfff"
+               else f"a control character (U+{ord(c):04X})" if len(c) == 1
+               else "a path step ('.' or '..')")
+        raise _named(GraphError(f"{what} '{shown(value)}' holds {why}, which an id may not: results "
+                                "are fetched by id, as one URL path segment"), shown(value))
+    return value
+
+
+def _named(e: GraphError, node: str) -> GraphError:
+    # The node field of the error body, without repeating the (escaped) id in the message.
+    e.node = node
+    return e
+
+
+def check_submission(graph_doc: Any, fetch: Any) -> None:
+    """Check the ids and declared ranks of a graph document as submitted, and the fetched
+    names, before the document is parsed into a :class:`Graph` (which checks the rest).
+    Anything that is not even shaped like a graph document is left to ``Graph.from_dict``."""
+    if isinstance(graph_doc, Mapping):
+        nodes = graph_doc.get("nodes")
+        if isinstance(nodes, Mapping):
+            _check_ids(nodes, "node id")
+            ops: dict[str, str] = {}
+            for nid, nd in nodes.items():
+                if not isinstance(nd, Mapping):
+                    continue
+                op = nd.get("op")
+                if isinstance(op, str):
+                    ops.setdefault(op, nid)
+                shape = nd.get("shape")
+                if isinstance(shape, (list, tuple)) and len(shape) > MAX_RANK:
+                    raise LimitError(f"shape has {len(shape)} dimensions, more than the limit of "
+                                     f"{MAX_RANK}", node=nid, op=op if isinstance(op, str) else None)
+            for op, nid in ops.items():
+                if _BAD_TEXT_CHAR.search(op):
+                    raise GraphError(f"op name '{shown(op)}' holds a control character or a lone "
+                                     "surrogate", node=nid, op=shown(op))
+        outputs = graph_doc.get("outputs")
+        if isinstance(outputs, (list, tuple)):
+            _check_ids(outputs, "outputs[{i}]")
+    if isinstance(fetch, (list, tuple)):
+        _check_ids(fetch, "fetch[{i}]")
+
+
+def _check_ids(ids: Any, what: str) -> None:
+    # One regex pass over all the ids at once (a graph may hold 10^6); the slow path, id
+    # by id, only finds and names the culprit.
+    plain = all(type(i) is str and 0 < len(i) <= MAX_ID_LENGTH and i not in (".", "..") for i in ids)
+    if plain and _BAD_ID_CHAR.search("".join(ids)) is None:
+        return
+    for i, value in enumerate(ids):
+        check_id(value, what.format(i=i))
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    d = dict(pairs)
+    if len(d) != len(pairs):
+        seen: set[str] = set()
+        dup = next(k for k, _ in pairs if k in seen or seen.add(k))  # type: ignore[func-returns-value]
+        raise GraphError(f"duplicate key '{shown(dup)}' in the JSON document")
+    return d
+
+
+def _no_constant(name: str) -> Any:
+    raise GraphError(f"the JSON document holds {name}, which is not JSON")
+
+
+def loads_json(data: bytes | bytearray | str) -> Any:
+    """Parse a request body as strict JSON: a duplicate key at any level, NaN or Infinity
+    is a GraphError; anything else malformed is a ValueError (or RecursionError)."""
+    return json.loads(data, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)

@@ -3,7 +3,8 @@
     memory://            a private in-memory store (embedded mode, tests)
     memory://NAME        a process-wide named in-memory store: every connect with NAME shares it
     etcd://HOST[:PORT][/PREFIX/]   etcd v3 (port 2379 by default); a path sets the key prefix
-    http[s]://HOST:PORT  the registry a scheduler serves (``token=`` or $TRIPLANE_TOKEN)
+    http[s]://HOST:PORT  the registry a scheduler serves (with the node credential: ``token=``,
+                         or derived from ``secret=`` or $TRIPLANE_SECRET)
 
 A ``prefix`` argument overrides the URL's. Schemes come from a dict of built-ins, then from
 the ``triplane.registry.backends`` entry-point group (a callable ``(url, prefix) -> backend``),
@@ -12,12 +13,12 @@ so a vendor can add one; an unknown scheme lists the known ones.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from importlib.metadata import entry_points
 from urllib.parse import SplitResult, urlsplit
 
 from triplane.registry.backend import DEFAULT_PREFIX, RegistryBackend, check_key
+from triplane.registry.credential import node_credential, node_credential_from_env
 from triplane.registry.memory import MemoryBackend, MemoryStore
 
 __all__ = ["connect_registry", "known_schemes"]
@@ -50,10 +51,12 @@ def _etcd(url: SplitResult, prefix: str | None) -> RegistryBackend:
     return EtcdBackend(url.hostname, port, prefix=prefix or path_prefix or DEFAULT_PREFIX)
 
 
-def _http(url: SplitResult, prefix: str | None, token: str | None = None) -> RegistryBackend:
+def _http(url: SplitResult, prefix: str | None, token: str | None = None,
+          secret: bytes | str | None = None) -> RegistryBackend:
     from triplane.registry.http import HttpBackend  # httpx is optional: import on use
 
-    token = token if token is not None else os.environ.get("TRIPLANE_TOKEN", "").strip()
+    if token is None:
+        token = node_credential(secret) if secret else node_credential_from_env()
     return HttpBackend(url.geturl(), token or "", prefix=prefix or "")
 
 
@@ -69,11 +72,14 @@ def known_schemes() -> list[str]:
     return sorted({*_BUILTIN, *(ep.name for ep in entry_points(group="triplane.registry.backends"))})
 
 
-def connect_registry(url: str, *, prefix: str | None = None, token: str | None = None) -> RegistryBackend:
+def connect_registry(url: str, *, prefix: str | None = None, token: str | None = None,
+                     secret: bytes | str | None = None) -> RegistryBackend:
     """A backend for ``url``. Raises ``ValueError`` for a malformed or unknown URL.
 
-    ``token`` is the API token for ``http(s)://`` (default ``$TRIPLANE_TOKEN``); other
-    schemes ignore it, so a caller may always pass the token it has.
+    ``http(s)://`` (a registry a scheduler serves) takes the node credential, not a client
+    token: ``token`` if given, else derived from the cluster ``secret``, else from
+    ``$TRIPLANE_SECRET`` (``triplane.registry.credential``). Other schemes ignore both, so
+    a caller may always pass what it has.
 
     Connecting is lazy for etcd: a server that is down shows up as
     :class:`~triplane.registry.backend.RegistryUnavailable` on the first call.
@@ -89,5 +95,5 @@ def connect_registry(url: str, *, prefix: str | None = None, token: str | None =
     if factory is None:
         raise ValueError(f"unknown registry scheme {scheme!r} in {url!r} (known schemes: {known_schemes()})")
     if factory is _http:
-        return _http(parts, prefix, token)
+        return _http(parts, prefix, token, secret)
     return factory(parts, prefix)

@@ -2,7 +2,8 @@
 
 A scheduler running ``--registry memory://`` serves its registry under ``/v1/registry/``
 (:mod:`triplane.registry.http_server`, which documents the wire protocol). Executors in
-other processes reach it with ``connect_registry("http://host:port", token=...)`` and
+other processes reach it with ``connect_registry("http://host:port", secret=...)`` (the node
+credential, derived from the cluster secret) and
 get the same :class:`RegistryBackend` contract, checked by the same conformance suite,
 so they cannot tell it from etcd. ``python -m triplane.registry.http`` runs a standalone
 registry server (see :func:`triplane.registry.http_server.main`).
@@ -51,7 +52,8 @@ log = logging.getLogger(__name__)
 
 
 class RegistryAuthError(RegistryError, PermissionError):
-    """The served registry refused the API token (HTTP 401)."""
+    """The served registry refused the credential: wrong or missing (HTTP 401), or a client
+    token where the node credential is needed (HTTP 403)."""
 
 
 class _HistoryLost(RegistryUnavailable):
@@ -142,7 +144,8 @@ def _malformed() -> Any:
 class HttpBackend(RegistryBackend):
     """A :class:`RegistryBackend` on a registry served over HTTP (``http://host:port``).
 
-    ``token`` is the scheduler's API token. ``prefix`` (default ``""``) namespaces keys
+    ``token`` is the node credential (``triplane.registry.credential``; client tokens are
+    refused). ``prefix`` (default ``""``) namespaces keys
     inside the served registry, whose own prefix already applies. Every call raises
     :class:`RegistryUnavailable` when the server cannot be reached or times out after
     ``timeout_s`` (the operation may or may not have applied), :class:`RegistryAuthError`
@@ -158,7 +161,8 @@ class HttpBackend(RegistryBackend):
         if parts is None or parts.scheme.lower() not in ("http", "https") or not parts.hostname:
             raise ValueError(f"registry URL must look like http://HOST:PORT, got {url!r}")
         if not isinstance(token, str) or not token:
-            raise ValueError("the http registry needs the API token: pass token= or set TRIPLANE_TOKEN")
+            raise ValueError("the http registry needs the node credential: pass token= (or secret=), "
+                             "or set TRIPLANE_SECRET")
         self.url = url.rstrip("/")
         self.prefix = check_key(prefix, allow_empty=True)
         self.timeout_s = check_ttl(timeout_s)
@@ -200,7 +204,7 @@ class HttpBackend(RegistryBackend):
         except (ValueError, KeyError, TypeError):
             message = resp.text[:200]
         where = f"registry at {self.url}: {message} (HTTP {resp.status_code})"
-        if resp.status_code == 401:
+        if resp.status_code in (401, 403):
             raise RegistryAuthError(where)
         if resp.status_code == 404:
             raise LeaseNotFound(message)

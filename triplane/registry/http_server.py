@@ -10,8 +10,9 @@ Wire protocol (modelled on etcd's JSON gateway: every call is ``POST`` of a JSON
 values are base64): ``put``, ``get``, ``get_prefix``, ``delete``, ``delete_prefix``,
 ``create``, ``compare_and_swap``, ``compare_and_delete``, ``lease/grant``,
 ``lease/refresh``, ``lease/revoke`` and ``watch``. Every route needs
-``Authorization: Bearer <API token>`` (401 otherwise). Errors answer
-``{"error": {"kind", "message"}}``: 400 malformed request, 401 token, 404 lease not found,
+``Authorization: Bearer <node credential>`` (401 otherwise; 403 for a client token the
+scheduler recognises: clients never write the registry). Errors answer
+``{"error": {"kind", "message"}}``: 400 malformed request, 401/403 credential, 404 lease not found,
 410 watch history lost, 413 body over 1 MiB, 503 backend unavailable. No request can
 crash the server or change state unless it is valid.
 
@@ -37,7 +38,6 @@ import hmac
 import json
 import logging
 import math
-import os
 import secrets
 import socket
 import sys
@@ -54,6 +54,7 @@ from triplane.registry.backend import (
     WatchEvent,
     check_key,
 )
+from triplane.registry.credential import node_credential, node_credential_from_env
 
 if TYPE_CHECKING:  # fastapi/starlette are imported on use: executors only need the client
     from fastapi import APIRouter
@@ -238,19 +239,24 @@ Handler = Callable[[_Body], Awaitable[dict[str, Any]]]
 class RegistryServer:
     """Serves ``backend`` over HTTP under ``/v1/registry/`` (see the module doc for the wire).
 
-    ``token`` (non-empty) is the bearer token every request must carry; it is compared in
-    constant time. :attr:`router` is a FastAPI ``APIRouter`` with full paths, so mount it
+    ``token`` (non-empty) is the bearer credential every request must carry -- the node
+    credential (``triplane.registry.credential``) where a scheduler serves it; it is
+    compared in constant time. ``is_client_token(given)`` (optional) tells a client token
+    apart from a wrong one, so that it gets 403 ("not for clients") instead of 401.
+    :attr:`router` is a FastAPI ``APIRouter`` with full paths, so mount it
     with ``app.include_router(server.router)``. Call :meth:`close` on shutdown so pending
     long polls answer at once instead of holding the server's shutdown.
     """
 
     def __init__(self, backend: RegistryBackend, token: str, *, log_size: int = 10_000,
-                 max_body: int = MAX_BODY_BYTES) -> None:
+                 max_body: int = MAX_BODY_BYTES,
+                 is_client_token: Callable[[str], bool] | None = None) -> None:
         from fastapi import APIRouter  # the server side only: executors need just httpx
 
         if not isinstance(token, str) or not token:
-            raise ValueError("the served registry needs a non-empty API token")
+            raise ValueError("the served registry needs a non-empty token (the node credential)")
         self.backend = backend
+        self._is_client_token = is_client_token
         self.max_body = max_body
         self._token = token.encode("utf-8")
         self._log = _EventLog(backend, log_size)
@@ -314,9 +320,15 @@ class RegistryServer:
         header = request.headers.get("authorization", "")
         scheme, _, given = header.partition(" ")
         if scheme.lower() != "bearer" or not given.strip():
-            raise _HttpError(401, "auth", "missing bearer token (Authorization: Bearer <API token>)")
-        if not hmac.compare_digest(given.strip().encode("utf-8", "replace"), self._token):
-            raise _HttpError(401, "auth", "wrong API token")
+            raise _HttpError(401, "auth", "missing bearer token (Authorization: Bearer <node credential>)")
+        given = given.strip()
+        if hmac.compare_digest(given.encode("utf-8", "replace"), self._token):
+            return
+        if self._is_client_token is not None and self._is_client_token(given):
+            raise _HttpError(403, "forbidden", "a client token cannot use the registry: it takes the "
+                                               "node credential, which executors and schedulers derive "
+                                               "from the cluster secret")
+        raise _HttpError(401, "auth", "wrong node credential")
 
     async def _read_json(self, request: Request) -> object:
         chunks, size = [], 0
@@ -405,9 +417,10 @@ def _error(status: int, kind: str, message: str) -> Response:
     return JSONResponse({"error": {"kind": kind, "message": message}}, status_code=status, headers=headers)
 
 
-def registry_router(backend: RegistryBackend, token: str) -> APIRouter:
+def registry_router(backend: RegistryBackend, token: str, *,
+                    is_client_token: Callable[[str], bool] | None = None) -> APIRouter:
     """FastAPI routes serving ``backend`` under ``/v1/registry/`` (see :class:`RegistryServer`)."""
-    return RegistryServer(backend, token).router
+    return RegistryServer(backend, token, is_client_token=is_client_token).router
 
 
 # -- standalone server: `python -m triplane.registry.http` (clusters without etcd) ----------
@@ -416,8 +429,9 @@ def registry_router(backend: RegistryBackend, token: str) -> APIRouter:
 def main(argv: list[str] | None = None) -> int:
     """Serve a fresh in-memory registry; prints ``{"url": ...}`` on stdout once listening.
 
-    The token comes from ``--token-file`` or ``$TRIPLANE_TOKEN``. Exit code 2 on bad
-    arguments (no token, port in use).
+    The credential clients must present is ``--token-file``'s contents, else the node
+    credential derived from ``--secret-file`` or ``$TRIPLANE_SECRET``. Exit code 2 on bad
+    arguments (no credential, port in use).
     """
     import uvicorn
     from fastapi import FastAPI
@@ -427,15 +441,21 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m triplane.registry.http", description=main.__doc__)
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8470)
-    ap.add_argument("--token-file")
+    ap.add_argument("--token-file", help="the exact credential clients must present")
+    ap.add_argument("--secret-file", help="the cluster secret (the node credential is derived from it)")
     args = ap.parse_args(argv)
+    token = ""
     if args.token_file:
         with open(args.token_file, encoding="utf-8") as f:
             token = f.read().strip()
+    elif args.secret_file:
+        with open(args.secret_file, encoding="utf-8") as f:
+            secret = f.read().strip()
+        token = node_credential(secret) if secret else ""
     else:
-        token = os.environ.get("TRIPLANE_TOKEN", "").strip()
+        token = node_credential_from_env() or ""
     if not token:
-        print("no API token: pass --token-file or set TRIPLANE_TOKEN", file=sys.stderr)
+        print("no credential: pass --secret-file or --token-file, or set TRIPLANE_SECRET", file=sys.stderr)
         return 2
     # Bind and listen before announcing, so a client that reads the URL can connect at once.
     # proto=IPPROTO_TCP: asyncio sets TCP_NODELAY only on sockets that say so, and without

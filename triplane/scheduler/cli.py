@@ -3,9 +3,11 @@
 ``scheduler_command`` is a plain function with typer-compatible parameters; the
 ``triplane`` CLI mounts it (``app.command("scheduler")(scheduler_command)``). uvicorn
 serves the FastAPI app on the same asyncio loop as the dispatcher (uvloop where
-installed). The API token and cluster secret come from ``--token-file`` /
+installed). The admin token and cluster secret come from ``--token-file`` /
 ``--secret-file`` or ``TRIPLANE_TOKEN`` / ``TRIPLANE_SECRET``; without either, fresh ones
-are written (mode 0600) to the run directory. Bad options exit with status 2 and one
+are written (mode 0600) to the run directory. More client tokens (admin, submit, read)
+are listed in ``--tokens-file`` (default ``<run dir>/tokens.json``, re-read when it
+changes; docs/security.md). Bad options exit with status 2 and one
 line; on SIGTERM the scheduler stops serving, flushes metadb and resigns leadership.
 """
 
@@ -45,7 +47,7 @@ def _secret_value(path: Path | None, env: str, fallback: Path, min_len: int) -> 
         value = os.environ[env].strip().encode()
     else:
         if not fallback.exists():
-            fallback.parent.mkdir(parents=True, exist_ok=True)
+            fallback.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             fd = os.open(fallback, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "w") as f:
                 f.write(secrets.token_hex(32))
@@ -68,6 +70,7 @@ async def _serve(
     max_upload_bytes: int,
     ready_file: Path | None,
     slots: int,
+    tokens_file: Path | None = None,
 ) -> int:
     import uvicorn
 
@@ -77,7 +80,7 @@ async def _serve(
     from triplane.scheduler.service import Scheduler
 
     try:
-        backend = connect_registry(registry)
+        backend = connect_registry(registry, secret=secret)  # http://: the node credential
     except ValueError as e:
         raise _Usage(str(e)) from None
     database = await asyncio.to_thread(mdb.open_db, db, run_dir=run_dir)
@@ -94,7 +97,7 @@ async def _serve(
         max_upload_bytes=max_upload_bytes,
         slots=slots,
     )
-    app = create_app(sched, token)
+    app = create_app(sched, token, tokens_file=tokens_file)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
@@ -155,6 +158,7 @@ def run_scheduler(
     max_upload_bytes: int = 1 << 30,
     ready_file: Path | None = None,
     slots: int = 4,
+    tokens_file: Path | None = None,
 ) -> int:
     """``scheduler_command`` returning its exit status instead of raising ``SystemExit``."""
     try:
@@ -168,6 +172,8 @@ def run_scheduler(
             format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         )
         home = Path(run_dir or os.environ.get("TRIPLANE_HOME") or Path.home() / ".triplane")
+        # Uploads, the SQLite metadb and the secrets in the run dir are this user's alone.
+        os.umask(0o077)
         token = _secret_value(token_file, "TRIPLANE_TOKEN", home / "token", 16)
         secret = _secret_value(secret_file, "TRIPLANE_SECRET", home / "secret", 16)
         prepare_process()
@@ -186,6 +192,7 @@ def run_scheduler(
                 max_upload_bytes,
                 ready_file,
                 slots,
+                tokens_file if tokens_file is not None else home / "tokens.json",
             )
         )
     except _Usage as e:
@@ -201,12 +208,15 @@ def scheduler_command(
     packet_port: Annotated[int, typer.Option(help="UDP+TCP packet port (0: any free)")] = 0,
     data_port: Annotated[int, typer.Option(help="TCP data port for uploaded tensors (0: any free)")] = 0,
     run_dir: Annotated[Path | None, typer.Option(help="run directory (default $TRIPLANE_HOME)")] = None,
-    token_file: Annotated[Path | None, typer.Option(help="API token (else $TRIPLANE_TOKEN)")] = None,
+    token_file: Annotated[Path | None, typer.Option(help="admin API token (else $TRIPLANE_TOKEN)")] = None,
     secret_file: Annotated[Path | None, typer.Option(help="cluster secret (else $TRIPLANE_SECRET)")] = None,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error")] = "info",
     max_upload_bytes: Annotated[int, typer.Option(help="largest tensor upload")] = 1 << 30,
     ready_file: Annotated[Path | None, typer.Option(help="write URL and ports here once serving")] = None,
     slots: Annotated[int, typer.Option(help="tasks in flight per executor")] = 4,
+    tokens_file: Annotated[
+        Path | None, typer.Option(help="client tokens with roles (default: <run dir>/tokens.json)")
+    ] = None,
 ) -> None:
     """Run the scheduler: REST API, dispatcher and upload store, until stopped."""
     code = run_scheduler(
@@ -223,6 +233,7 @@ def scheduler_command(
         max_upload_bytes,
         ready_file,
         slots,
+        tokens_file,
     )
     if code:
         raise SystemExit(code)

@@ -288,7 +288,7 @@ class Scheduler(Leading):
         if self.role != "leader":
             raise NotLeader(await leader(self.registry))
 
-    async def submit(self, graph_doc: Any, fetch: Any) -> dict[str, Any]:
+    async def submit(self, graph_doc: Any, fetch: Any, *, owner: str | None = None) -> dict[str, Any]:
         """Validate, store, compile and dispatch a job; its status body. SubmitError otherwise."""
         await self.require_leader()
         if not isinstance(fetch, list) or not all(isinstance(f, str) for f in fetch) or len(fetch) > 10_000:
@@ -349,7 +349,7 @@ class Scheduler(Leading):
             # the executors fill every core (the MLP step: 30-80 ms between a task's reply
             # and its successor's start early in the job, 1 ms once the store was done).
             try:
-                await asyncio.to_thread(self._store_job, plan, cgraph, fetch, bindings, now)
+                await asyncio.to_thread(self._store_job, plan, cgraph, fetch, bindings, now, owner)
             except Exception as e:
                 raise _store_failed(job_id, e) from None
             return self._body(job_id, self._dispatch(plan, now, (), back, factors))
@@ -358,7 +358,7 @@ class Scheduler(Leading):
         self.journal.hold(job_id)
         live = self._dispatch(plan, now, (), back, factors)
         try:
-            await asyncio.to_thread(self._store_job, plan, cgraph, fetch, bindings, now)
+            await asyncio.to_thread(self._store_job, plan, cgraph, fetch, bindings, now, owner)
         except Exception as e:
             self.shell.handle(CancelJob(f"store-failed:{job_id}", job_id, time.time()))
             self.jobs.pop(job_id, None)
@@ -400,7 +400,8 @@ class Scheduler(Leading):
         return figs, engines
 
     def _store_job(
-        self, plan: JobPlan, cgraph: Graph, fetch: list[str], bindings: dict[str, Any], now: float
+        self, plan: JobPlan, cgraph: Graph, fetch: list[str], bindings: dict[str, Any], now: float,
+        owner: str | None = None,
     ) -> None:
         # The canonical graph is stored (its hash and JSON are already computed for the plan
         # cache); the bindings event holds what else a restarted scheduler needs.
@@ -410,6 +411,7 @@ class Scheduler(Leading):
                 graph_hash=cgraph.hash(),
                 graph_json=cgraph.to_json(),
                 fetch=fetch,
+                owner=owner,
                 job_id=plan.job,
                 state="running",
                 now=now,
@@ -487,9 +489,9 @@ class Scheduler(Leading):
             "updated": live.updated,
         }
 
-    def list_jobs(self, limit: int = 50) -> list[dict[str, Any]]:
+    def list_jobs(self, limit: int = 50, *, owner: str | None = None) -> list[dict[str, Any]]:
         with self.db.read() as s:
-            infos = mdb.list_jobs(s, limit=limit)
+            infos = mdb.list_jobs(s, limit=limit, owner=owner)
         return [
             self._body(i.id, self.jobs[i.id])
             if i.id in self.jobs

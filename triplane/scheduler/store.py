@@ -38,11 +38,12 @@ from triplane.executor.datawire import (
     parse_response,
 )
 from triplane.proto import dtypes as dt
+from triplane.proto.limits import MAX_RANK
 from triplane.scheduler.jobplan import is_tensor_id, new_tensor_id
 
 log = logging.getLogger(__name__)
 
-MAX_NDIM = 32
+MAX_NDIM = MAX_RANK  # one limit for the whole system (triplane.proto.limits)
 CHUNK = 1 << 20
 
 

@@ -320,8 +320,9 @@ def _http_error(r: httpx.Response, what: str, url: str) -> E.TriplaneError:
     err = _error_body(r)
     if r.status_code == 401:
         return RemoteError(f"the scheduler at {url} refused the API token ({what}: "
-                           f"{err.get('message')}); use the token `triplane up` printed "
-                           f"(TRIPLANE_TOKEN, or the run directory's `token` file)", status=401)
+                           f"{err.get('message')}); use the run directory's `token` file that "
+                           f"`triplane up` wrote (or TRIPLANE_TOKEN, or a token from `triplane tokens "
+                           f"add`)", status=401)
     if r.status_code == 400:
         mapped = _mapped(err, "graph")
         if mapped is not None:

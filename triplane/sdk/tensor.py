@@ -22,8 +22,9 @@ import numpy as np
 from triplane.proto import dtypes as dt
 from triplane.proto import ir as _ir
 from triplane.proto import optable
-from triplane.proto.errors import GraphError
+from triplane.proto.errors import GraphError, LimitError
 from triplane.proto.ir import Attrs, Graph, Node, TensorType
+from triplane.proto.limits import MAX_RANK
 
 _ids = itertools.count()
 _PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -359,6 +360,8 @@ def apply(op: str, inputs: Sequence[Tensor], **attrs: Any) -> Tensor:
     try:
         a = opdef.normalise_attrs(attrs)
         t = opdef.check([x._type for x in inputs], a)
+        if t.ndim > MAX_RANK:
+            raise LimitError(f"the result would have {t.ndim} dimensions, more than the limit of {MAX_RANK}")
     except GraphError as e:
         e.at(op=op, where=where)
         raise e.with_traceback(None) from None

@@ -26,6 +26,7 @@ def test_migrate_creates_every_table_on_an_empty_database(db_url: str) -> None:
         assert set(insp.get_table_names()) == TABLES
         assert {"ix_tasks_job_id_state"} <= {i["name"] for i in insp.get_indexes("tasks")}
         assert {"ix_events_job_id_at"} <= {i["name"] for i in insp.get_indexes("events")}
+        assert {"ix_jobs_owner_created_at"} <= {i["name"] for i in insp.get_indexes("jobs")}
         uniques = {u["name"] for u in insp.get_unique_constraints("tiles")}
         assert "uq_tiles_job_id_tensor_index_key" in uniques
     finally:
@@ -89,3 +90,29 @@ def test_concurrent_first_opens_both_succeed(db_url: str) -> None:
         assert current_revision(engine) == head_revision()
     finally:
         engine.dispose()
+
+
+def test_upgrade_from_0001_keeps_jobs_and_adds_the_owner_index(db_url: str) -> None:
+    from alembic import command
+
+    from triplane.metadb.db import _alembic_config
+
+    engine = create_engine(db_url)
+    try:
+        with engine.begin() as conn:
+            command.upgrade(_alembic_config(conn), "0001_initial")
+            conn.execute(sa.text("INSERT INTO graphs (hash, canonical, node_count, created_at) "
+                                 "VALUES ('g', :c, 1, 0)"), {"c": b"{}"})
+            conn.execute(sa.text("INSERT INTO jobs (id, state, graph_hash, \"fetch\", owner, tasks_total, "
+                                 "tasks_done, tasks_failed, created_at, updated_at) VALUES "
+                                 "('j1', 'done', 'g', '[]', 'alice', 0, 0, 0, 1, 1)"))
+        assert current_revision(engine) == "0001_initial"
+        assert migrate(db_url) == head_revision() == "0002_jobs_owner_index"
+        assert "ix_jobs_owner_created_at" in {i["name"] for i in sa.inspect(engine).get_indexes("jobs")}
+    finally:
+        engine.dispose()
+    with open_db(db_url) as db, db.read() as s:
+        from triplane import metadb as mdb
+
+        assert [j.id for j in mdb.list_jobs(s, owner="alice")] == ["j1"]
+        assert mdb.list_jobs(s, owner="bob") == []

@@ -4,6 +4,7 @@ refused while the first cluster lives; ``down`` is idempotent and leaves no proc
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -12,13 +13,16 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pytest
 
 import triplane as tp
 from triplane.launcher import down as stop_cluster
 from triplane.launcher.procs import alive
-from triplane.sdk.session import set_default_session
+from triplane.registry.http import HttpBackend, RegistryAuthError
+from triplane.sdk.remote import RemoteSession
+from triplane.sdk.session import set_default_session, use_session
 
 
 def _cli(home: Path, *args: str, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
@@ -40,15 +44,34 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     stop_cluster(h, grace_s=2.0)
 
 
+def _not_private(home: Path) -> dict[str, str]:
+    """Every path under ``home`` that is not 0700 (directories) or 0600 (files)."""
+    bad = {}
+    for dirpath, dirs, files in os.walk(home):
+        for name, want in [(d, 0o700) for d in dirs] + [(f, 0o600) for f in files]:
+            p = Path(dirpath) / name
+            if not p.is_symlink() and p.stat().st_mode & 0o777 != want:
+                bad[str(p.relative_to(home))] = oct(p.stat().st_mode & 0o777)
+    if home.stat().st_mode & 0o777 != 0o700:
+        bad["."] = oct(home.stat().st_mode & 0o777)
+    return bad
+
+
 def test_up_status_connect_down_round_trip(home: Path) -> None:
+    # A run dir that existed before, world-readable (issue 11): `up` closes all of it.
+    (home / "logs").mkdir(parents=True)
+    (home / "logs" / "old.log").write_text("old")
+    for p, mode in ((home, 0o755), (home / "logs", 0o755), (home / "logs" / "old.log", 0o644)):
+        os.chmod(p, mode)
     t0 = time.monotonic()
     r = _cli(home, "up", "--executors", "2", "--memory", "128MiB")
     assert r.returncode == 0, r.stdout + r.stderr
     info = json.loads((home / "cluster.json").read_text())
     token = (home / "token").read_text().strip()
-    assert info["url"] in r.stdout and token in r.stdout
+    assert info["url"] in r.stdout and token not in r.stdout and "--show-token" in r.stdout
     for f in ("token", "secret", "cluster.json"):
         assert (home / f).stat().st_mode & 0o777 == 0o600, f
+    assert _not_private(home) == {}
     pids = [info["scheduler"]["pid"], *(e["pid"] for e in info["executors"])]
     assert len(pids) == 3 and all(alive(p) for p in pids)
     assert (home / "logs" / "scheduler.log").exists() and (home / "logs" / "executor-1.log").exists()
@@ -63,6 +86,30 @@ def test_up_status_connect_down_round_trip(home: Path) -> None:
     np.testing.assert_array_equal((x @ tp.transpose(x)).numpy(), [[5, 14], [14, 50]])
     job = session.last_job
     set_default_session(None)
+    assert any((home / "tensors").iterdir()) and _not_private(home) == {}  # uploads, metadb, logs
+
+    # Client tokens with roles, added while the cluster runs.
+    alice = _cli(home, "tokens", "add", "alice", "--role", "submit").stdout.strip()
+    viewer = _cli(home, "tokens", "add", "viewer", "--role", "read").stdout.strip()
+    with RemoteSession(info["url"], alice) as mine, use_session(mine):
+        np.testing.assert_array_equal((x + 1).numpy(), [[1, 2, 3], [4, 5, 6]])
+        alices_job = mine.last_job
+    with RemoteSession(info["url"], viewer) as read_only, use_session(read_only), \
+            pytest.raises(tp.TriplaneError, match="403"):
+        (x * 2).numpy()
+    listed = httpx.get(f"{info['url']}/v1/jobs", headers={"Authorization": f"Bearer {alice}"}).json()
+    assert [j["id"] for j in listed] == [alices_job]
+
+    # Issue 11's poisoning attempt on a real cluster: the admin token cannot re-point
+    # scheduler/data (where executors pull uploads from) at a fake server; jobs stay right.
+    async def poison() -> None:
+        async with HttpBackend(info["url"], token) as reg:
+            await reg.put("scheduler/data", b'{"address": "127.0.0.1", "data_port": 9}')
+    with pytest.raises(RegistryAuthError, match="403"):
+        asyncio.run(poison())
+    with RemoteSession(info["url"], token) as admin, use_session(admin):
+        y = tp.Tensor.from_array(np.array([0, 1, 2, 3], dtype=np.float32))
+        np.testing.assert_array_equal((y + 1).numpy(), [1, 2, 3, 4])
 
     st = _cli(home, "status", "--json")
     assert st.returncode == 0, st.stderr

@@ -32,6 +32,7 @@ from triplane.registry import (
     register_node,
     watch_nodes,
 )
+from triplane.registry.credential import node_credential
 from triplane.registry.http import HttpBackend
 from triplane.registry.testing import (
     EXPIRY_BOUND_S,
@@ -43,7 +44,8 @@ from triplane.registry.testing import (
     sample_node,
 )
 
-TOKEN = "integration-token-0123456789"
+SECRET = "integration-secret-0123456789"
+TOKEN = node_credential(SECRET)  # what the server derives from $TRIPLANE_SECRET
 REPO = Path(__file__).resolve().parents[3]
 _prefixes = itertools.count()
 
@@ -76,8 +78,8 @@ def test_wrong_token_over_the_wire_is_refused(server_process: ServerProcess) -> 
 # -- the registry server as its own process -------------------------------------------------
 
 def _env() -> dict[str, str]:
-    env = dict(os.environ, TRIPLANE_TOKEN=TOKEN, PYTHONPATH=str(REPO))
-    env.pop("TRIPLANE_SECRET", None)
+    env = dict(os.environ, TRIPLANE_SECRET=SECRET, PYTHONPATH=str(REPO))
+    env.pop("TRIPLANE_TOKEN", None)
     return env
 
 
@@ -140,7 +142,7 @@ NODE_SCRIPT = textwrap.dedent("""
     from triplane.registry.testing import sample_node
 
     async def main():
-        reg = connect_registry(sys.argv[1])          # token from $TRIPLANE_TOKEN
+        reg = connect_registry(sys.argv[1])          # credential from $TRIPLANE_SECRET
         await register_node(reg, sample_node(sys.argv[2]), ttl_s=float(sys.argv[3]))
         print("registered", flush=True)
         await asyncio.sleep(120)                     # until SIGKILLed (the test bounds it)
@@ -227,9 +229,9 @@ async def _has(r: HttpBackend, name: str) -> bool:
         return False
 
 
-def test_standalone_server_refuses_to_start_without_a_token(tmp_path: Path) -> None:
+def test_standalone_server_refuses_to_start_without_a_credential(tmp_path: Path) -> None:
     env = _env()
-    env.pop("TRIPLANE_TOKEN")
+    env.pop("TRIPLANE_SECRET")
     done = subprocess.run([sys.executable, "-m", "triplane.registry.http", "--port", "0"],
                           capture_output=True, text=True, env=env, cwd=REPO, timeout=30)
-    assert done.returncode == 2 and "no API token" in done.stderr
+    assert done.returncode == 2 and "no credential" in done.stderr

@@ -38,7 +38,7 @@ def _cache_counters(cluster: LocalCluster) -> dict[str, dict[str, int]]:
     """Each executor's published ``cache`` counters (``stats/<node>`` in the registry)."""
 
     async def read() -> dict[str, dict[str, int]]:
-        reg = connect_registry(cluster.executor_registry, token=cluster.token)
+        reg = connect_registry(cluster.executor_registry, secret=cluster.run.secret_file.read_text().strip())
         try:
             return {e.key.removeprefix("stats/"): json.loads(e.value)["cache"]
                     for e in await reg.get_prefix("stats/")}

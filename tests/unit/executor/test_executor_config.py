@@ -1,4 +1,4 @@
-"""Memory sizes, the cluster secret and the token, as the executor CLI reads them."""
+"""Memory sizes and the cluster secret, as the executor CLI reads them."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from triplane.executor.config import format_size, load_secret, load_token, parse_size
+from triplane.executor.config import format_size, load_secret, parse_size
 
 
 @pytest.mark.parametrize(("text", "expected"), [
@@ -43,11 +43,3 @@ def test_secret_missing_short_or_unreadable(tmp_path: Path) -> None:
         load_secret(None, env={"TRIPLANE_SECRET": "short"})
     with pytest.raises(ValueError, match="cannot read the secret file"):
         load_secret(tmp_path / "absent", env={})
-
-
-def test_token(tmp_path: Path) -> None:
-    f = tmp_path / "token"
-    f.write_text("tok-1\n")
-    assert load_token(f, env={"TRIPLANE_TOKEN": "tok-2"}) == "tok-1"
-    assert load_token(None, env={"TRIPLANE_TOKEN": "tok-2"}) == "tok-2"
-    assert load_token(None, env={}) is None

@@ -28,6 +28,7 @@ from triplane.registry import (
     RegistryUnavailable,
     connect_registry,
 )
+from triplane.registry.credential import node_credential
 from triplane.registry.http import HttpBackend, RegistryAuthError, RegistryServer, registry_router
 from triplane.registry.testing import NodeRegistryConformance, RegistryBackendConformance, run
 
@@ -80,7 +81,7 @@ def test_wrong_or_missing_token_is_401_and_changes_nothing(harness: AsgiHarness)
             assert resp.json()["error"]["kind"] == "auth"
             assert resp.headers["www-authenticate"] == "Bearer"
         async with harness.client(token="wrong-token") as bad:
-            with pytest.raises(RegistryAuthError, match="wrong API token"):
+            with pytest.raises(RegistryAuthError, match="wrong node credential"):
                 await bad.put("k", b"v")
             with pytest.raises(RegistryAuthError):
                 await bad.watch_prefix("").start()
@@ -168,7 +169,7 @@ def test_bad_arguments_fail_on_the_client_before_sending() -> None:
                 await r.grant_lease(0)
         assert sent == []
     run(body(), timeout_s=5)
-    with pytest.raises(ValueError, match="API token"):
+    with pytest.raises(ValueError, match="node credential"):
         HttpBackend(BASE, "")
     with pytest.raises(ValueError, match="http://HOST:PORT"):
         HttpBackend("ftp://x", TOKEN)
@@ -302,14 +303,51 @@ def test_old_revisions_beyond_the_log_are_410() -> None:
 def test_connect_registry_http_scheme(monkeypatch: pytest.MonkeyPatch) -> None:
     r = connect_registry("http://127.0.0.1:8470", token="t0k")
     assert isinstance(r, HttpBackend) and r.url == "http://127.0.0.1:8470" and r.prefix == ""
-    monkeypatch.setenv("TRIPLANE_TOKEN", "from-env")
+    # Without a token, the node credential is derived from the cluster secret.
+    monkeypatch.setenv("TRIPLANE_SECRET", "s" * 32)
+    monkeypatch.setenv("TRIPLANE_TOKEN", "a-client-token-is-never-used")
     r = connect_registry("https://reg.example:443/", prefix="/mine/")
-    assert isinstance(r, HttpBackend) and r._token == "from-env" and r.prefix == "/mine/"
+    assert isinstance(r, HttpBackend) and r._token == node_credential("s" * 32) and r.prefix == "/mine/"
+    r = connect_registry("http://127.0.0.1:8470", secret=b"t" * 32)
+    assert r._token == node_credential(b"t" * 32) != node_credential(b"s" * 32)
     # Other schemes ignore a token, so callers may always pass theirs.
     assert isinstance(connect_registry("memory://", token="t0k"), MemoryBackend)
-    monkeypatch.delenv("TRIPLANE_TOKEN")
-    with pytest.raises(ValueError, match="TRIPLANE_TOKEN"):
+    monkeypatch.delenv("TRIPLANE_SECRET")
+    with pytest.raises(ValueError, match="TRIPLANE_SECRET"):
         connect_registry("http://127.0.0.1:8470")
+
+
+def test_node_credential_is_derived_one_way_from_the_secret() -> None:
+    import hashlib
+    import hmac
+
+    secret = b"cluster-secret-0123456789"
+    cred = node_credential(secret)
+    assert cred == hmac.new(secret, b"triplane-node-credential", hashlib.sha256).hexdigest()
+    assert len(cred) == 64 and cred == node_credential("cluster-secret-0123456789")
+    with pytest.raises(ValueError):
+        node_credential(b"")
+
+
+def test_a_recognised_client_token_is_403_a_wrong_one_401() -> None:
+    backend = MemoryBackend()
+    server = RegistryServer(backend, TOKEN, is_client_token=lambda t: t == "client-token")
+    app = FastAPI()
+    app.include_router(server.router)
+
+    async def body() -> None:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url=BASE) as c:
+            for token, status in (("client-token", 403), ("other", 401), (TOKEN, 200)):
+                resp = await c.post("/v1/registry/put", json={"key": "k", "value": "dg=="},
+                                    headers={"Authorization": f"Bearer {token}"})
+                assert resp.status_code == status, token
+            assert resp.status_code == 200
+        async with HttpBackend(BASE, "client-token", transport=httpx.ASGITransport(app=app)) as r:
+            with pytest.raises(RegistryAuthError, match="403"):
+                await r.put("k", b"poison")
+        assert (await backend.get("k")).value == b"v"
+    run(body(), timeout_s=10)
 
 
 def test_registry_router_needs_a_token() -> None:

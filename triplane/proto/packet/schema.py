@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, Literal, NamedTuple, NoReturn
 
+from triplane.proto.limits import MAX_RANK
 from triplane.proto.packet.errors import invalid_field
 
 VERSION = 1
@@ -240,6 +241,8 @@ def _tile_from_wire(d: Any, i: int) -> TileInfo:
     shape = d["shape"]
     if type(shape) is not list and type(shape) is not tuple:
         invalid_field(f"outputs[{i}].shape", "expected a list of dimensions")
+    if len(shape) > MAX_RANK:
+        invalid_field(f"outputs[{i}].shape", f"{len(shape)} dimensions, more than the limit of {MAX_RANK}")
     for j, n in enumerate(shape):
         if type(n) is not int or not 0 <= n <= _INT64[1]:
             invalid_field(f"outputs[{i}].shape[{j}]", f"expected a non-negative integer, got {n!r:.40}")

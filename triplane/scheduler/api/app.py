@@ -3,24 +3,34 @@
 ``create_app(scheduler, token)`` builds the FastAPI app; uvicorn serves it on the same
 event loop as the dispatcher (``triplane.scheduler.cli``). Bodies are read with a size
 bound before anything parses them (413 past ``max_graph_bytes`` / ``max_upload_bytes``);
-graphs go through ``Graph.from_dict`` and the op table's validation (400 naming the node
-and op). With an in-memory registry, the registry API of ``triplane.registry.http`` is
-mounted under ``/v1/registry`` (guarded: the rest works without it).
+a job request is parsed as strict JSON (no duplicate keys) and its ids and ranks checked
+(``triplane.proto.validate.check_submission``) before ``Graph.from_dict`` and the op
+table's validation (400 naming the node and op). Who may call which route is ``auth.py``'s
+table: each route names the roles it admits, and a submit token's job routes check that
+the job is its own. With an in-memory registry, the registry API of
+``triplane.registry.http`` is mounted under ``/v1/registry``: it takes the node credential
+only (a client token is 403).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
+from collections import OrderedDict
+from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from triplane import metadb as mdb
+from triplane.proto.errors import GraphError, LimitError
+from triplane.proto.limits import MAX_RANK
+from triplane.proto.validate import check_submission, loads_json
 from triplane.registry import MemoryBackend
+from triplane.registry.credential import node_credential
 from triplane.scheduler.api import errors
-from triplane.scheduler.api.auth import require_token
+from triplane.scheduler.api.auth import ANYONE, CHANGERS, Authenticator, Principal
 from triplane.scheduler.api.errors import ApiError
 from triplane.scheduler.service import VERSION, Scheduler
 from triplane.scheduler.store import UploadError, expected_bytes, parse_dtype, parse_shape
@@ -29,6 +39,7 @@ log = logging.getLogger(__name__)
 
 MAX_GRAPH_BYTES = 32 * 1024 * 1024
 MAX_WAIT_S = 60.0
+_NOT_STORED = object()
 
 
 async def read_body(request: Request, limit: int, what: str) -> bytearray:
@@ -44,33 +55,108 @@ async def read_body(request: Request, limit: int, what: str) -> bytearray:
     return body
 
 
+def parse_job_request(body: bytes | bytearray) -> tuple[Any, Any]:
+    """(graph document, fetch list) of a ``POST /v1/jobs`` body, checked at the front door:
+    strict JSON (a duplicate key anywhere is a 400), the known fields, and the ids and
+    declared ranks of ``check_submission`` (400 naming the node or field)."""
+    try:
+        doc = loads_json(body)
+    except GraphError as e:  # a duplicate key, NaN or Infinity
+        raise ApiError(400, "request", f"the body is not strict JSON: {e}") from None
+    except (ValueError, RecursionError) as e:
+        raise ApiError(400, "request", f"the body is not JSON: {e}") from None
+    if not isinstance(doc, dict) or "graph" not in doc:
+        raise ApiError(400, "request", 'expected {"graph": <graph document>, "fetch": [node ids]}')
+    unknown = set(doc) - {"graph", "fetch"}
+    if unknown:
+        raise ApiError(400, "request", f"unknown field(s) {sorted(unknown)} (known: ['fetch', 'graph'])")
+    graph = doc["graph"]
+    fetch = doc.get("fetch")
+    if fetch is None and isinstance(graph, dict):
+        fetch = list(graph.get("outputs") or [])
+    try:
+        check_submission(graph, fetch)
+    except GraphError as e:
+        kind = "limit" if isinstance(e, LimitError) else "graph"
+        raise ApiError(400, kind, str(e), node=e.node, op=e.op) from None
+    return graph, fetch
+
+
+class Owners:
+    """Job id -> the name of the token that submitted it, read from the metadb (and kept in a
+    small LRU: an owner never changes). ``_NOT_STORED`` for a job the metadb does not hold."""
+
+    def __init__(self, db: mdb.MetaDB, size: int = 4096) -> None:
+        self.db = db
+        self.size = size
+        self._cache: OrderedDict[str, str | None] = OrderedDict()
+
+    def get(self, job: str) -> object:
+        if job in self._cache:
+            self._cache.move_to_end(job)
+            return self._cache[job]
+        try:
+            with self.db.read() as s:
+                owner = mdb.get_job(s, job).owner
+        except (mdb.UnknownJobError, mdb.InvalidInputError):
+            return _NOT_STORED
+        self._cache[job] = owner
+        if len(self._cache) > self.size:
+            self._cache.popitem(last=False)
+        return owner
+
+    def check(self, p: Principal, job: str) -> None:
+        """403 unless ``p`` may see ``job``: admin and read see every job, a submit token only
+        its own. An unknown job passes, so that the route answers its 404."""
+        if p.sees_all_jobs:
+            return
+        owner = self.get(job)
+        if owner is not _NOT_STORED and owner != p.name:
+            raise ApiError(403, "forbidden", f"job {job} is not one of the jobs of {p.name!r}; "
+                                             "a submit token sees and cancels only its own jobs")
+
+
 def create_app(
     scheduler: Scheduler,
     token: str | bytes,
     *,
     max_graph_bytes: int = MAX_GRAPH_BYTES,
     max_upload_bytes: int | None = None,
+    tokens_file: Path | None = None,
 ) -> FastAPI:
-    """The scheduler's FastAPI app; every route but ``/v1/health`` needs the bearer ``token``."""
-    token_b = token.encode() if isinstance(token, str) else token
+    """The scheduler's FastAPI app. Every route but ``/v1/health`` needs a bearer token:
+    ``token`` (the admin token), a token listed in ``tokens_file`` (``tokens.py``) or, for
+    the served registry alone, the node credential derived from the scheduler's secret."""
     upload_limit = max_upload_bytes if max_upload_bytes is not None else scheduler.store.max_bytes
+    auth = Authenticator(token, tokens_file=tokens_file, node_credential=node_credential(scheduler.secret))
+    owners = Owners(scheduler.db)
+    anyone = Depends(auth.require(ANYONE, "read the API"))
+    changer = Depends(auth.require(CHANGERS, "upload, submit or cancel"))
     app = FastAPI(
         title="triplane scheduler", version=VERSION, docs_url=None, redoc_url=None, openapi_url=None
     )
     errors.install(app)
-    api = APIRouter(prefix="/v1", dependencies=[Depends(require_token(token_b))])
+    app.state.auth = auth
+    api = APIRouter(prefix="/v1")
 
     @app.get("/v1/health")
     async def health() -> dict[str, Any]:
         return {"ok": True, "role": scheduler.role, "version": VERSION}
 
+    @api.get("/whoami")
+    async def whoami(p: Principal = anyone) -> dict[str, Any]:
+        return {"name": p.name, "role": p.role}
+
     @api.post("/tensors", status_code=201)
-    async def upload(request: Request) -> dict[str, Any]:
+    async def upload(request: Request, p: Principal = changer) -> dict[str, Any]:
         try:
             shape = parse_shape(request.headers.get("x-triplane-shape", ""))
             dtype = parse_dtype(request.headers.get("x-triplane-dtype", ""))
         except UploadError as e:
             raise ApiError(400, "request", str(e)) from None
+        if len(shape) > MAX_RANK:
+            raise ApiError(400, "limit", f"X-Triplane-Shape has {len(shape)} dimensions, more than "
+                                         f"the limit of {MAX_RANK}")
         if expected_bytes(shape, dtype) > upload_limit:
             raise ApiError(
                 413,
@@ -84,42 +170,36 @@ def create_app(
             raise ApiError(400, "request", str(e)) from None
 
     @api.post("/jobs", status_code=201)
-    async def submit(request: Request) -> dict[str, Any]:
+    async def submit(request: Request, p: Principal = changer) -> dict[str, Any]:
         body = await read_body(request, max_graph_bytes, "job request")
-        try:
-            doc = await asyncio.to_thread(json.loads, body) if len(body) > 65536 else json.loads(body)
-        except (ValueError, RecursionError) as e:
-            raise ApiError(400, "request", f"the body is not JSON: {e}") from None
-        if not isinstance(doc, dict) or "graph" not in doc:
-            raise ApiError(400, "request", 'expected {"graph": <graph document>, "fetch": [node ids]}')
-        unknown = set(doc) - {"graph", "fetch"}
-        if unknown:
-            raise ApiError(400, "request", f"unknown field(s) {sorted(unknown)} (known: ['fetch', 'graph'])")
-        graph = doc["graph"]
-        fetch = doc.get("fetch")
-        if fetch is None and isinstance(graph, dict):
-            fetch = list(graph.get("outputs") or [])
-        body_out = await scheduler.submit(graph, fetch)
+        if len(body) > 65536:
+            graph, fetch = await asyncio.to_thread(parse_job_request, body)
+        else:
+            graph, fetch = parse_job_request(body)
+        body_out = await scheduler.submit(graph, fetch, owner=p.name)
         return {"id": body_out["id"], "state": body_out["state"]}
 
     @api.get("/jobs")
-    async def jobs(limit: int = 50) -> list[dict[str, Any]]:
+    async def jobs(limit: int = 50, p: Principal = anyone) -> list[dict[str, Any]]:
         if not 1 <= limit <= 1000:
             raise ApiError(400, "request", "limit must be in 1..1000")
-        return scheduler.list_jobs(limit)
+        return scheduler.list_jobs(limit, owner=None if p.sees_all_jobs else p.name)
 
     @api.get("/jobs/{job}")
-    async def job_status(job: str) -> dict[str, Any]:
+    async def job_status(job: str, p: Principal = anyone) -> dict[str, Any]:
+        owners.check(p, job)
         return scheduler.status(job)
 
     @api.get("/jobs/{job}/wait")
-    async def job_wait(job: str, timeout: float = 30.0) -> dict[str, Any]:
+    async def job_wait(job: str, timeout: float = 30.0, p: Principal = anyone) -> dict[str, Any]:
         if not 0 <= timeout <= 3600:
             raise ApiError(400, "request", "timeout must be in 0..3600 seconds")
+        owners.check(p, job)
         return await scheduler.wait(job, min(timeout, MAX_WAIT_S))
 
     @api.get("/jobs/{job}/tensors/{name}")
-    async def tensor(job: str, name: str) -> StreamingResponse:
+    async def tensor(job: str, name: str, p: Principal = anyone) -> StreamingResponse:
+        owners.check(p, job)
         shape, dtype, nbytes, chunks = await scheduler.open_tensor(job, name)
         return StreamingResponse(
             chunks,
@@ -132,23 +212,25 @@ def create_app(
         )
 
     @api.get("/jobs/{job}/plan")
-    async def job_plan(job: str) -> dict[str, Any]:
+    async def job_plan(job: str, p: Principal = anyone) -> dict[str, Any]:
+        owners.check(p, job)
         return await scheduler.plan(job)
 
     @api.delete("/jobs/{job}")
-    async def cancel(job: str) -> dict[str, Any]:
+    async def cancel(job: str, p: Principal = changer) -> dict[str, Any]:
+        owners.check(p, job)
         return await scheduler.cancel(job)
 
     @api.get("/nodes")
-    async def nodes() -> list[dict[str, Any]]:
+    async def nodes(p: Principal = anyone) -> list[dict[str, Any]]:
         return await scheduler.nodes()
 
     @api.get("/engines")
-    async def engines() -> list[dict[str, Any]]:
+    async def engines(p: Principal = anyone) -> list[dict[str, Any]]:
         return await scheduler.engines()
 
     @api.get("/stats")
-    async def stats() -> JSONResponse:
+    async def stats(p: Principal = anyone) -> JSONResponse:
         s = scheduler.shell.stats
         return JSONResponse(
             {
@@ -165,14 +247,14 @@ def create_app(
 
     app.include_router(api)
     if isinstance(scheduler.registry, MemoryBackend):
-        _mount_registry(app, scheduler.registry, token_b)
+        _mount_registry(app, scheduler.registry, auth, node_credential(scheduler.secret))
     return app
 
 
-def _mount_registry(app: FastAPI, backend: MemoryBackend, token: bytes) -> None:
+def _mount_registry(app: FastAPI, backend: MemoryBackend, auth: Authenticator, credential: str) -> None:
     try:
         from triplane.registry.http import registry_router
     except ImportError:
         log.warning("triplane.registry.http is not available: the in-memory registry is not served")
         return
-    app.include_router(registry_router(backend, token.decode()))
+    app.include_router(registry_router(backend, credential, is_client_token=auth.is_client_token))

@@ -1,33 +1,122 @@
-"""Bearer-token auth for the REST API.
+"""Who is calling, and may they: bearer tokens with roles, and the node credential.
 
-Every route but ``/v1/health`` needs ``Authorization: Bearer <token>``. The comparison is
-constant-time (``hmac.compare_digest`` on bytes), so response timing says nothing about
-how much of a guess was right. Missing or wrong -> 401 with the error body of
-docs/runtime.md and ``WWW-Authenticate: Bearer``.
+Every route but ``/v1/health`` needs ``Authorization: Bearer <token>``. A token is one of
+
+* the **admin token** the scheduler was started with (``--token-file``; the run
+  directory's ``token`` file under ``triplane up``), principal name ``admin``;
+* a **client token** listed in ``tokens.json`` (``tokens.py``): role ``admin``,
+  ``submit`` or ``read``, and a name that owns the jobs it submits;
+* the **node credential** (``triplane.registry.credential``), which executors and
+  scheduler replicas derive from the cluster secret. It opens the served registry and
+  nothing else; client tokens never open the registry.
+
+What each role may do (docs/security.md):
+
+=========  ===========================================================================
+admin      everything on the REST API
+submit     upload, submit; see, wait on, fetch, explain and cancel its own jobs only
+           (``GET /v1/jobs`` lists only them); see nodes, engines and stats
+read       see everything (jobs of everyone, nodes, engines, stats); change nothing
+=========  ===========================================================================
+
+Missing or unknown token -> 401 (``WWW-Authenticate: Bearer``); a known one whose role
+may not do this -> 403 ``kind: "forbidden"``. Comparisons are constant-time
+(``hmac.compare_digest`` on bytes, hashes for the listed tokens), so response timing says
+nothing about how much of a guess was right.
 """
 
 from __future__ import annotations
 
 import hmac
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
 
 from fastapi import Request
 
 from triplane.scheduler.api.errors import ApiError
+from triplane.scheduler.api.tokens import ROLES, TokenBook
+
+__all__ = ["ADMIN", "ANYONE", "CHANGERS", "NODE", "Authenticator", "Principal", "check_bearer"]
+
+NODE = "node"
+ADMIN = ("admin",)
+CHANGERS = ("admin", "submit")  # may upload, submit and cancel
+ANYONE = ROLES  # every client role (never the node credential)
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who a request is from: ``name`` (the owner of the jobs it submits) and ``role``
+    (``admin``, ``submit``, ``read``, or ``node`` for the node credential)."""
+
+    name: str
+    role: str
+
+    @property
+    def sees_all_jobs(self) -> bool:
+        return self.role in ("admin", "read")
+
+
+def _bearer(header: str | None) -> str:
+    if not header:
+        raise ApiError(401, "unauthorized", "missing bearer token (Authorization: Bearer <token>)")
+    scheme, _, given = header.partition(" ")
+    given = given.strip()
+    if scheme.lower() != "bearer" or not given:
+        raise ApiError(401, "unauthorized", "wrong bearer token")
+    return given
 
 
 def check_bearer(header: str | None, token: bytes) -> None:
     """Raise a 401 ``ApiError`` unless ``header`` is ``Bearer <token>``."""
-    if not header:
-        raise ApiError(401, "unauthorized", "missing bearer token (Authorization: Bearer <token>)")
-    scheme, _, given = header.partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), token):
+    if not hmac.compare_digest(_bearer(header).encode("utf-8", "surrogateescape"), token):
         raise ApiError(401, "unauthorized", "wrong bearer token")
 
 
-def require_token(token: bytes):
-    """A dependency checking the request's bearer token against ``token``."""
+class Authenticator:
+    """Maps a request's bearer token to a :class:`Principal` (401 if none matches)."""
 
-    async def dependency(request: Request) -> None:
-        check_bearer(request.headers.get("authorization"), token)
+    def __init__(self, admin_token: str | bytes | None, *, tokens_file: Path | None = None,
+                 node_credential: str | None = None) -> None:
+        admin = admin_token.encode() if isinstance(admin_token, str) else admin_token
+        self._admin = admin or None
+        self._node = node_credential.encode() if node_credential else None
+        self.book = TokenBook(tokens_file)
 
-    return dependency
+    def identify(self, header: str | None) -> Principal:
+        given = _bearer(header)
+        raw = given.encode("utf-8", "surrogateescape")
+        # Every comparison runs whatever matches, so timing does not say which one did.
+        is_admin = self._admin is not None and hmac.compare_digest(raw, self._admin)
+        is_node = self._node is not None and hmac.compare_digest(raw, self._node)
+        entry = self.book.lookup(given)
+        if is_admin:
+            return Principal("admin", "admin")
+        if is_node:
+            return Principal(NODE, NODE)
+        if entry is not None:
+            return Principal(entry.name, entry.role)
+        raise ApiError(401, "unauthorized", "wrong bearer token")
+
+    def is_client_token(self, given: str) -> bool:
+        """Whether ``given`` is a client token (any role): the served registry answers
+        those 403 rather than 401."""
+        raw = given.encode("utf-8", "surrogateescape")
+        is_admin = self._admin is not None and hmac.compare_digest(raw, self._admin)
+        return self.book.lookup(given) is not None or is_admin
+
+    def require(self, roles: Iterable[str], what: str) -> Callable[[Request], Awaitable[Principal]]:
+        """A FastAPI dependency: the caller's principal if its role is in ``roles``, else
+        401 (unknown) or 403 naming ``what`` it may not do."""
+        allowed = frozenset(roles)
+
+        async def dependency(request: Request) -> Principal:
+            p = self.identify(request.headers.get("authorization"))
+            if p.role not in allowed:
+                who = "the node credential" if p.role == NODE else f"a {p.role} token ({p.name!r})"
+                raise ApiError(403, "forbidden", f"{who} may not {what} "
+                                                 f"(roles that may: {sorted(allowed)})")
+            return p
+
+        return dependency
