@@ -728,17 +728,11 @@ class Scheduler(Leading):
         asyncio.get_running_loop().create_task(self._release(f.job, keep_fetched=True))
 
     def _failure(self, f: JobFinished) -> dict[str, Any]:
-        live = self.jobs[f.job]
-        for t in self.state.jobs[f.job].tasks.values():
-            if t.state == "failed":
-                kind = "infra" if "gave up after" in (t.error or "") else "user"
-                return {
-                    "kind": kind,
-                    "message": t.error or f.error or "failed",
-                    "node": live.name_of(t.spec.id),
-                    "op": t.spec.op,
-                }
-        return {"kind": "infra", "message": f.error or "failed", "node": None, "op": None}
+        e = f.error  # structured by the dispatcher (TaskFailure): no parsing of messages
+        if e is None:
+            return {"kind": "infra", "message": "failed", "node": None, "op": None}
+        node = self.jobs[f.job].name_of(e.task) if e.task is not None else None
+        return {"kind": e.kind, "message": e.message, "node": node, "op": e.op}
 
     def _progress(self, job: str) -> tuple[bool, int]:
         js = self.state.jobs.get(job)
