@@ -92,14 +92,19 @@ def create_app(
             raise ApiError(400, "request", f"the body is not JSON: {e}") from None
         if not isinstance(doc, dict) or "graph" not in doc:
             raise ApiError(400, "request", 'expected {"graph": <graph document>, "fetch": [node ids]}')
-        unknown = set(doc) - {"graph", "fetch"}
+        unknown = set(doc) - {"graph", "fetch", "deadline_s"}
         if unknown:
-            raise ApiError(400, "request", f"unknown field(s) {sorted(unknown)} (known: ['fetch', 'graph'])")
+            raise ApiError(400, "request", f"unknown field(s) {sorted(unknown)} "
+                                           "(known: ['deadline_s', 'fetch', 'graph'])")
+        deadline_s = doc.get("deadline_s")  # the job fails (kind "deadline") if not ended by then
+        if deadline_s is not None and (type(deadline_s) not in (int, float) or not 0 < deadline_s <= 604800):
+            raise ApiError(400, "request", f"'deadline_s' must be seconds in (0, 604800], "
+                                           f"got {deadline_s!r:.40}")
         graph = doc["graph"]
         fetch = doc.get("fetch")
         if fetch is None and isinstance(graph, dict):
             fetch = list(graph.get("outputs") or [])
-        body_out = await scheduler.submit(graph, fetch)
+        body_out = await scheduler.submit(graph, fetch, deadline_s)
         return {"id": body_out["id"], "state": body_out["state"]}
 
     @api.get("/jobs")
