@@ -392,8 +392,11 @@ class DispatchState:
                 continue
             t.node = node.name
             t.sends = 1
-            t.resend_at = now + policy.resend_timeout(spec)
-            t.due = now + policy.run_budget(spec, t.overruns)
+            # Policy.resend_timeout and run_budget, inlined: this is the per-task hot path.
+            predicted = policy.deadline_factor * spec.cost_s
+            t.resend_at = now + (predicted if predicted > policy.min_timeout_s else policy.min_timeout_s)
+            t.due = now + (policy.run_budget(spec, t.overruns) if t.overruns else
+                           policy.run_slack_s + predicted)
             t.started = False
             node.running.add(key)
             self._move(t, DISPATCHED, ev.stimulus_id, now, out, queue=False)
