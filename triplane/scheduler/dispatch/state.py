@@ -496,13 +496,16 @@ class DispatchState:
     def validate_state(self) -> None:
         """Assert the invariants (tests call this after every scenario)."""
         queued = {(e[3], e[4]) for e in self._ready}
+        timed = {j for _, j in self._job_deadlines}
         for job in self.jobs.values():
             not_done = sum(1 for t in job.tasks.values() if t.state != DONE)
             if job.state == "running":
                 assert job.remaining == not_done, (job.id, job.remaining, not_done)
+                assert job.deadline is None or job.id in timed, job.id
             for t in job.tasks.values():
                 if t.state == DISPATCHED:
                     assert t.node is not None and (job.id, t.spec.id) in self.nodes[t.node].running
+                    assert t.due > 0.0 and t.sends >= 1, (t.spec.id, t.due, t.sends)
                 if t.state == READY and job.state == "running":
                     assert (job.id, t.spec.id) in queued
                 if t.state == PENDING:
