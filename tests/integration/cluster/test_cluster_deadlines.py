@@ -10,6 +10,9 @@ runs in its worker thread hangs that long; its event loop, lease and acks carry 
 
 from __future__ import annotations
 
+import os
+import signal
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -87,3 +90,51 @@ def test_a_kernel_hung_on_a_live_acking_executor_drifts_after_its_run_deadline(
         s.close()
         print(f"hung kernel on {hung}: drifted to {mm.node}; job done in {took:.1f} s "
               f"(stall {STALL_S:g} s, run budget {budget:g} s)")
+
+
+def test_an_executor_sigstopped_while_acknowledging_a_long_task_has_it_drifted(
+        start_cluster: Callable[..., Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    # The wording: the executor acknowledges its long (here: hung) task, then is
+    # SIGSTOPped. Its acks stop; the task drifts after its retransmission deadline, long
+    # before its lease (5 s) would expire or the kernel return, and the job ends right.
+    want = EmbeddedSession().evaluate(build())
+    monkeypatch.setenv(STALL_ENV, f"matmul:{STALL_S:g}")
+    with start_cluster(bound_s=150, executors=2) as cluster:
+        headers = {"Authorization": f"Bearer {cluster.token}"}
+        s = RemoteSession(cluster.url, cluster.token, job_timeout_s=60.0, reconnect_s=20.0, poll_s=0.5)
+        result: dict[str, Any] = {}
+
+        def run() -> None:
+            try:
+                result["got"] = s.evaluate(build())
+            except BaseException as e:  # reported by the test thread
+                result["error"] = e
+
+        worker = threading.Thread(target=run, daemon=True)
+        worker.start()
+        victim = None
+        deadline = time.monotonic() + 30
+        while victim is None and time.monotonic() < deadline:
+            stats = httpx.get(f"{cluster.url}/v1/stats", headers=headers, timeout=5).json()
+            nodes = httpx.get(f"{cluster.url}/v1/nodes", headers=headers, timeout=5).json()
+            busy = [n for n in nodes if n["running"]]
+            if busy and stats["acks"] >= 2:  # acknowledged, and answered a retransmission
+                victim = next(p for p in cluster.executors if p.pid == busy[0]["pid"])
+            time.sleep(0.05)
+        assert victim is not None, "no executor ever acknowledged the hung task"
+        os.kill(victim.pid, signal.SIGSTOP)
+        t_stop = time.monotonic()
+        try:
+            worker.join(60)
+            took = time.monotonic() - t_stop
+        finally:
+            os.kill(victim.pid, signal.SIGCONT)
+        assert not worker.is_alive() and "error" not in result, result.get("error")
+        for g, w in zip(result["got"], want):
+            np.testing.assert_allclose(g, w, rtol=2e-5, atol=1e-5)
+        (mm,) = [r for r in task_rows(cluster.db, s.last_job) if r.op == "matmul"]
+        assert mm.state == "done" and mm.attempt >= 1 and mm.node != victim.name, (mm.attempt, mm.node)
+        assert took < 30.0, took
+        s.close()
+        print(f"{victim.name} SIGSTOPped while acknowledging: its task drifted to {mm.node}, "
+              f"job done {took:.1f} s after the stop")
