@@ -45,6 +45,7 @@ from triplane.proto.packet import (
     parse_task_id,
     read_frame,
 )
+from triplane.proto.states import TaskState
 from triplane.registry import NodeInfo, RegistryBackend, watch_nodes
 from triplane.scheduler.dispatch.state import (
     DispatchState,
@@ -211,7 +212,7 @@ class DispatchShell:
         self.stats.replies += 1
         now = time.time()
         if r.ok:
-            if t.state == "dispatched":
+            if t.state == TaskState.DISPATCHED:
                 self.hooks.output(job, task, t.node, r)
             self.handle(TaskSucceeded(f"reply:{r.task}", job, task, attempt, t.node, now))
         else:
