@@ -16,6 +16,7 @@ from triplane.scheduler.dispatch.state import (
     Policy,
     Send,
     SubmitJob,
+    TaskAcked,
     TaskErred,
     TaskSpec,
     TaskSucceeded,
@@ -209,7 +210,8 @@ def test_bad_submissions_and_transitions_are_refused() -> None:
 
 @pytest.mark.parametrize("seed", range(40))
 def test_random_chaos_always_ends_in_a_final_state(seed: int) -> None:
-    """Random DAGs, lost packets, infra errors and node deaths (one node always survives):
+    """Random DAGs, lost packets, infra errors, progress acks of tasks that may never end
+    (they drift at their run deadlines) and node deaths (one node always survives):
     every job ends done, and the invariants hold after every event. Odd seeds place the
     tasks (so some are sent early, behind their inputs, and recalled when those drift)."""
     rnd = random.Random(seed)
@@ -233,6 +235,10 @@ def test_random_chaos_always_ends_in_a_final_state(seed: int) -> None:
                 out = s.handle(Tick(sid(), now))
             elif not node.alive or rnd.random() < 0.2:
                 out = []  # lost packet, or the node is gone
+            elif rnd.random() < 0.3:  # still running there (its kernel may hang): a progress ack
+                inflight.append(snd)
+                out = s.handle(TaskAcked(sid(), "j", snd.task, snd.attempt, now,
+                                         rnd.choice([None, now - rnd.random()])))
             elif rnd.random() < 0.1:
                 out = s.handle(TaskErred(sid(), "j", snd.task, snd.attempt, snd.node, "infra", "x", now))
             else:

@@ -474,7 +474,7 @@ class DispatchState:
         rec = Transitioned(t.job, t.spec.id, start, finish, t.attempt, t.node, stimulus_id, now)
         t.log.append(rec)
         out.append(rec)
-        if finish is READY and queue:
+        if finish == READY and queue:
             self._seq += 1
             heapq.heappush(self._ready, (self.jobs[t.job].seq, t.spec.priority, self._seq, t.job, t.spec.id))
 
