@@ -95,6 +95,8 @@ class Intake:
         """Remember ``reply`` (encoded) as the answer to any later duplicate of ``task_id``."""
         self.replay.remember_reply(task_id, reply)
 
-    def ack(self, task_id: str, now: float | None = None) -> bytes:
-        """An encoded ``ack`` control message for ``task_id``."""
-        return encode_control(Control("ack", task_id, time.time() if now is None else now), self.secret)
+    def ack(self, task_id: str, now: float | None = None, since: float | None = None) -> bytes:
+        """An encoded ``ack`` control message for ``task_id``; ``since``: its kernel's start,
+        while it runs (the progress report the scheduler's run deadline reads)."""
+        return encode_control(Control("ack", task_id, time.time() if now is None else now, since),
+                              self.secret)

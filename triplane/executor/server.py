@@ -172,7 +172,7 @@ class PacketServer:
 
     def _ack(self, task_id: str, send: Send) -> None:
         self.counts["acks"] += 1
-        send(self.intake.ack(task_id))
+        send(self.intake.ack(task_id, since=self.runner.running_since(task_id)))
 
     async def _execute(self, task: TaskPacket, received: float, send: Send) -> None:
         if task.pull_from:

@@ -31,7 +31,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import os
 import re
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -46,7 +48,8 @@ from triplane.proto.errors import GraphError, KernelError
 from triplane.proto.ir import TensorType
 from triplane.proto.packet import Reply, TaskError, TaskPacket, TileInfo, Timings
 
-__all__ = ["INLINE_BYTES", "MAX_MESSAGE_CHARS", "Puller", "TaskRunner", "is_upload_tile"]
+__all__ = ["INLINE_BYTES", "MAX_MESSAGE_CHARS", "STALL_ENV", "Puller", "TaskRunner", "is_upload_tile",
+           "stall_from_env"]
 
 Puller = Callable[[str, str], Awaitable[np.ndarray]]  # (node, tile) -> array
 
@@ -59,11 +62,34 @@ WAIT_FOR_INPUT_S = 10.0
 # Keeps an error reply (task id, message, signature) inside one 1472-byte datagram.
 MAX_MESSAGE_CHARS = 1000
 _UPLOAD_TILE = re.compile(r"u-[0-9a-f]{32}(@[0-9:,]*)?")
+# Fault injection for chaos tests: "<op>:<seconds>" makes the first kernel of <op> that a
+# first attempt (".a0") runs in a worker thread here hang that long -- a hung kernel on a
+# live executor, which keeps acknowledging (docs/executor.md).
+STALL_ENV = "TRIPLANE_FAULT_STALL_KERNEL"
+
+
+def stall_from_env(env: dict[str, str] | None = None) -> tuple[str, float] | None:
+    """(op, seconds) from ``$TRIPLANE_FAULT_STALL_KERNEL``, or None; ValueError if malformed."""
+    text = (os.environ if env is None else env).get(STALL_ENV, "")
+    if not text:
+        return None
+    op, sep, seconds = text.rpartition(":")
+    try:
+        value = float(seconds)
+    except ValueError:
+        value = -1.0
+    if not sep or not op or not value >= 0.0:
+        raise ValueError(f"{STALL_ENV} must be '<op>:<seconds>', got {text!r}")
+    return op, value
 
 
 class _Fail(Exception):
-    def __init__(self, kind: str, message: str) -> None:
-        self.kind = kind
+    """A task failure of ``kind``; ``node``/``input``: the node an input was to be pulled
+    from and that input tile, when pulling it failed (the reply's structured error)."""
+
+    def __init__(self, kind: str, message: str, *, node: str | None = None,
+                 input: str | None = None) -> None:
+        self.kind, self.node, self.input = kind, node, input
         super().__init__(message)
 
 
@@ -94,7 +120,8 @@ class TaskRunner:
     """
 
     def __init__(self, engine: Any, store: Any, pull: Puller, *, node: str, workers: int = 1,
-                 inline_bytes: int = INLINE_BYTES, wait_for_input_s: float = WAIT_FOR_INPUT_S) -> None:
+                 inline_bytes: int = INLINE_BYTES, wait_for_input_s: float = WAIT_FOR_INPUT_S,
+                 stall: tuple[str, float] | None = None) -> None:
         self.engine = engine
         self.wait_for_input_s = wait_for_input_s
         self.store = store
@@ -108,8 +135,18 @@ class TaskRunner:
         self._pulling: dict[str, asyncio.Task[np.ndarray]] = {}  # upload tile -> its pull
         self._making: dict[str, int] = {}  # output tile -> attempts running here making it
         self._made: dict[str, asyncio.Future[bool]] = {}  # tile -> made (True) or failed
+        self._started: dict[str, float] = {}  # task id -> its kernel's start, while it runs
+        self._stall = stall if stall is not None else stall_from_env()  # fault injection
+        self._unstall = threading.Event()  # set by close(): a stalled kernel returns at once
+
+    def running_since(self, task_id: str) -> float | None:
+        """When ``task_id``'s kernel started, while it runs in a worker thread (None before
+        and after): the progress an ack reports, so the scheduler can tell a long kernel
+        from one hung past its deadline."""
+        return self._started.get(task_id)
 
     def close(self) -> None:
+        self._unstall.set()
         self.pool.shutdown(wait=False, cancel_futures=True)
 
     async def run(self, task: TaskPacket, received: float,
@@ -127,14 +164,15 @@ class TaskRunner:
         except _Fail as f:
             self.stats["user_errors" if f.kind == "user" else "infra_errors"] += 1
             return Reply(task.task, False, Timings(received, start, time.time()), (),
-                         TaskError(f.kind, _clip(str(f))))  # type: ignore[arg-type]
+                         TaskError(f.kind, _clip(str(f)), f.node or self.node, f.input))  # type: ignore[arg-type]
         except asyncio.CancelledError:
             raise
         except Exception as e:  # a bug or an engine fault: the node is at fault, not the user
             self.stats["infra_errors"] += 1
             return Reply(task.task, False, Timings(received, start, time.time()), (),
-                         TaskError("infra", _clip(f"executor fault: {type(e).__name__}: {e}")))
+                         TaskError("infra", _clip(f"executor fault: {type(e).__name__}: {e}"), self.node))
         finally:
+            self._started.pop(task.task, None)
             if out is not None:
                 left = self._making.pop(out) - 1
                 if left:  # another attempt still makes it (a recalled one, say)
@@ -217,7 +255,19 @@ class TaskRunner:
         if on_slow is not None:
             on_slow(task.task)
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.pool, _timed, self.engine, task.op, inputs, attrs, out_t)
+        return await loop.run_in_executor(self.pool, self._timed_here, task.task, task.op, inputs,
+                                          attrs, out_t)
+
+    def _timed_here(self, task_id: str, op: str, inputs: list[np.ndarray], attrs: Any,
+                    out_t: TensorType) -> tuple[float, np.ndarray, float]:
+        """``_timed`` in a worker thread, its start recorded for ``running_since`` (a dict
+        store is atomic under the GIL; ``run`` drops the entry when the task ends)."""
+        self._started[task_id] = time.time()
+        stall = self._stall
+        if stall is not None and stall[0] == op and task_id.endswith(".a0"):
+            self._stall = None  # once
+            self._unstall.wait(stall[1])
+        return _timed(self.engine, op, inputs, attrs, out_t)
 
     async def _gather(self, task: TaskPacket, on_slow: Callable[[str], None] | None = None
                       ) -> tuple[list[np.ndarray], list[str]]:
@@ -264,7 +314,8 @@ class TaskRunner:
                         in_use.append(tile)
                 if failed is not None:
                     tile, node, err = failed
-                    raise _Fail("infra", f"pulling input {tile} from node {node} failed: {err}")
+                    raise _Fail("infra", f"pulling input {tile} from node {node} failed: {err}",
+                                node=node, input=tile)
         except BaseException:
             for key in in_use:
                 self.store.cache_done(key)

@@ -9,8 +9,8 @@ URL (psycopg 3). Repository functions take a session from ``MetaDB.transaction()
         job = create_job(s, graph_hash=h, graph_json=canonical, fetch=["p"])
         insert_tasks(s, job.id, [NewTask("t0", "matmul"), NewTask("t1", "add")])
     with BatchWriter(db) as w:                               # the dispatcher's hot path
-        w.transition(job.id, "t0", "running", attempt=0, node="n1", started_at=time.time())
-        w.event(job.id, "task.running", task_id="t0", stimulus_id="reply-17")
+        w.transition(job.id, "t0", "dispatched", attempt=0, node="n1", queued_at=time.time())
+        w.event(job.id, "task.drifted", task_id="t0", stimulus_id="reply-17")
 
 Errors are in ``errors.py`` (its docstring has the tree); bounds and states in ``validate.py``.
 """

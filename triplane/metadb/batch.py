@@ -1,7 +1,7 @@
 """Batched writes for the dispatcher's hot path: task transitions, tile locations, events,
 job progress.
 
-A job of thousands of tasks makes several writes per task (ready, dispatched, running, done,
+A job of thousands of tasks makes several writes per task (ready, dispatched, done,
 each with an event). One commit each would cap the scheduler at the database's commit rate
 (a few hundred per second on a disk-backed SQLite). ``BatchWriter`` queues them and a
 background thread writes them in one transaction per batch: when ``max_items`` are queued or

@@ -283,7 +283,7 @@ def list_events(session: Session, job_id: str, *, task_id: str | None = None, af
 def jobs_to_resume(session: Session) -> list[ResumeJob]:
     """Every job not in a terminal state, oldest first, with all of its tasks (by task id).
 
-    A restarted scheduler calls this once: tasks "dispatched" or "running" may or may not have
+    A restarted scheduler calls this once: tasks "dispatched" may or may not have
     finished on their executor, so it re-dispatches them (results are deduplicated by task id).
     """
     jobs = list(session.scalars(sa.select(Job).where(

@@ -12,18 +12,19 @@ from typing import Any, Literal, get_args
 
 from triplane.metadb.errors import InvalidInputError, PayloadTooLargeError
 from triplane.proto.limits import MAX_ID_LENGTH, MAX_RANK
+from triplane.proto.states import TERMINAL_TASK_STATES as _TERMINAL_TASKS
+from triplane.proto.states import TaskState
 
 JobState = Literal["submitted", "compiling", "running", "done", "failed", "cancelled"]
-TaskState = Literal["pending", "ready", "dispatched", "running", "done", "failed", "cancelled"]
 TileState = Literal["planned", "present", "lost", "freed"]
 ErrorKind = Literal["user", "infra"]
 
 JOB_STATES: tuple[str, ...] = get_args(JobState)
-TASK_STATES: tuple[str, ...] = get_args(TaskState)
+TASK_STATES: tuple[str, ...] = tuple(s.value for s in TaskState)  # the dispatcher's, one vocabulary
 TILE_STATES: tuple[str, ...] = get_args(TileState)
 ERROR_KINDS: tuple[str, ...] = get_args(ErrorKind)
 TERMINAL_JOB_STATES = frozenset({"done", "failed", "cancelled"})
-TERMINAL_TASK_STATES = frozenset({"done", "failed", "cancelled"})
+TERMINAL_TASK_STATES = frozenset(s.value for s in _TERMINAL_TASKS)
 
 MAX_ID = MAX_ID_LENGTH             # ids and names (job, task, node, engine, tensor, op)
 MAX_GRAPH_BYTES = 32 * 1024 * 1024  # canonical graph JSON

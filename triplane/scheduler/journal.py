@@ -30,7 +30,7 @@ from triplane.scheduler.dispatch.state import Transitioned
 log = logging.getLogger(__name__)
 
 TASK_STATE = {
-    "waiting": "pending",
+    "pending": "pending",
     "ready": "ready",
     "dispatched": "dispatched",
     "done": "done",
@@ -100,7 +100,7 @@ class Journal:
                 # gives (ready or pending). Rewriting them would cost a row update per task.
                 continue
             self._tx[(t.job, t.task)] = t
-            if t.start in ("dispatched", "done") and t.finish in ("ready", "waiting", "failed"):
+            if t.start in ("dispatched", "done") and t.finish in ("ready", "pending", "failed"):
                 self._events.append(t)
 
     def output(self, job: str, task: str, node: str, r: Reply, *, tiles: bool = True) -> None:

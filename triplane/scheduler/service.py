@@ -41,6 +41,7 @@ from triplane._version import __version__ as VERSION  # noqa: F401 (api/app.py r
 from triplane.metadb.models import Job as JobRow
 from triplane.proto.errors import GraphError
 from triplane.proto.ir import Graph
+from triplane.proto.states import JobState
 from triplane.registry import (
     Leadership,
     OpEngineInfo,
@@ -89,13 +90,13 @@ log = logging.getLogger(__name__)
 _TASK_OVERHEAD_S = MODEL.task_overhead_s  # what placement adds to each kernel
 STORE_FIRST_TASKS = 1000  # a job of at most this many tasks is stored before it is dispatched
 
-_API_STATE = {
-    "submitted": "queued",
-    "compiling": "queued",
-    "running": "running",
-    "done": "done",
-    "failed": "failed",
-    "cancelled": "cancelled",
+_API_STATE = {  # metadb job state -> the API's (one vocabulary: triplane.proto.states)
+    "submitted": JobState.QUEUED,
+    "compiling": JobState.QUEUED,
+    "running": JobState.RUNNING,
+    "done": JobState.DONE,
+    "failed": JobState.FAILED,
+    "cancelled": JobState.CANCELLED,
 }
 
 
@@ -288,8 +289,11 @@ class Scheduler(Leading):
         if self.role != "leader":
             raise NotLeader(await leader(self.registry))
 
-    async def submit(self, graph_doc: Any, fetch: Any, *, owner: str | None = None) -> dict[str, Any]:
-        """Validate, store, compile and dispatch a job; its status body. SubmitError otherwise."""
+    async def submit(
+        self, graph_doc: Any, fetch: Any, deadline_s: float | None = None, *, owner: str | None = None
+    ) -> dict[str, Any]:
+        """Validate, store, compile and dispatch a job; its status body. SubmitError otherwise.
+        ``deadline_s``: the job fails (kind "deadline") if not ended that long after submit."""
         await self.require_leader()
         if not isinstance(fetch, list) or not all(isinstance(f, str) for f in fetch) or len(fetch) > 10_000:
             raise SubmitError(400, "request", "'fetch' must be a list of at most 10000 node ids")
@@ -352,11 +356,11 @@ class Scheduler(Leading):
                 await asyncio.to_thread(self._store_job, plan, cgraph, fetch, bindings, now, owner)
             except Exception as e:
                 raise _store_failed(job_id, e) from None
-            return self._body(job_id, self._dispatch(plan, now, (), back, factors))
+            return self._body(job_id, self._dispatch(plan, now, (), back, factors, deadline_s))
         # Dispatch first and store meanwhile: the executors start while ~10^4 task rows are
         # inserted. The journal holds the job's writes back until its rows exist.
         self.journal.hold(job_id)
-        live = self._dispatch(plan, now, (), back, factors)
+        live = self._dispatch(plan, now, (), back, factors, deadline_s)
         try:
             await asyncio.to_thread(self._store_job, plan, cgraph, fetch, bindings, now, owner)
         except Exception as e:
@@ -448,12 +452,14 @@ class Scheduler(Leading):
         done: tuple[tuple[str, str], ...],
         back: dict[str, str] | None = None,
         factors: dict[str, tuple[float, float]] | None = None,
+        deadline_s: float | None = None,
     ) -> LiveJob:
         live = LiveJob(plan, back or {}, created, time.time(), factors=factors)
         live.fetched_tasks = frozenset(self._fetched_tasks_of(plan))
         self.jobs[plan.job] = live
         self.templates[plan.job] = dict(plan.templates)
-        self.shell.handle(SubmitJob(f"submit:{plan.job}", plan.job, plan.specs, time.time(), done))
+        self.shell.handle(SubmitJob(f"submit:{plan.job}", plan.job, plan.specs, time.time(), done,
+                                    None if deadline_s is None else created + deadline_s))
         return live
 
     def status(self, job: str) -> dict[str, Any]:
@@ -730,17 +736,11 @@ class Scheduler(Leading):
         asyncio.get_running_loop().create_task(self._release(f.job, keep_fetched=True))
 
     def _failure(self, f: JobFinished) -> dict[str, Any]:
-        live = self.jobs[f.job]
-        for t in self.state.jobs[f.job].tasks.values():
-            if t.state == "failed":
-                kind = "infra" if "gave up after" in (t.error or "") else "user"
-                return {
-                    "kind": kind,
-                    "message": t.error or f.error or "failed",
-                    "node": live.name_of(t.spec.id),
-                    "op": t.spec.op,
-                }
-        return {"kind": "infra", "message": f.error or "failed", "node": None, "op": None}
+        e = f.error  # structured by the dispatcher (TaskFailure): no parsing of messages
+        if e is None:
+            return {"kind": "infra", "message": "failed", "node": None, "op": None}
+        node = self.jobs[f.job].name_of(e.task) if e.task is not None else None
+        return {"kind": e.kind, "message": e.message, "node": node, "op": e.op}
 
     def _progress(self, job: str) -> tuple[bool, int]:
         js = self.state.jobs.get(job)

@@ -53,10 +53,15 @@ REPLIES: dict[str, pk.Reply] = {
     "reply_infra_error": pk.Reply(
         task="j42.t19.a1", ok=False, timings=pk.Timings(1732212341.0, 0.0, 0.0),
         error=pk.TaskError("infra", "memory engine 'host' is full (8 GiB)")),
+    "reply_pull_error": pk.Reply(
+        task="j42.t17.a2", ok=False, timings=pk.Timings(1732212342.0, 1732212342.0, 1732212342.25),
+        error=pk.TaskError("infra", "pulling input j42.w.1.0 from node n2 failed: connection refused",
+                           node="n2", input="j42.w.1.0")),
 }
 CONTROLS: dict[str, pk.Control] = {
     "control_ping": pk.Control("ping", "n1-000042", 1732212340.25),
     "control_ack": pk.Control("ack", "j42.t17.a0", 1732212341.5),
+    "control_ack_running": pk.Control("ack", "j42.t17.a0", 1732212344.5, since=1732212341.625),
 }
 
 

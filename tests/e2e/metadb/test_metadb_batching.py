@@ -40,7 +40,7 @@ def test_5000_transitions_take_a_handful_of_commits(db: MetaDB, capsys: pytest.C
     counter = CommitCounter(db.engine)
     t0 = time.perf_counter()
     with BatchWriter(db, max_items=500, max_delay=0.05) as w:
-        for state in ("ready", "dispatched", "running", "done"):
+        for state in ("pending", "ready", "dispatched", "done"):
             for i in range(1250):
                 w.transition(job, f"t{i:05d}", state, attempt=0, node="n1", started_at=1.0 + i)
         for i in range(0, 1250, 250):
@@ -67,7 +67,7 @@ def test_a_lone_write_is_committed_within_the_interval(db: MetaDB) -> None:
     job = make_job(db, 1)
     commits = CommitCounter(db.engine)
     with BatchWriter(db, max_items=500, max_delay=0.05) as w:
-        w.transition(job, "t00000", "running")
+        w.transition(job, "t00000", "dispatched")
         w.event(job, "task.running", task_id="t00000", stimulus_id="s1", payload={"n": 1})
         deadline = time.monotonic() + 5
         while w.stats.items < 2 and time.monotonic() < deadline:
@@ -75,7 +75,7 @@ def test_a_lone_write_is_committed_within_the_interval(db: MetaDB) -> None:
         assert w.stats.items == 2 and commits.count == 1  # one commit for both, without flush()
     commits.remove()
     with db.read() as s:
-        assert mdb.get_task(s, job, "t00000").state == "running"
+        assert mdb.get_task(s, job, "t00000").state == "dispatched"
         assert [e.kind for e in mdb.list_events(s, job)] == ["task.running"]
 
 
@@ -85,7 +85,7 @@ def test_bad_input_is_refused_at_once_and_queues_nothing(db: MetaDB) -> None:
         with pytest.raises(mdb.UnknownJobError, match="j-missing"):
             w.event("j-missing", "x")
         with pytest.raises(mdb.UnknownTaskError, match="'t-missing'"):
-            w.transition(job, "t-missing", "running")
+            w.transition(job, "t-missing", "dispatched")
         with pytest.raises(mdb.InvalidInputError, match="unknown state"):
             w.transition(job, "t00000", "exploded")
         with pytest.raises(mdb.PayloadTooLargeError):

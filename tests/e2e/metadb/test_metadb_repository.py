@@ -90,12 +90,12 @@ def test_task_transitions_persist_with_timings_and_errors(db: MetaDB) -> None:
     job = make_job(db)
     with db.transaction() as s:
         mdb.transition_task(s, job, "t0", "dispatched", attempt=0, node="n1", queued_at=10.0)
-        mdb.transition_task(s, job, "t0", "running", expect="dispatched", started_at=10.5)
-        mdb.transition_task(s, job, "t0", "done", finished_at=11.0, actual_s=0.5)
+        mdb.transition_task(s, job, "t0", "done", expect="dispatched", started_at=10.5, finished_at=11.0,
+                            actual_s=0.5)
         mdb.transition_task(s, job, "t1", "failed", error_kind="user", error_message="boom")
     # a late reply of an old attempt must not overwrite a finished task
-    with db.transaction() as s, pytest.raises(mdb.ConflictError, match="'done', not 'running'"):
-        mdb.transition_task(s, job, "t0", "failed", expect="running")
+    with db.transaction() as s, pytest.raises(mdb.ConflictError, match="'done', not 'dispatched'"):
+        mdb.transition_task(s, job, "t0", "failed", expect="dispatched")
     with db.read() as s:
         t0, t1 = mdb.get_task(s, job, "t0"), mdb.get_task(s, job, "t1")
         assert [t.task_id for t in mdb.list_tasks(s, job, states=["pending"])] == ["t2"]
@@ -143,7 +143,7 @@ def test_resume_after_restart_sees_unfinished_jobs_with_tasks(db_url: str) -> No
         mdb.set_job_state(s, running, "running")
         mdb.set_job_state(s, done, "done")
         mdb.transition_task(s, running, "t0", "done", attempt=0, node="n1")
-        mdb.transition_task(s, running, "t1", "running", attempt=1, node="n2")
+        mdb.transition_task(s, running, "t1", "dispatched", attempt=1, node="n2")
     first.close()  # the "scheduler" stops; a new process opens the same URL
 
     second = mdb.open_db(db_url)
@@ -154,7 +154,7 @@ def test_resume_after_restart_sees_unfinished_jobs_with_tasks(db_url: str) -> No
         second.close()
     assert [r.job.id for r in resume] == [running]
     states = {t.task_id: (t.state, t.attempt, t.node) for t in resume[0].tasks}
-    assert states == {"t0": ("done", 0, "n1"), "t1": ("running", 1, "n2"),
+    assert states == {"t0": ("done", 0, "n1"), "t1": ("dispatched", 1, "n2"),
                       "t2": ("pending", 0, None), "t3": ("pending", 0, None)}
 
 
@@ -168,7 +168,7 @@ def test_unknown_ids_raise_clear_errors(db: MetaDB) -> None:
         with pytest.raises(mdb.UnknownTaskError, match="unknown task 'nope' of job"):
             mdb.get_task(s, job, "nope")
     with pytest.raises(mdb.UnknownTaskError), db.transaction() as s:
-        mdb.transition_task(s, job, "nope", "running")
+        mdb.transition_task(s, job, "nope", "dispatched")
     with pytest.raises(mdb.UnknownJobError), db.transaction() as s:
         mdb.add_events(s, [NewEvent(job, "ok"), NewEvent("j-missing", "x")])
     with db.read() as s:
@@ -186,7 +186,7 @@ def test_unknown_ids_raise_clear_errors(db: MetaDB) -> None:
 def test_bad_task_fields_are_rejected_and_nothing_changes(db: MetaDB, bad: dict[str, object]) -> None:
     job = make_job(db)
     bad = dict(bad)  # the parameter dict is shared between the backends' runs
-    state = bad.pop("state", "running")
+    state = bad.pop("state", "dispatched")
     with pytest.raises(mdb.InvalidInputError), db.transaction() as s:
         mdb.transition_task(s, job, "t0", str(state), **bad)
     with db.read() as s:
@@ -230,7 +230,7 @@ def test_two_threads_writing_events_lose_nothing(db: MetaDB) -> None:
                 with db.transaction() as s:
                     mdb.add_events(s, [NewEvent(job, "tick", stimulus_id=f"{name}-{i}",
                                                 payload={"w": name, "i": i})])
-                    mdb.transition_task(s, job, "t0", "running", attempt=i)
+                    mdb.transition_task(s, job, "t0", "dispatched", attempt=i)
         except BaseException as exc:  # collected and asserted below
             errors.append(exc)
 

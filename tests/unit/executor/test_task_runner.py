@@ -11,7 +11,7 @@ import pytest
 
 from triplane.engines import get_op_engine
 from triplane.engines.memory.host import HostMemoryEngine
-from triplane.executor.tasks import MAX_MESSAGE_CHARS, TaskRunner
+from triplane.executor.tasks import MAX_MESSAGE_CHARS, TaskRunner, stall_from_env
 from triplane.proto.errors import KernelError
 from triplane.proto.packet import Reply, TaskPacket
 
@@ -79,8 +79,10 @@ def test_pull_failure_and_missing_local_input_are_infra_errors() -> None:
     reply = run(runner, t("j.n1.a0", "neg", ("x",), pull={"x": "n2"}))
     assert not reply.ok and reply.error.kind == "infra"
     assert "pulling input x from node n2 failed" in reply.error.message and reply.outputs == ()
+    assert (reply.error.node, reply.error.input) == ("n2", "x")  # as data: nobody parses the text
     reply = run(runner, t("j.n2.a0", "neg", ("z",)))
     assert reply.error.kind == "infra" and "input tile z is not held on node me" in reply.error.message
+    assert (reply.error.node, reply.error.input) == ("me", None)
 
 
 def test_kernel_error_is_a_user_error() -> None:
@@ -284,3 +286,40 @@ def test_an_early_task_waits_for_the_attempt_that_makes_its_input() -> None:
     assert not failed.ok and good.ok and dep.ok, (failed.error, good.error, dep.error)
     np.testing.assert_allclose(store.get("e"), -(x @ x), rtol=1e-5)
     assert not runner._made and not runner._making
+
+
+def test_a_running_kernel_reports_its_start_until_it_ends() -> None:
+    runner, store = make(capacity=64 << 20, engine=Sleepy(0.3), inline_bytes=0)
+    store.put("x", np.ones((8, 8), np.float32))
+    seen: list[float | None] = []
+
+    async def go() -> Reply:
+        task = asyncio.ensure_future(runner.run(t("j.n1.a0", "neg", ("x",)), time.time()))
+        assert runner.running_since("j.n1.a0") is None  # not started yet
+        await asyncio.sleep(0.15)
+        seen.append(runner.running_since("j.n1.a0"))
+        return await task
+
+    t0 = time.time()
+    reply = asyncio.run(asyncio.wait_for(go(), 10))
+    assert reply.ok and seen[0] is not None and t0 <= seen[0] <= reply.timings.start + 1e-3
+    assert runner.running_since("j.n1.a0") is None  # ended: no progress to report
+
+
+def test_the_stall_fault_hangs_one_first_attempt_kernel_of_its_op() -> None:
+    runner, store = make(capacity=64 << 20, inline_bytes=0, stall=("neg", 0.4))
+    store.put("x", np.ones((8, 8), np.float32))
+    t0 = time.time()
+    assert run(runner, t("j.n1.a1", "neg", ("x",), "y0")).ok and time.time() - t0 < 0.3  # a retry
+    assert run(runner, t("j.n2.a0", "exp", ("x",), "y1")).ok and time.time() - t0 < 0.3  # another op
+    assert run(runner, t("j.n3.a0", "neg", ("x",), "y2")).ok and time.time() - t0 >= 0.4  # hung
+    t1 = time.time()
+    assert run(runner, t("j.n4.a0", "neg", ("x",), "y3")).ok and time.time() - t1 < 0.3  # once
+
+
+def test_the_stall_fault_is_read_from_the_environment() -> None:
+    assert stall_from_env({}) is None
+    assert stall_from_env({"TRIPLANE_FAULT_STALL_KERNEL": "matmul:60"}) == ("matmul", 60.0)
+    for bad in ("matmul", ":5", "matmul:x", "matmul:-1"):
+        with pytest.raises(ValueError, match="TRIPLANE_FAULT_STALL_KERNEL"):
+            stall_from_env({"TRIPLANE_FAULT_STALL_KERNEL": bad})

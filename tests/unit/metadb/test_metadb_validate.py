@@ -50,10 +50,10 @@ def test_long_errors_are_clipped_keeping_the_head() -> None:
 
 
 def test_task_changes_checks_every_field() -> None:
-    assert task_changes("running", {"attempt": 2, "node": "n1", "started_at": 3}) == {
-        "state": "running", "attempt": 2, "node": "n1", "started_at": 3.0}
+    assert task_changes("dispatched", {"attempt": 2, "node": "n1", "started_at": 3}) == {
+        "state": "dispatched", "attempt": 2, "node": "n1", "started_at": 3.0}
     with pytest.raises(InvalidInputError, match=r"unknown task fields \['colour'\]"):
-        task_changes("running", {"colour": "red"})
+        task_changes("dispatched", {"colour": "red"})
     with pytest.raises(InvalidInputError, match="error_kind"):
         task_changes("failed", {"error_kind": "cosmic"})
 

@@ -59,12 +59,14 @@ def replies(draw: st.DrawFn) -> pk.Reply:
                                        .map(tuple), st.sampled_from(["float32", "bfloat16", "int64"]),
                                        st.integers(0, 2**40)), max_size=3))
         return pk.Reply(draw(task_ids), True, timings, tuple(outs))
-    err = pk.TaskError(draw(st.sampled_from(["user", "infra"])), draw(texts))
+    err = pk.TaskError(draw(st.sampled_from(["user", "infra"])), draw(texts),
+                       draw(st.none() | ids), draw(st.none() | ids))
     return pk.Reply(draw(task_ids), False, timings, (), err)
 
 
-controls = st.builds(pk.Control, st.sampled_from(["ping", "pong"]), ids, times) | st.builds(
-    lambda t, s: pk.Control("ack", t, s), task_ids, times)
+controls = st.builds(lambda k, i, t: pk.Control(k, i, t), st.sampled_from(["ping", "pong"]), ids,
+                     times) | st.builds(lambda t, s, since: pk.Control("ack", t, s, since), task_ids,
+                                        times, st.none() | times)
 messages = task_packets() | replies() | controls
 
 

@@ -7,6 +7,7 @@ jobs are accepted and queued but never run here (tests/integration runs them).""
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 import numpy as np
@@ -259,3 +260,18 @@ def test_admin_reads_list_engines(tmp_path: Path) -> None:
     (e,) = c.get("/v1/engines", headers=AUTH).json()
     assert e["node"] == "ex1" and "exp" in e["ops"]
     assert c.get("/v1/nodes", headers=AUTH).json() == []
+
+
+def test_a_job_deadline_reaches_the_dispatcher_and_bad_ones_are_400(tmp_path: Path) -> None:
+    s, c = make(tmp_path)
+    u = upload(c, np.ones((2, 2), np.float32))
+    before = time.time()
+    r = c.post("/v1/jobs", json={"graph": graph_doc(u), "fetch": ["y"], "deadline_s": 30}, headers=AUTH)
+    assert r.status_code == 201, r.text
+    deadline = s.state.jobs[r.json()["id"]].deadline  # the Tick after it fails the job (kind "deadline")
+    assert deadline is not None and before + 30 <= deadline <= time.time() + 30
+    for bad in (0, -1, "10", True, 1e9):
+        r = c.post("/v1/jobs", json={"graph": graph_doc(u), "fetch": ["y"], "deadline_s": bad}, headers=AUTH)
+        assert r.status_code == 400 and "deadline_s" in r.json()["error"]["message"], (bad, r.text)
+    r = c.post("/v1/jobs", json={"graph": graph_doc(u), "fetch": ["y"], "deadline": 5}, headers=AUTH)
+    assert r.status_code == 400 and "deadline_s" in r.json()["error"]["message"]  # names the known field

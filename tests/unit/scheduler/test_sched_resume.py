@@ -41,4 +41,4 @@ def test_resume_counts_tasks_done_on_live_nodes_from_their_rows(tmp_path: Path) 
 
     tasks = asyncio.run(resume())
     # a's output is on a live node; b's node is gone, so b runs again (and c after it).
-    assert tasks == {a: ("done", "ex0"), b: ("ready", None), c: ("waiting", None)}
+    assert tasks == {a: ("done", "ex0"), b: ("ready", None), c: ("pending", None)}

@@ -64,10 +64,15 @@ class Timings(NamedTuple):
 
 class TaskError(NamedTuple):
     """``user``: the kernel rejected its data (not retried). ``infra``: the node failed
-    (the scheduler drifts the task to another node)."""
+    (the scheduler drifts the task to another node). ``node``: the node the failure is
+    about -- for a failed pull the node the input was to come from, else the executor
+    itself; ``input``: the input tile that could not be pulled. Both optional on the wire
+    (absent = None)."""
 
     kind: Literal["user", "infra"]
     message: str
+    node: str | None = None
+    input: str | None = None
 
 
 class Reply(NamedTuple):
@@ -83,11 +88,15 @@ class Reply(NamedTuple):
 
 class Control(NamedTuple):
     """``ping``/``pong`` (``id`` is a nonce the pong echoes) or ``ack`` (``id`` is the task id
-    received; the scheduler stops retransmitting it). ``t`` is the sender's unix time."""
+    received; the scheduler stops retransmitting it). ``t`` is the sender's unix time.
+    ``since`` (acks only, optional): the unix time the task's kernel started on the
+    executor -- the progress report of a task still running (absent while it is queued
+    or pulling its inputs)."""
 
     kind: Literal["ping", "pong", "ack"]
     id: str
     t: float
+    since: float | None = None
 
 
 Message = TaskPacket | Reply | Control
@@ -199,6 +208,8 @@ _CONTROL_KEYS = frozenset({"v", "kind", "id", "t"})
 _TILE_KEYS = frozenset({"tile", "shape", "dtype", "bytes"})
 _TIMING_KEYS = frozenset({"queued", "start", "end"})
 _ERROR_KEYS = frozenset({"kind", "message"})
+_ERROR_OPTIONAL = frozenset({"node", "input"})
+_ACK_SINCE_KEYS = _CONTROL_KEYS | {"since"}
 
 
 def task_from_wire(d: dict[str, Any]) -> TaskPacket:
@@ -272,14 +283,20 @@ def reply_from_wire(d: dict[str, Any]) -> Reply:
         if err is not None:
             invalid_field("error", "must be null when ok is true")
     else:
-        _keys(err, _ERROR_KEYS, "error")
+        if type(err) is not dict or not _ERROR_KEYS <= err.keys() <= _ERROR_KEYS | _ERROR_OPTIONAL:
+            _keys(err, _ERROR_KEYS, "error")  # raises, explaining
         if err["kind"] not in ("user", "infra"):
             invalid_field("error.kind", f"expected 'user' or 'infra', got {err['kind']!r:.40}")
         if type(err["message"]) is not str:
             invalid_field("error.message", "expected a string")
+        node, inp = err.get("node"), err.get("input")
+        if "node" in err:
+            _id(node, "error.node")
+        if "input" in err:
+            _id(inp, "error.input")
         if outputs:
             invalid_field("outputs", "a failed task has no outputs")
-        error = TaskError(err["kind"], err["message"])
+        error = TaskError(err["kind"], err["message"], node, inp)
     t = d["timings"]
     _keys(t, _TIMING_KEYS, "timings")
     timings = Timings(_time(t["queued"], "timings.queued"), _time(t["start"], "timings.start"),
@@ -288,12 +305,17 @@ def reply_from_wire(d: dict[str, Any]) -> Reply:
 
 
 def control_from_wire(d: dict[str, Any]) -> Control:
-    _keys(d, _CONTROL_KEYS, "")
+    since = None
+    if type(d) is dict and "since" in d and d.get("kind") == "ack":
+        _keys(d, _ACK_SINCE_KEYS, "")
+        since = _time(d["since"], "since")
+    else:
+        _keys(d, _CONTROL_KEYS, "")
     if d["kind"] not in ("ping", "pong", "ack"):
         invalid_field("kind", f"expected 'ping', 'pong' or 'ack', got {d['kind']!r:.40}")
     if d["kind"] == "ack":
         parse_task_id(d["id"])
-    return Control(d["kind"], _id(d["id"], "id"), _time(d["t"], "t"))
+    return Control(d["kind"], _id(d["id"], "id"), _time(d["t"], "t"), since)
 
 
 def task_to_wire(p: TaskPacket) -> dict[str, Any]:
@@ -303,7 +325,13 @@ def task_to_wire(p: TaskPacket) -> dict[str, Any]:
 
 
 def reply_to_wire(r: Reply) -> dict[str, Any]:
-    err = None if r.error is None else {"kind": r.error.kind, "message": r.error.message}
+    err: dict[str, Any] | None = None
+    if r.error is not None:
+        err = {"kind": r.error.kind, "message": r.error.message}
+        if r.error.node is not None:
+            err["node"] = r.error.node
+        if r.error.input is not None:
+            err["input"] = r.error.input
     outs = [{"tile": o.tile, "shape": list(o.shape), "dtype": o.dtype, "bytes": o.bytes}
             for o in r.outputs]
     t = r.timings
@@ -312,5 +340,8 @@ def reply_to_wire(r: Reply) -> dict[str, Any]:
 
 
 def control_to_wire(c: Control) -> dict[str, Any]:
-    return {"v": VERSION, "kind": c.kind, "id": c.id, "t": c.t}
+    wire = {"v": VERSION, "kind": c.kind, "id": c.id, "t": c.t}
+    if c.since is not None:
+        wire["since"] = c.since
+    return wire
 

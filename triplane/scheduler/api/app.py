@@ -55,10 +55,11 @@ async def read_body(request: Request, limit: int, what: str) -> bytearray:
     return body
 
 
-def parse_job_request(body: bytes | bytearray) -> tuple[Any, Any]:
-    """(graph document, fetch list) of a ``POST /v1/jobs`` body, checked at the front door:
-    strict JSON (a duplicate key anywhere is a 400), the known fields, and the ids and
-    declared ranks of ``check_submission`` (400 naming the node or field)."""
+def parse_job_request(body: bytes | bytearray) -> tuple[Any, Any, float | None]:
+    """(graph document, fetch list, deadline_s) of a ``POST /v1/jobs`` body, checked at the
+    front door: strict JSON (a duplicate key anywhere is a 400), the known fields, the ids
+    and declared ranks of ``check_submission`` (400 naming the node or field), and
+    ``deadline_s`` (the job fails with kind "deadline" if not ended by then)."""
     try:
         doc = loads_json(body)
     except GraphError as e:  # a duplicate key, NaN or Infinity
@@ -67,9 +68,13 @@ def parse_job_request(body: bytes | bytearray) -> tuple[Any, Any]:
         raise ApiError(400, "request", f"the body is not JSON: {e}") from None
     if not isinstance(doc, dict) or "graph" not in doc:
         raise ApiError(400, "request", 'expected {"graph": <graph document>, "fetch": [node ids]}')
-    unknown = set(doc) - {"graph", "fetch"}
+    unknown = set(doc) - {"graph", "fetch", "deadline_s"}
     if unknown:
-        raise ApiError(400, "request", f"unknown field(s) {sorted(unknown)} (known: ['fetch', 'graph'])")
+        raise ApiError(400, "request", f"unknown field(s) {sorted(unknown)} "
+                                       "(known: ['deadline_s', 'fetch', 'graph'])")
+    deadline_s = doc.get("deadline_s")
+    if deadline_s is not None and (type(deadline_s) not in (int, float) or not 0 < deadline_s <= 604800):
+        raise ApiError(400, "request", f"'deadline_s' must be seconds in (0, 604800], got {deadline_s!r:.40}")
     graph = doc["graph"]
     fetch = doc.get("fetch")
     if fetch is None and isinstance(graph, dict):
@@ -79,7 +84,7 @@ def parse_job_request(body: bytes | bytearray) -> tuple[Any, Any]:
     except GraphError as e:
         kind = "limit" if isinstance(e, LimitError) else "graph"
         raise ApiError(400, kind, str(e), node=e.node, op=e.op) from None
-    return graph, fetch
+    return graph, fetch, deadline_s
 
 
 class Owners:
@@ -173,10 +178,10 @@ def create_app(
     async def submit(request: Request, p: Principal = changer) -> dict[str, Any]:
         body = await read_body(request, max_graph_bytes, "job request")
         if len(body) > 65536:
-            graph, fetch = await asyncio.to_thread(parse_job_request, body)
+            graph, fetch, deadline_s = await asyncio.to_thread(parse_job_request, body)
         else:
-            graph, fetch = parse_job_request(body)
-        body_out = await scheduler.submit(graph, fetch, owner=p.name)
+            graph, fetch, deadline_s = parse_job_request(body)
+        body_out = await scheduler.submit(graph, fetch, deadline_s, owner=p.name)
         return {"id": body_out["id"], "state": body_out["state"]}
 
     @api.get("/jobs")

@@ -6,8 +6,9 @@ The shell owns no rules. It turns I/O into events and instructions into I/O:
                        bytes goes framed over TCP to the same port number);
 * replies           -> ``TaskSucceeded`` / ``TaskErred`` (the node is the one the state
                        sent the attempt to; a reply for a settled attempt changes nothing);
-* ``ack`` controls  -> ``TaskAcked`` (stop retransmitting); ``ping`` -> ``pong``;
-* a timer           -> ``Tick`` every ``tick_s`` (deadlines, retransmits, drift);
+* ``ack`` controls  -> ``TaskAcked`` (stop retransmitting; with ``since``, the running
+                       kernel's start); ``ping`` -> ``pong``;
+* a timer           -> ``Tick`` every ``tick_s`` (deadlines, retransmits, drift, job deadlines);
 * the registry      -> ``NodeUp`` (with ``slots`` in-flight tasks per executor: two hide
                        the round trip) / ``NodeDown``;
 * ``JobFinished`` / ``Transitioned`` -> the ``Hooks`` the service gives (job state and
@@ -24,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -45,6 +45,7 @@ from triplane.proto.packet import (
     parse_task_id,
     read_frame,
 )
+from triplane.proto.states import TaskState
 from triplane.registry import NodeInfo, RegistryBackend, watch_nodes
 from triplane.scheduler.dispatch.state import (
     DispatchState,
@@ -63,10 +64,6 @@ from triplane.scheduler.dispatch.state import (
 from triplane.scheduler.jobplan import SCHEDULER_NODE, TaskTemplate, tile_id
 
 log = logging.getLogger(__name__)
-
-# The executor's infra error for an input it could not pull (triplane/executor/tasks.py).
-_PULL_FAILED = re.compile(r"pulling input \S+ from node (\S+) failed")
-
 
 @dataclass
 class Hooks:
@@ -215,17 +212,18 @@ class DispatchShell:
         self.stats.replies += 1
         now = time.time()
         if r.ok:
-            if t.state == "dispatched":
+            if t.state == TaskState.DISPATCHED:
                 self.hooks.output(job, task, t.node, r)
             self.handle(TaskSucceeded(f"reply:{r.task}", job, task, attempt, t.node, now))
         else:
-            assert r.error is not None
-            m = _PULL_FAILED.search(r.error.message) if r.error.kind == "infra" else None
-            if m is not None and m.group(1) in self.nodes and m.group(1) != t.node:
-                self.suspect(m.group(1))
-            self.handle(
-                TaskErred(f"reply:{r.task}", job, task, attempt, t.node, r.error.kind, r.error.message, now)
-            )
+            err = r.error
+            assert err is not None
+            # A failed pull names the input and the node it was to come from (structured).
+            peer = err.node if err.kind == "infra" and err.input is not None else None
+            if peer is not None and peer in self.nodes and peer != t.node:
+                self.suspect(peer)
+            self.handle(TaskErred(f"reply:{r.task}", job, task, attempt, t.node, err.kind, err.message,
+                                  now, err.input, peer))
 
     def suspect(self, node: str) -> None:
         """A peer could not serve a tile from ``node``: treat it as down now (its tiles are
@@ -257,7 +255,7 @@ class DispatchShell:
             self.stats.acks += 1
             with contextlib.suppress(PacketError):
                 job, task, attempt = parse_task_id(c.id)
-                self.handle(TaskAcked(f"ack:{c.id}", job, task, attempt, time.time()))
+                self.handle(TaskAcked(f"ack:{c.id}", job, task, attempt, time.time(), c.since))
         elif c.kind == "ping" and self._udp is not None:
             self._udp.sendto(encode_control(Control("pong", c.id, time.time()), self.secret), addr)
 

@@ -3,16 +3,18 @@
 Events go in (``handle(event) -> list[Instruction]``); instructions come out for the I/O
 shell to carry out (send a packet, finish a job, persist transitions). Nothing here does
 I/O or reads a clock: time arrives in events. So every rule below is tested without a
-socket.
+socket. The events and instructions are in ``events.py``, the records, knobs and the
+transition table in ``records.py``; this module holds the rules.
 
-Task states and the transitions allowed between them (``TRANSITIONS``)::
+Task states (``triplane.proto.states.TaskState``) and the transitions allowed between them
+(``TRANSITIONS``)::
 
-    waiting --deps done--> ready --placed--> dispatched --reply ok--> done
+    pending --deps done--> ready --placed--> dispatched --reply ok--> done
        ^                    ^                    |
-       |                    +---- drift ---------+   (deadline missed after retries,
-       |                    |                    |    node lost, infra error)
+       |                    +---- drift ---------+   (no reply after retries, ran past its
+       |                    |                    |    run deadline, node lost, infra error)
        +-- lineage ---------+-- (done, output lost with its node, still needed)
-    any non-terminal --user error / attempts exhausted--> failed
+    any non-terminal --user error / attempts exhausted / job deadline--> failed
     any non-terminal --cancel--> cancelled
 
 Order: ready tasks are placed by (job submitted first, the task's ``priority``, became
@@ -29,6 +31,13 @@ to wait for them. If such an input's task drifts away from N, the early task is 
 (drifts too); its attempt on N is dropped by the executor when the input fails there or
 does not appear.
 
+Deadlines: an attempt has a resend time (pushed back by every ack: the executor has it)
+and a run deadline (``Policy.run_budget`` after its dispatch, which no ack moves; the first
+report of its kernel's start moves it once, to start + budget). Past its run deadline
+an attempt drifts to another node even while its executor keeps acknowledging, and the
+next attempt's budget doubles. A job's own deadline (``SubmitJob.deadline``) fails it
+with kind ``deadline`` on the first tick after it.
+
 Delivery: a task may run more than once (retransmits reuse the attempt number, drifts take
 the next one); only the first reply of the current attempt counts, later or stale ones
 are ignored, so each result is recorded once.
@@ -38,234 +47,47 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
 from typing import Literal
 
-TaskStateName = Literal["waiting", "ready", "dispatched", "done", "failed", "cancelled"]
-TERMINAL: frozenset[str] = frozenset({"done", "failed", "cancelled"})
+from triplane.proto.states import TaskState
+from triplane.scheduler.dispatch.events import (
+    CancelJob,
+    Event,
+    Instruction,
+    JobFinished,
+    NodeDown,
+    NodeUp,
+    Send,
+    SubmitJob,
+    TaskAcked,
+    TaskErred,
+    TaskFailure,
+    TaskSpec,
+    TaskSucceeded,
+    Tick,
+    Transitioned,
+)
+from triplane.scheduler.dispatch.records import (
+    TERMINAL,
+    TRANSITIONS,
+    InvalidTransition,
+    JobRecord,
+    NodeRecord,
+    Policy,
+    TaskRecord,
+)
 
+__all__ = [
+    "TERMINAL", "TRANSITIONS", "CancelJob", "DispatchState", "Event", "Instruction",
+    "InvalidTransition", "JobFinished", "JobRecord", "NodeDown", "NodeRecord", "NodeUp",
+    "Placer", "Policy", "Send", "SubmitJob", "TaskAcked", "TaskErred", "TaskFailure",
+    "TaskRecord", "TaskSpec", "TaskSucceeded", "Tick", "Transitioned", "place_near_inputs",
+]
 
-# --- events (stimuli) -------------------------------------------------------------------
+PENDING, READY, DISPATCHED = TaskState.PENDING, TaskState.READY, TaskState.DISPATCHED
+DONE, FAILED, CANCELLED = TaskState.DONE, TaskState.FAILED, TaskState.CANCELLED
 
-
-@dataclass(frozen=True)
-class TaskSpec:
-    id: str
-    op: str
-    deps: tuple[str, ...] = ()
-    cost_s: float = 0.001          # predicted run time, for the deadline
-    output_bytes: int = 0
-    is_output: bool = False        # fetched by the user: keep (and recompute if lost)
-    node: str | None = None        # the node placement chose (followed while alive, not excluded)
-    priority: float = 0.0          # lower goes first within a job: the plan's predicted start
-
-
-@dataclass(frozen=True)
-class Event:
-    stimulus_id: str
-
-
-@dataclass(frozen=True)
-class SubmitJob(Event):
-    """A new job. ``done`` lists (task, node) pairs already computed whose output is held by
-    a live node (a restarted scheduler resuming a job): they start done, not waiting."""
-
-    job: str
-    tasks: tuple[TaskSpec, ...]
-    now: float
-    done: tuple[tuple[str, str], ...] = ()
-
-
-@dataclass(frozen=True)
-class TaskSucceeded(Event):
-    job: str
-    task: str
-    attempt: int
-    node: str
-    now: float
-
-
-@dataclass(frozen=True)
-class TaskErred(Event):
-    job: str
-    task: str
-    attempt: int
-    node: str
-    kind: Literal["user", "infra"]
-    message: str
-    now: float
-
-
-@dataclass(frozen=True)
-class TaskAcked(Event):
-    """The executor confirmed it received the attempt (or, for a retransmission, that it is
-    still running it): stop retransmitting until the attempt's run time (its cost-model
-    timeout) has passed again, and restart its count of unanswered sends."""
-
-    job: str
-    task: str
-    attempt: int
-    now: float
-
-
-@dataclass(frozen=True)
-class Tick(Event):
-    """Time passes: deadlines are checked."""
-
-    now: float
-
-
-@dataclass(frozen=True)
-class NodeUp(Event):
-    node: str
-    slots: int
-    now: float
-
-
-@dataclass(frozen=True)
-class NodeDown(Event):
-    node: str
-    now: float
-
-
-@dataclass(frozen=True)
-class CancelJob(Event):
-    job: str
-    now: float
-
-
-# --- instructions -------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Send:
-    """Send (or resend: same attempt) the task's packet to ``node``."""
-
-    job: str
-    task: str
-    attempt: int
-    node: str
-    deadline: float
-    pull_from: tuple[tuple[str, str], ...]  # (input task id, node holding it)
-    resend: bool = False
-
-
-@dataclass(frozen=True)
-class JobFinished:
-    job: str
-    state: Literal["done", "failed", "cancelled"]
-    error: str | None = None
-
-
-@dataclass(frozen=True)
-class Transitioned:
-    """For the event log and metadb (persisted in batches by the shell)."""
-
-    job: str
-    task: str
-    start: str
-    finish: str
-    attempt: int
-    node: str | None
-    stimulus_id: str
-    at: float
-
-
-Instruction = Send | JobFinished | Transitioned
-
-
-# --- state ----------------------------------------------------------------------------------
-
-
-@dataclass
-class TaskState:
-    job: str
-    spec: TaskSpec
-    state: TaskStateName = "waiting"
-    attempt: int = 0
-    node: str | None = None           # where it runs / its output lives
-    deadline: float = 0.0
-    sends: int = 0                    # transmissions of the current attempt
-    not_before: float = 0.0           # placed again no earlier than this (retry backoff)
-    excluded: set[str] = field(default_factory=set)  # nodes that failed it (infra)
-    waiting_on: set[str] = field(default_factory=set)
-    dependents: set[str] = field(default_factory=set)
-    error: str | None = None
-    log: list[Transitioned] = field(default_factory=list)
-
-
-@dataclass
-class JobState:
-    id: str
-    tasks: dict[str, TaskState]
-    state: Literal["running", "done", "failed", "cancelled"] = "running"
-    remaining: int = 0
-    seq: int = 0  # submission order: an earlier job's ready tasks go first
-
-
-@dataclass
-class NodeState:
-    name: str
-    slots: int
-    alive: bool = True
-    running: set[tuple[str, str]] = field(default_factory=set)  # (job, task)
-
-
-@dataclass(frozen=True)
-class Policy:
-    """Knobs of the dispatcher. The deadline of an attempt's send is
-    ``now + max(min_timeout_s, deadline_factor * cost_s)``; after ``max_sends`` sends of
-    one attempt without a reply, the task drifts to another node; after ``max_attempts``
-    attempts it fails. A drifted task waits ``retry_backoff_s * 2**(attempt - 1)`` (at most
-    ``max_backoff_s``) before it is placed again, so a transient fault (a registry
-    restarting, a peer not yet known dead) does not burn every attempt in a millisecond.
-
-    A node runs ``slots`` tasks at once (``NodeUp``), and up to ``small_slots`` when the
-    extra ones are *small*: predicted under ``small_task_s`` with outputs of at most
-    ``small_task_bytes``. A round trip of such a task is mostly waking the processes at
-    both ends; with more of them queued an executor runs them back to back instead of
-    sleeping between packets (measured on the 10,000-task benchmark, 2 executors: 16
-    rather than 4 in flight cut the executors' CPU time per job by about a quarter). A
-    task that is not small still waits until fewer than ``slots`` run there, and a
-    *heavy* one (predicted at least ``heavy_task_s``) until fewer than ``heavy_slots``:
-    an executor runs its kernels one after another, so a heavy task sent behind three
-    others waits for them all, however urgent it is (the MLP step: a critical-path
-    matmul ready at 0.94 s ran at 1.09 s, behind four matmuls the plan put after it).
-    Two in flight still overlap one task's input pulls with another's kernel.
-
-    ``eager``: send a placed task ahead of its inputs when they all run on its node
-    (module doc: Early sends)."""
-
-    min_timeout_s: float = 0.5
-    deadline_factor: float = 10.0
-    max_sends: int = 3
-    max_attempts: int = 8
-    retry_backoff_s: float = 0.05
-    max_backoff_s: float = 2.0
-    small_task_s: float = 1e-4
-    small_task_bytes: int = 1 << 16
-    small_slots: int = 16
-    heavy_task_s: float = 0.01
-    heavy_slots: int = 2
-    eager: bool = True
-
-    def is_small(self, spec: TaskSpec) -> bool:
-        return spec.cost_s < self.small_task_s and spec.output_bytes <= self.small_task_bytes
-
-    def capacity(self, spec: TaskSpec, slots: int) -> int:
-        """How many tasks a node with ``slots`` may run when ``spec`` joins them."""
-        if self.is_small(spec):
-            return max(slots, self.small_slots)
-        if spec.cost_s >= self.heavy_task_s:
-            return min(slots, self.heavy_slots)
-        return slots
-
-
-Placer = Callable[[TaskState, Sequence[NodeState], "DispatchState"], NodeState | None]
-
-
-class InvalidTransition(RuntimeError):
-    pass
+Placer = Callable[[TaskRecord, Sequence[NodeRecord], "DispatchState"], NodeRecord | None]
 
 
 class DispatchState:
@@ -274,12 +96,13 @@ class DispatchState:
     def __init__(self, policy: Policy | None = None, placer: Placer | None = None) -> None:
         self.policy = policy or Policy()
         self.placer = placer or place_near_inputs
-        self.jobs: dict[str, JobState] = {}
-        self.nodes: dict[str, NodeState] = {}
+        self.jobs: dict[str, JobRecord] = {}
+        self.nodes: dict[str, NodeRecord] = {}
         # (job seq, priority, ready seq, job, task) of the tasks awaiting a node: a heap
         self._ready: list[tuple[int, float, int, str, str]] = []
         self._seq = 0  # tie-breaker: first ready, first placed
         self._jobs_seen = 0
+        self._job_deadlines: list[tuple[float, str]] = []  # (deadline, job): a heap
 
     # --- entry point ---------------------------------------------------------------------
 
@@ -295,7 +118,7 @@ class DispatchState:
     def _on_submit(self, ev: SubmitJob, out: list[Instruction]) -> None:
         if ev.job in self.jobs:
             raise ValueError(f"job {ev.job!r} was already submitted")
-        tasks = {t.id: TaskState(ev.job, t) for t in ev.tasks}
+        tasks = {t.id: TaskRecord(ev.job, t) for t in ev.tasks}
         for t in tasks.values():
             for d in t.spec.deps:
                 if d not in tasks:
@@ -303,93 +126,125 @@ class DispatchState:
                 tasks[d].dependents.add(t.spec.id)
             t.waiting_on = set(t.spec.deps)
         self._jobs_seen += 1
-        job = JobState(ev.job, tasks, remaining=len(tasks), seq=self._jobs_seen)
+        job = JobRecord(ev.job, tasks, remaining=len(tasks), seq=self._jobs_seen,
+                        deadline=ev.deadline, submitted=ev.now)
+        if ev.deadline is not None:
+            heapq.heappush(self._job_deadlines, (ev.deadline, ev.job))
         for task_id, node in ev.done:
             t = tasks[task_id]  # KeyError for an unknown task: a caller bug
-            t.state, t.node = "done", node
+            t.state, t.node = DONE, node
             job.remaining -= 1
         for t in tasks.values():
-            if t.state == "done":
+            if t.state == DONE:
                 for d in t.dependents:
                     tasks[d].waiting_on.discard(t.spec.id)
         self.jobs[ev.job] = job
         for t in tasks.values():
-            if t.state != "waiting":
+            if t.state != PENDING:
                 continue
             if not t.waiting_on:
-                self._move(t, "ready", ev.stimulus_id, ev.now, out)
+                self._move(t, READY, ev.stimulus_id, ev.now, out)
         if job.remaining == 0:
             self._finish_job(job, "done", None, out)
 
     def _on_success(self, ev: TaskSucceeded, out: list[Instruction]) -> None:
         t = self._current(ev.job, ev.task, ev.attempt)
-        if t is None or t.state != "dispatched":
+        if t is None or t.state != DISPATCHED:
             return  # a duplicate or stale reply: the result is recorded once
         self._release_slot(t)
         t.node = ev.node
-        self._move(t, "done", ev.stimulus_id, ev.now, out)
+        self._move(t, DONE, ev.stimulus_id, ev.now, out)
         job = self.jobs[ev.job]
         job.remaining -= 1
         for d in t.dependents:
             dep = job.tasks[d]
             dep.waiting_on.discard(t.spec.id)
-            if dep.state == "waiting" and (not dep.waiting_on or self._early(job, dep)):
-                self._move(dep, "ready", ev.stimulus_id, ev.now, out)
+            if dep.state == PENDING and (not dep.waiting_on or self._early(job, dep)):
+                self._move(dep, READY, ev.stimulus_id, ev.now, out)
         if job.remaining == 0 and job.state == "running":
             self._finish_job(job, "done", None, out)
 
     def _on_error(self, ev: TaskErred, out: list[Instruction]) -> None:
         t = self._current(ev.job, ev.task, ev.attempt)
-        if t is None or t.state != "dispatched":
+        if t is None or t.state != DISPATCHED:
             return
         self._release_slot(t)
         if ev.kind == "user":
-            t.error = ev.message
-            self._move(t, "failed", ev.stimulus_id, ev.now, out)
-            self._fail_job(self.jobs[ev.job], f"task {t.spec.id} ({t.spec.op}): {ev.message}",
-                           ev.stimulus_id, ev.now, out)
+            t.error = TaskFailure("user", ev.message, t.spec.id, t.spec.op, ev.node, ev.input,
+                                  t.attempt + 1)
+            self._move(t, FAILED, ev.stimulus_id, ev.now, out)
+            self._fail_job(self.jobs[ev.job], t.error, ev.stimulus_id, ev.now, out)
         else:
             t.excluded.add(ev.node)
-            self._drift(t, f"infra error on {ev.node}: {ev.message}", ev.stimulus_id, ev.now, out)
+            self._drift(t, f"infra error on {ev.node}: {ev.message}", ev.stimulus_id, ev.now, out,
+                        node=ev.input_node or ev.node, input=ev.input)
 
     def _on_ack(self, ev: TaskAcked, out: list[Instruction]) -> None:
         t = self._current(ev.job, ev.task, ev.attempt)
-        if t is None or t.state != "dispatched":
+        if t is None or t.state != DISPATCHED:
             return
         # Delivered: a resend now would only be dropped as a duplicate. Wait for the run
         # time instead; a resend after that fetches a lost reply from the executor's cache
-        # (or another ack while it still runs). An executor that acks is alive and working:
-        # a slow or queued task must not drift for it (a dead node drifts through NodeDown).
-        t.deadline = max(t.deadline, ev.now + self._timeout(t))
+        # (or another ack, with the kernel's start once it runs). An executor that acks is
+        # alive: a slow or queued task is not retransmitted into drifting. But no ack moves
+        # the run deadline (``due``): a kernel hung on a live executor drifts when it passes.
+        t.resend_at = max(t.resend_at, ev.now + self.policy.resend_timeout(t.spec))
         t.sends = 1
+        if ev.since is not None and not t.started:
+            # Its kernel started: its budget counts from then (queued time is not its own),
+            # once -- a start is not reported later than now, so this cannot run away.
+            t.started = True
+            start = min(ev.since, ev.now)
+            t.due = max(t.due, start + self.policy.run_budget(t.spec, t.overruns))
 
     def _on_tick(self, ev: Tick, out: list[Instruction]) -> None:
+        now = ev.now
+        while self._job_deadlines and self._job_deadlines[0][0] <= now:
+            deadline, job_id = heapq.heappop(self._job_deadlines)
+            job = self.jobs.get(job_id)
+            if job is not None and job.state == "running":
+                done = len(job.tasks) - job.remaining
+                self._fail_job(job, TaskFailure(
+                    "deadline", f"job {job_id} passed its deadline ({deadline - job.submitted:.3g} s "
+                    f"after submit) with {done} of {len(job.tasks)} tasks done"),
+                    ev.stimulus_id, now, out)
         # Only dispatched tasks have deadlines, and each sits in its node's ``running`` set:
         # walking those keeps a tick O(in flight), not O(every task of every job).
+        jobs = self.jobs
         due = sorted(key for n in self.nodes.values() for key in n.running
-                     if ev.now >= self.jobs[key[0]].tasks[key[1]].deadline)
+                     if now >= (r := jobs[key[0]].tasks[key[1]]).resend_at or now >= r.due)
         for job_id, task_id in due:
             job = self.jobs[job_id]
             t = job.tasks[task_id]
-            if job.state != "running" or t.state != "dispatched":
+            if job.state != "running" or t.state != DISPATCHED:
                 continue
             assert t.node is not None
-            if t.sends < self.policy.max_sends:
+            if now >= t.due:
+                # Ran past its run deadline, acknowledged or not (a hung kernel): elsewhere,
+                # with twice the budget (a task the cost model got wrong still finishes).
+                budget = self.policy.run_budget(t.spec, t.overruns)
+                self._release_slot(t)
+                t.excluded.add(t.node)
+                t.overruns += 1
+                self._drift(t, f"no result from {t.node} within its run deadline ({budget:.3g} s; "
+                               f"predicted {t.spec.cost_s:.3g} s)", ev.stimulus_id, now, out,
+                            node=t.node)
+            elif t.sends < self.policy.max_sends:
                 # Lost packet or reply: retransmit with the same attempt id.
                 t.sends += 1
-                t.deadline = ev.now + self._timeout(t)
-                out.append(Send(job.id, t.spec.id, t.attempt, t.node, t.deadline,
+                t.resend_at = now + self.policy.resend_timeout(t.spec)
+                out.append(Send(job.id, t.spec.id, t.attempt, t.node, t.due,
                                 self._pull_from(t), resend=True))
             else:
                 self._release_slot(t)
                 t.excluded.add(t.node)
                 self._drift(t, f"no reply from {t.node} after {t.sends} sends",
-                            ev.stimulus_id, ev.now, out)
+                            ev.stimulus_id, now, out, node=t.node)
 
     def _on_node_up(self, ev: NodeUp, out: list[Instruction]) -> None:
         n = self.nodes.get(ev.node)
         if n is None:
-            self.nodes[ev.node] = NodeState(ev.node, ev.slots)
+            self.nodes[ev.node] = NodeRecord(ev.node, ev.slots)
         else:
             n.alive, n.slots = True, ev.slots
 
@@ -404,11 +259,11 @@ class DispatchState:
             for t in job.tasks.values():
                 if t.node != ev.node:
                     continue
-                if t.state == "dispatched":
+                if t.state == DISPATCHED:
                     self._release_slot(t)
                     t.excluded.add(ev.node)
-                    self._drift(t, f"node {ev.node} lost", ev.stimulus_id, ev.now, out)
-                elif t.state == "done":
+                    self._drift(t, f"node {ev.node} lost", ev.stimulus_id, ev.now, out, node=ev.node)
+                elif t.state == DONE:
                     self._lost_output(job, t, ev.stimulus_id, ev.now, out)
 
     def _on_cancel(self, ev: CancelJob, out: list[Instruction]) -> None:
@@ -418,20 +273,22 @@ class DispatchState:
         for t in job.tasks.values():
             if t.state not in TERMINAL:
                 self._release_slot(t)
-                self._move(t, "cancelled", ev.stimulus_id, ev.now, out)
+                self._move(t, CANCELLED, ev.stimulus_id, ev.now, out)
         self._finish_job(job, "cancelled", None, out)
 
     # --- rules -----------------------------------------------------------------------------
 
-    def _drift(self, t: TaskState, why: str, stimulus_id: str, now: float,
-               out: list[Instruction]) -> None:
-        """Re-run ``t`` elsewhere with the next attempt, or fail the job if out of attempts."""
+    def _drift(self, t: TaskRecord, why: str, stimulus_id: str, now: float,
+               out: list[Instruction], *, node: str | None = None, input: str | None = None) -> None:
+        """Re-run ``t`` elsewhere with the next attempt, or fail the job (kind ``infra``) if
+        out of attempts. ``node``/``input``: what the failure is about (its TaskFailure)."""
         job = self.jobs[t.job]
         self._recall(job, t, stimulus_id, now, out)
         if t.attempt + 1 >= self.policy.max_attempts:
-            t.error = f"{why}; gave up after {t.attempt + 1} attempts"
-            self._move(t, "failed", stimulus_id, now, out)
-            self._fail_job(job, f"task {t.spec.id} ({t.spec.op}): {t.error}", stimulus_id, now, out)
+            t.error = TaskFailure("infra", f"{why}; gave up after {t.attempt + 1} attempts",
+                                  t.spec.id, t.spec.op, node, input, t.attempt + 1)
+            self._move(t, FAILED, stimulus_id, now, out)
+            self._fail_job(job, t.error, stimulus_id, now, out)
             return
         t.attempt += 1
         t.node = None
@@ -440,15 +297,15 @@ class DispatchState:
         missing = {d for d in t.spec.deps if not self._available(job.tasks[d])}
         if missing:  # an input was lost too: wait for its recomputation
             t.waiting_on = missing
-            self._move(t, "waiting", stimulus_id, now, out)
+            self._move(t, PENDING, stimulus_id, now, out)
         else:
-            self._move(t, "ready", stimulus_id, now, out)
+            self._move(t, READY, stimulus_id, now, out)
 
-    def _lost_output(self, job: JobState, t: TaskState, stimulus_id: str, now: float,
+    def _lost_output(self, job: JobRecord, t: TaskRecord, stimulus_id: str, now: float,
                      out: list[Instruction]) -> None:
         """A done task's output died with its node: recompute it if anyone still needs it
         (lineage), and likewise, recursively, its own inputs that died too."""
-        needed = t.spec.is_output or any(job.tasks[d].state != "done" for d in t.dependents)
+        needed = t.spec.is_output or any(job.tasks[d].state != DONE for d in t.dependents)
         if not needed:
             return
         t.node = None
@@ -456,26 +313,26 @@ class DispatchState:
         job.remaining += 1
         for d in t.dependents:
             dep = job.tasks[d]
-            if dep.state in ("waiting", "ready"):
+            if dep.state in (PENDING, READY):
                 dep.waiting_on.add(t.spec.id)
-                if dep.state == "ready":
+                if dep.state == READY:
                     self._unready(dep, stimulus_id, now, out)
         lost = [d for d in t.spec.deps if not self._available(job.tasks[d])]
         t.waiting_on = set(lost)
-        self._move(t, "waiting" if lost else "ready", stimulus_id, now, out)
+        self._move(t, PENDING if lost else READY, stimulus_id, now, out)
         for d in lost:
-            if job.tasks[d].state == "done":
+            if job.tasks[d].state == DONE:
                 self._lost_output(job, job.tasks[d], stimulus_id, now, out)
 
-    def _available(self, t: TaskState) -> bool:
+    def _available(self, t: TaskRecord) -> bool:
         """Is ``t``'s output computed and held by a live node?"""
         n = self.nodes.get(t.node or "")
-        return t.state == "done" and n is not None and n.alive
+        return t.state == DONE and n is not None and n.alive
 
-    def _unready(self, t: TaskState, stimulus_id: str, now: float, out: list[Instruction]) -> None:
+    def _unready(self, t: TaskRecord, stimulus_id: str, now: float, out: list[Instruction]) -> None:
         self._ready = [e for e in self._ready if (e[3], e[4]) != (t.job, t.spec.id)]
         heapq.heapify(self._ready)
-        self._move(t, "waiting", stimulus_id, now, out)
+        self._move(t, PENDING, stimulus_id, now, out)
 
     def _schedule(self, ev: Event, out: list[Instruction]) -> None:
         """Place ready tasks on nodes with free slots, in queue order (module doc: Order).
@@ -501,11 +358,11 @@ class DispatchState:
             if job is None or job.state != "running":
                 continue
             t = job.tasks[key[1]]
-            if t.state != "ready":
+            if t.state != READY:
                 continue
             if t.waiting_on and not self._early(job, t):
                 # Made ready early, but an input has left this task's node since: wait for it.
-                self._move(t, "waiting", ev.stimulus_id, now, out)
+                self._move(t, PENDING, ev.stimulus_id, now, out)
                 continue
             if t.not_before > now:  # backing off after a failed attempt
                 skipped.append(entry)
@@ -524,7 +381,7 @@ class DispatchState:
                 if len(chosen.running) >= policy.capacity(spec, chosen.slots):
                     skipped.append(entry)
                     continue
-                node: NodeState | None = chosen
+                node: NodeRecord | None = chosen
             else:
                 candidates = [n for n in free if n.name not in t.excluded]
                 if not candidates and all(n.name in t.excluded for n in alive):
@@ -535,20 +392,25 @@ class DispatchState:
                 continue
             t.node = node.name
             t.sends = 1
-            t.deadline = now + self._timeout(t)
+            # Policy.resend_timeout and run_budget, inlined: this is the per-task hot path.
+            predicted = policy.deadline_factor * spec.cost_s
+            t.resend_at = now + (predicted if predicted > policy.min_timeout_s else policy.min_timeout_s)
+            t.due = now + (policy.run_budget(spec, t.overruns) if t.overruns else
+                           policy.run_slack_s + predicted)
+            t.started = False
             node.running.add(key)
-            self._move(t, "dispatched", ev.stimulus_id, now, out, queue=False)
-            out.append(Send(t.job, spec.id, t.attempt, node.name, t.deadline, self._pull_from(t)))
+            self._move(t, DISPATCHED, ev.stimulus_id, now, out, queue=False)
+            out.append(Send(t.job, spec.id, t.attempt, node.name, t.due, self._pull_from(t)))
             for d in t.dependents:  # queued behind it, they go now if early (module doc)
                 dep = job.tasks[d]
-                if dep.state == "waiting" and self._early(job, dep):
-                    self._move(dep, "ready", ev.stimulus_id, now, out)
+                if dep.state == PENDING and self._early(job, dep):
+                    self._move(dep, READY, ev.stimulus_id, now, out)
         for entry in skipped:
             heapq.heappush(ready, entry)
 
     # --- helpers -----------------------------------------------------------------------------
 
-    def _preferred(self, t: TaskState) -> NodeState | None:
+    def _preferred(self, t: TaskRecord) -> NodeRecord | None:
         """The task's placed node if it is alive and has not failed it; else None (the
         placer chooses: a dead or excluded node's tasks drift as usual)."""
         name = t.spec.node
@@ -557,7 +419,7 @@ class DispatchState:
         n = self.nodes.get(name)
         return n if n is not None and n.alive else None
 
-    def _early(self, job: JobState, t: TaskState) -> bool:
+    def _early(self, job: JobRecord, t: TaskRecord) -> bool:
         """May waiting ``t`` be sent now, ahead of its unfinished inputs? Yes when the policy
         allows it and each of them is dispatched to ``t``'s placed node (module doc)."""
         if not self.policy.eager:
@@ -567,32 +429,29 @@ class DispatchState:
             return False
         for d in t.waiting_on:
             dep = job.tasks[d]
-            if dep.state != "dispatched" or dep.node != home.name:
+            if dep.state != DISPATCHED or dep.node != home.name:
                 return False
         return True
 
-    def _recall(self, job: JobState, t: TaskState, stimulus_id: str, now: float,
+    def _recall(self, job: JobRecord, t: TaskRecord, stimulus_id: str, now: float,
                 out: list[Instruction]) -> None:
         """``t`` leaves its node: drift the tasks sent there early to wait for its output."""
         if not t.node:
             return
         for d in t.dependents:
             dep = job.tasks[d]
-            if dep.state == "dispatched" and dep.node == t.node and t.spec.id in dep.waiting_on:
+            if dep.state == DISPATCHED and dep.node == t.node and t.spec.id in dep.waiting_on:
                 self._release_slot(dep)
                 self._drift(dep, f"its input {t.spec.id} left {t.node}", stimulus_id, now, out)
 
-    def _timeout(self, t: TaskState) -> float:
-        return max(self.policy.min_timeout_s, self.policy.deadline_factor * t.spec.cost_s)
-
-    def _pull_from(self, t: TaskState) -> tuple[tuple[str, str], ...]:
+    def _pull_from(self, t: TaskRecord) -> tuple[tuple[str, str], ...]:
         """(input task, node holding it) of the inputs held elsewhere, and of those still
         being made on ``t``'s own node (an early send: the executor waits for them)."""
         job = self.jobs[t.job]
         return tuple((d, n) for d in t.spec.deps
                      if (n := job.tasks[d].node) and (n != t.node or d in t.waiting_on))
 
-    def _current(self, job: str, task: str, attempt: int) -> TaskState | None:
+    def _current(self, job: str, task: str, attempt: int) -> TaskRecord | None:
         j = self.jobs.get(job)
         if j is None or j.state != "running":
             return None
@@ -601,11 +460,11 @@ class DispatchState:
             return None
         return t
 
-    def _release_slot(self, t: TaskState) -> None:
+    def _release_slot(self, t: TaskRecord) -> None:
         if t.node and t.node in self.nodes:
             self.nodes[t.node].running.discard((t.job, t.spec.id))
 
-    def _move(self, t: TaskState, finish: TaskStateName, stimulus_id: str, now: float,
+    def _move(self, t: TaskRecord, finish: TaskState, stimulus_id: str, now: float,
               out: list[Instruction], queue: bool = True) -> None:
         start = t.state
         if (start, finish) not in TRANSITIONS:
@@ -615,20 +474,20 @@ class DispatchState:
         rec = Transitioned(t.job, t.spec.id, start, finish, t.attempt, t.node, stimulus_id, now)
         t.log.append(rec)
         out.append(rec)
-        if finish == "ready" and queue:
+        if finish == READY and queue:
             self._seq += 1
             heapq.heappush(self._ready, (self.jobs[t.job].seq, t.spec.priority, self._seq, t.job, t.spec.id))
 
-    def _fail_job(self, job: JobState, error: str, stimulus_id: str, now: float,
+    def _fail_job(self, job: JobRecord, error: TaskFailure, stimulus_id: str, now: float,
                   out: list[Instruction]) -> None:
         for t in job.tasks.values():
             if t.state not in TERMINAL:
                 self._release_slot(t)
-                self._move(t, "cancelled", stimulus_id, now, out)
+                self._move(t, CANCELLED, stimulus_id, now, out)
         self._finish_job(job, "failed", error, out)
 
-    def _finish_job(self, job: JobState, state: Literal["done", "failed", "cancelled"],
-                    error: str | None, out: list[Instruction]) -> None:
+    def _finish_job(self, job: JobRecord, state: Literal["done", "failed", "cancelled"],
+                    error: TaskFailure | None, out: list[Instruction]) -> None:
         job.state = state
         out.append(JobFinished(job.id, state, error))
 
@@ -637,39 +496,34 @@ class DispatchState:
     def validate_state(self) -> None:
         """Assert the invariants (tests call this after every scenario)."""
         queued = {(e[3], e[4]) for e in self._ready}
+        timed = {j for _, j in self._job_deadlines}
         for job in self.jobs.values():
-            not_done = sum(1 for t in job.tasks.values() if t.state != "done")
+            not_done = sum(1 for t in job.tasks.values() if t.state != DONE)
             if job.state == "running":
                 assert job.remaining == not_done, (job.id, job.remaining, not_done)
+                assert job.deadline is None or job.id in timed, job.id
             for t in job.tasks.values():
-                if t.state == "dispatched":
+                if t.state == DISPATCHED:
                     assert t.node is not None and (job.id, t.spec.id) in self.nodes[t.node].running
-                if t.state == "ready" and job.state == "running":
+                    assert t.due > 0.0 and t.sends >= 1, (t.spec.id, t.due, t.sends)
+                if t.state == READY and job.state == "running":
                     assert (job.id, t.spec.id) in queued
-                if t.state == "waiting":
+                if t.state == PENDING:
                     assert t.waiting_on, f"{t.spec.id} waits on nothing"
                 for d in t.waiting_on:
-                    assert job.tasks[d].state != "done" or t.state in TERMINAL
+                    assert job.tasks[d].state != DONE or t.state in TERMINAL
         for n in self.nodes.values():
             for job_id, task_id in n.running:
-                assert self.jobs[job_id].tasks[task_id].state == "dispatched"
+                assert self.jobs[job_id].tasks[task_id].state == DISPATCHED
             assert len(n.running) <= max(n.slots, self.policy.small_slots) or not n.alive
             specs = [self.jobs[j].tasks[t].spec for j, t in n.running]
             assert sum(1 for s in specs if not self.policy.is_small(s)) <= n.slots or not n.alive
             heavy = sum(1 for s in specs if s.cost_s >= self.policy.heavy_task_s)
             assert heavy <= min(n.slots, self.policy.heavy_slots) or not n.alive
 
-    def tasks_of(self, job: str) -> Iterable[TaskState]:
+    def tasks_of(self, job: str) -> Iterable[TaskRecord]:
         return self.jobs[job].tasks.values()
 
-
-TRANSITIONS: frozenset[tuple[str, str]] = frozenset({
-    ("waiting", "ready"), ("ready", "dispatched"), ("dispatched", "done"),
-    ("dispatched", "ready"), ("dispatched", "waiting"),  # drift
-    ("done", "ready"), ("done", "waiting"), ("ready", "waiting"),  # lineage recompute
-    ("waiting", "failed"), ("ready", "failed"), ("dispatched", "failed"),
-    ("waiting", "cancelled"), ("ready", "cancelled"), ("dispatched", "cancelled"),
-})
 
 _HANDLERS: dict[type, Callable[[DispatchState, Event, list[Instruction]], None]] = {
     SubmitJob: DispatchState._on_submit,  # type: ignore[dict-item]
@@ -683,7 +537,7 @@ _HANDLERS: dict[type, Callable[[DispatchState, Event, list[Instruction]], None]]
 }
 
 
-def place_near_inputs(t: TaskState, candidates: Sequence[NodeState], s: DispatchState) -> NodeState | None:
+def place_near_inputs(t: TaskRecord, candidates: Sequence[NodeRecord], s: DispatchState) -> NodeRecord | None:
     """Prefer the node already holding the most input bytes, then the least loaded."""
     if not candidates:
         return None
