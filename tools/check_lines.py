@@ -21,7 +21,6 @@ FOLDERS = ("triplane", "tests", "bench", "examples")
 # place exceptions are listed; the merge of that branch deletes its line.
 EXCEPTIONS: dict[str, str] = {
     "triplane/scheduler/service.py": "i11-core splits it into components",
-    "triplane/scheduler/dispatch/state.py": "i11-dispatch splits it",
 }
 
 
