@@ -25,7 +25,7 @@ import triplane as tp
 from triplane.executor.tasks import STALL_ENV
 from triplane.scheduler.dispatch.records import Policy
 from triplane.sdk.remote import RemoteSession
-from triplane.sdk.session import EmbeddedSession
+from triplane.embedded import EmbeddedSession
 
 STALL_S = 90.0
 
