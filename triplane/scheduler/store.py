@@ -38,7 +38,7 @@ from triplane.executor.datawire import (
     parse_response,
 )
 from triplane.proto import dtypes as dt
-from triplane.scheduler.jobplan import is_tensor_id, new_tensor_id
+from triplane.scheduler.compiler.jobplan import is_tensor_id, new_tensor_id
 
 log = logging.getLogger(__name__)
 

@@ -46,6 +46,7 @@ from triplane.proto.packet import (
     read_frame,
 )
 from triplane.registry import NodeInfo, RegistryBackend, watch_nodes
+from triplane.scheduler.compiler.jobplan import SCHEDULER_NODE, TaskTemplate, tile_id
 from triplane.scheduler.dispatch.state import (
     DispatchState,
     Event,
@@ -60,7 +61,6 @@ from triplane.scheduler.dispatch.state import (
     Tick,
     Transitioned,
 )
-from triplane.scheduler.jobplan import SCHEDULER_NODE, TaskTemplate, tile_id
 
 log = logging.getLogger(__name__)
 
