@@ -38,7 +38,7 @@ from triplane.scheduler.dispatch.shell import DispatchShell, Hooks
 from triplane.scheduler.dispatch.state import DispatchState, Policy
 from triplane.scheduler.earlier import EarlierJobs
 from triplane.scheduler.errors import Standby
-from triplane.scheduler.jobs import RETAIN_FINISHED, Jobs
+from triplane.scheduler.jobs import RETAIN_FINISHED, Jobs, LiveJob
 from triplane.scheduler.journal import Journal
 from triplane.scheduler.leading import Leading
 from triplane.scheduler.results import Opened, Results
@@ -90,7 +90,7 @@ class Scheduler(Leading):
         self.data_server = DataServer(self.store, secret)
         self.data_client = DataPortClient(secret)
         self.plans = PlanCache()
-        live: dict[str, Any] = {}
+        live: dict[str, LiveJob] = {}  # the live-job table: jobs and results share it
         self.templates: dict[str, dict[str, TaskTemplate]] = {}
         self.shell = DispatchShell(DispatchState(policy), secret, self.templates, Hooks(),
                                    tick_s=tick_s, slots=slots)

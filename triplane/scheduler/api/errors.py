@@ -92,15 +92,7 @@ def install(app: FastAPI) -> None:
     async def _validation(_: Request, e: RequestValidationError) -> JSONResponse:
         first = e.errors()[0] if e.errors() else {}
         where = ".".join(str(p) for p in first.get("loc", ()))
-        return error_response(
-            400,
-            {
-                "kind": "request",
-                "message": f"{where}: {first.get('msg', 'invalid')}",
-                "node": None,
-                "op": None,
-            },
-        )
+        return _plain("request", f"{where}: {first.get('msg', 'invalid')}")
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, e: StarletteHTTPException) -> JSONResponse:
@@ -112,19 +104,13 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(MetaDBError)
     async def _db(_: Request, e: MetaDBError) -> JSONResponse:
         log.warning("metadb error serving a request: %s", e)
-        return error_response(
-            503, {"kind": "unavailable", "message": f"metadata DB: {e}", "node": None, "op": None}
-        )
+        return _plain("unavailable", f"metadata DB: {e}")
 
     @app.exception_handler(Exception)
     async def _bug(_: Request, e: Exception) -> JSONResponse:
         log.exception("unhandled error serving a request")
-        return error_response(
-            500,
-            {
-                "kind": "internal",
-                "message": "internal error (see the scheduler log)",
-                "node": None,
-                "op": None,
-            },
-        )
+        return _plain("internal", "internal error (see the scheduler log)")
+
+
+def _plain(kind: str, message: str) -> JSONResponse:
+    return error_response(status_of(kind), {"kind": kind, "message": message, "node": None, "op": None})
