@@ -13,7 +13,8 @@ Failure semantics:
   cancelled if the store fails.
 * A finished job (done, failed, cancelled) leaves the dispatcher's state at once (its
   holders -- task -> node keeping its output tile -- are kept on the job), and the
-  ``retain`` most recent finished jobs stay in memory; older ones are dropped, and their
+  ``retain`` most recent finished jobs stay in memory (and any that ended less than
+  ``RETAIN_MIN_S`` ago); older ones are dropped, and their
   status, tensors and plan are served from the metadb like those of a job an earlier
   process ran (``earlier.py``). The scheduler's memory is flat over any number of jobs.
 * ``resume`` dispatches the unfinished jobs of the metadb again: a task whose row says done
@@ -59,6 +60,10 @@ log = logging.getLogger("triplane.scheduler.service")
 
 STORE_FIRST_TASKS = 1000  # a job of at most this many tasks is stored before it is dispatched
 RETAIN_FINISHED = 64  # finished jobs kept in memory; older ones are served from the metadb
+# ... and none leaves before this many seconds since it ended: the journal writes a job's
+# last task rows (where its tiles are) 0.2-0.3 s after its end, and a job read back from the
+# metadb must find them all.
+RETAIN_MIN_S = 2.0
 MAX_FETCH = 10_000
 
 API_STATE = {
@@ -368,10 +373,14 @@ class Jobs:
         self._drop_old()
 
     def _drop_old(self) -> None:
-        """Keep the ``retain`` most recent finished jobs in memory; the metadb has the rest."""
+        """Keep the ``retain`` most recent finished jobs in memory, and those that ended less
+        than ``RETAIN_MIN_S`` ago; the metadb has the rest."""
+        old = time.time() - RETAIN_MIN_S
         while len(self._ended) > self.retain:
+            live = self.live.get(self._ended[0])
+            if live is not None and live.state != "running" and live.updated > old:
+                return  # the oldest ended too recently, and every later one after it
             job = self._ended.popleft()
-            live = self.live.get(job)
             if live is not None and live.state != "running":
                 del self.live[job]
 

@@ -21,6 +21,8 @@ from triplane import metadb as mdb
 from triplane.proto.packet import PacketError, Reply, TileInfo, Timings, decode_task, encode_reply
 from triplane.registry import MemoryBackend, MemoryEngineInfo, NodeInfo, OpEngineInfo
 from triplane.registry.records import encode
+from triplane.scheduler import jobs
+from triplane.scheduler.compiler.compile import compile_job
 from triplane.scheduler.jobs import LiveJob
 from triplane.scheduler.service import Scheduler
 
@@ -45,7 +47,8 @@ class FakeExecutor(asyncio.DatagramProtocol):
             return
         self.ran += 1
         now = time.time()
-        reply = Reply(p.task, True, Timings(now, now, now + 1e-5), (TileInfo(p.outputs[0], (2,), "float32", 8),))
+        out = TileInfo(p.outputs[0], (2,), "float32", 8)
+        reply = Reply(p.task, True, Timings(now, now, now + 1e-5), (out,))
         assert self.transport is not None
         self.transport.sendto(encode_reply(reply, SECRET), addr)
 
@@ -84,7 +87,12 @@ def per_job_sizes(s: Scheduler) -> dict[str, int]:
 
 
 @pytest.mark.slow  # about 40 s: 5,000 jobs through the whole submit path
-def test_rss_after_5000_jobs_is_within_10_percent_of_after_500(tmp_path: Path) -> None:
+def test_rss_after_5000_jobs_is_within_10_percent_of_after_500(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    # Jobs leave memory by count here; the age floor (a job stays RETAIN_MIN_S after it
+    # ended) is the next test's: with it the count would depend on the jobs' rate.
+    monkeypatch.setattr(jobs, "RETAIN_MIN_S", 0.0)
+
     async def main() -> tuple[dict[str, int], int, dict[str, int], int, int, int]:
         loop = asyncio.get_running_loop()
         transport, fake = await loop.create_datagram_endpoint(FakeExecutor, local_addr=("127.0.0.1", 0))
@@ -136,3 +144,33 @@ def test_rss_after_5000_jobs_is_within_10_percent_of_after_500(tmp_path: Path) -
     assert at_5000 == at_500, (at_500, at_5000)
     assert at_5000["live"] <= RETAIN and at_5000["dispatch_jobs"] == 0 and at_5000["templates"] == 0
     assert rss_5000 <= 1.10 * rss_500, (rss_500, rss_5000)
+
+
+def test_finished_jobs_stay_the_newest_retain_and_a_short_while(tmp_path: Path) -> None:
+    """A finished job leaves the dispatcher's state at once; it leaves memory once ``retain``
+    newer jobs have finished and it ended over ``RETAIN_MIN_S`` ago (so that the journal
+    has written its last task rows when it is read back from the metadb)."""
+    from triplane.proto.ir import Graph
+
+    db = mdb.open_db(f"sqlite:///{tmp_path / 'meta.sqlite3'}")
+    s = Scheduler(registry=MemoryBackend(), db=db, run_dir=tmp_path, secret=SECRET, retain_finished=2)
+
+    def finish_one() -> str:  # a job whose every task is already done: it ends on submit
+        plan = compile_job(Graph.from_dict(job_doc(1)), ["z"], cache=s.plans)
+        s.jobs._dispatch(plan, time.time(), tuple((t.id, "e0") for t in plan.specs))
+        return plan.job
+
+    async def main() -> tuple[list[str], set[str], set[str]]:
+        ids = [finish_one() for _ in range(5)]
+        young = set(s.jobs.live)
+        for live in s.jobs.live.values():
+            live.updated -= 2 * jobs.RETAIN_MIN_S  # as if they ended a while ago
+        ids.append(finish_one())
+        await asyncio.sleep(0)  # the releases they scheduled
+        return ids, young, set(s.jobs.live)
+
+    ids, young, kept = asyncio.run(main())
+    assert young == set(ids[:5])  # all ended just now: kept beyond ``retain``
+    assert kept == set(ids[-2:])  # the two newest; the others are the metadb's now
+    assert not s.state.jobs and not s.templates  # the dispatcher forgot every one at its end
+    assert all(s.jobs.live[j].state == "done" and s.jobs.live[j].done == 2 for j in kept)
