@@ -50,7 +50,7 @@ from triplane.scheduler.dispatch.shell import DispatchShell
 from triplane.scheduler.dispatch.state import CancelJob, JobFinished, SubmitJob
 from triplane.scheduler.earlier import BINDINGS, REBUILD_ERRORS, plan_again
 from triplane.scheduler.errors import BadRequest, NotFound, Unavailable
-from triplane.scheduler.journal import Journal
+from triplane.scheduler.journal import FAILED, Journal
 from triplane.scheduler.store import TensorStore
 
 if TYPE_CHECKING:
@@ -294,10 +294,16 @@ class Jobs:
         try:
             with self.db.read() as s:
                 info = mdb.get_job(s, job)
+                failed = mdb.list_events(s, job, limit=1, kind=FAILED) if info.error else []
         except (mdb.UnknownJobError, mdb.InvalidInputError):
             raise NotFound(f"unknown job {job!r}") from None
-        return _stored_body(info, {"kind": "infra", "message": info.error, "node": None, "op": None}
-                            if info.error else None)
+        if failed and isinstance(failed[0].payload, dict):
+            error: dict[str, Any] | None = failed[0].payload  # as the job's status said while in memory
+        elif info.error:
+            error = {"kind": "infra", "message": info.error, "node": None, "op": None}
+        else:
+            error = None
+        return _stored_body(info, error)
 
     def body(self, job: str, live: LiveJob) -> dict[str, Any]:
         js = self.shell.state.jobs.get(job)
@@ -363,7 +369,8 @@ class Jobs:
             live.error = self._failure(live, f)
         live.holders = {tid: t.node for tid, t in js.tasks.items() if t.node}
         live.done = len(js.tasks) - js.remaining
-        self.journal.job_ended(f.job, f.state, live.done, live.error["message"] if live.error else None)
+        self.journal.job_ended(f.job, f.state, live.done, live.error["message"] if live.error else None,
+                               live.error)
         # The dispatcher is done with the job: what outlives it is on ``live``.
         del self.shell.state.jobs[f.job]
         self.templates.pop(f.job, None)

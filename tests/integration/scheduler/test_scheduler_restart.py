@@ -14,6 +14,7 @@ import contextlib
 import os
 import re
 import signal
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -110,6 +111,13 @@ def chain(n: int) -> dict:
     return {"version": 1, "nodes": nodes, "outputs": [f"c{i}" for i in range(n)]}
 
 
+def done_count(db_url: str, job: str) -> int:
+    """How many of the job's task rows are done (a cheap read, polled while the job runs)."""
+    with contextlib.closing(sqlite3.connect(db_url.removeprefix("sqlite:///"), timeout=5)) as c:
+        row = c.execute("SELECT count(*) FROM tasks WHERE job_id = ? AND state = 'done'", (job,)).fetchone()
+    return int(row[0])
+
+
 def done_rows(db_url: str, job: str) -> dict[str, tuple[str | None, float | None]]:
     """task -> (node, kernel end) of the job's task rows that are done."""
     db = mdb.open_db(db_url)
@@ -143,7 +151,7 @@ def test_a_restarted_scheduler_on_the_memory_registry_reruns_no_finished_task(cl
         r = h.post("/v1/jobs", json={"graph": chain(TASKS), "fetch": [last]})
         assert r.status_code == 201, r.text
         job = r.json()["id"]
-    wait_for(lambda: len(done_rows(cluster.db, job)) > 200, 30, "done tasks on record")
+    wait_for(lambda: done_count(cluster.db, job) > 200, 30, "done tasks on record")
     os.kill(first.pid, signal.SIGKILL)
     first.wait(5)
     before = done_rows(cluster.db, job)
@@ -168,7 +176,3 @@ def test_a_restarted_scheduler_on_the_memory_registry_reruns_no_finished_task(cl
     assert len(after) == TASKS
     rerun = [t for t, row in before.items() if after[t] != row]
     assert rerun == [], f"{len(rerun)} finished tasks ran again, e.g. {rerun[:5]}"
-    # The registry it serves starts empty: it waited for the executors before counting.
-    holders = ", ".join(sorted({str(node) for node, _ in before.values()}))
-    waited = re.search(rf"waiting up to [\d.]+ s for executor\(s\) {holders}, which", cluster.log())
-    assert waited, cluster.log()[-3000:]

@@ -174,3 +174,22 @@ def test_finished_jobs_stay_the_newest_retain_and_a_short_while(tmp_path: Path) 
     assert kept == set(ids[-2:])  # the two newest; the others are the metadb's now
     assert not s.state.jobs and not s.templates  # the dispatcher forgot every one at its end
     assert all(s.jobs.live[j].state == "done" and s.jobs.live[j].done == 2 for j in kept)
+
+
+def test_a_failed_job_out_of_memory_keeps_its_error(tmp_path: Path) -> None:
+    """The status of a failed job read back from the metadb names the kind, node and op it
+    named while the job was in memory (a ``job.failed`` event), not just the message."""
+    from triplane.scheduler.compiler.compile import ClusterSnapshot
+
+    db = mdb.open_db(f"sqlite:///{tmp_path / 'meta.sqlite3'}")
+    s = Scheduler(registry=MemoryBackend(), db=db, run_dir=tmp_path, secret=SECRET)
+    plan = s.jobs.compile(job_doc(1), ["z"], ClusterSnapshot())
+    s.jobs.store_job(plan, ["z"], jobs.bindings_of(plan), time.time())
+    error = {"kind": "user", "message": "exp: overflow", "node": "z", "op": "exp"}
+    s.journal.open()
+    s.journal.job_ended(plan.job, "failed", 1, error["message"], error)
+    s.journal.close()
+    body = s.jobs.status(plan.job)
+    assert plan.job not in s.jobs.live
+    assert body["state"] == "failed" and body["error"] == error, body
+    assert s.jobs.list()[0]["state"] == "failed"
