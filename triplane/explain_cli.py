@@ -38,7 +38,6 @@ from triplane.proto.ir import Graph
 from triplane.scheduler.compiler.costmodel import (
     CostModel,
     NodeFigures,
-    figures_from_registry,
     parse_bytes,
     parse_rate,
 )
@@ -131,6 +130,7 @@ def cluster_figures(*, nodes: int, memory: str, gflops: float, gbps: float, band
 
 async def _read_registry(url: str) -> list[NodeFigures]:
     from triplane.registry.connect import connect_registry
+    from triplane.scheduler.cluster import figures_from_registry
 
     backend = connect_registry(url)
     try:
@@ -142,11 +142,11 @@ async def _read_registry(url: str) -> list[NodeFigures]:
 def explain_target(target: Path, figures: list[NodeFigures], *,
                    model: CostModel | None = None) -> dict[str, Any]:
     """Load, compile (canonical ids ``n0, n1, ...``, as the runtime names tasks), tile and
-    place ``target`` on ``figures`` as the scheduler would (``scheduler.layout.lay_out``:
+    place ``target`` on ``figures`` as the scheduler would (``scheduler.compiler.layout.lay_out``:
     tiny graphs whole, larger ones cut into tiles ``t0, t1, ...``); the explain dict.
     Raises ``GraphError`` (including :class:`PlacementError` and the tiler's
     ``LimitError``) when the graph is bad, too large or cannot be placed."""
-    from triplane.scheduler.layout import lay_out
+    from triplane.scheduler.compiler.layout import lay_out
 
     graph, labels = load_target(target)
     cgraph, rename, _ = graph.canonical()

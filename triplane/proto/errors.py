@@ -12,6 +12,12 @@
 
 Every GraphError names the node and op it is about, when it is about one, so that a
 message reads ``node 'y' (matmul): inner dimensions differ: (64, 784) @ (10, 784)``.
+
+Every error carries ``kind``, a machine-readable word a client can act on ("graph",
+"shape", "not_found", "standby", ...): the API's error body carries it, and the API maps
+it to a status code (``triplane/scheduler/api/errors.py``, the one table). The scheduler's
+own errors (not found, not ready, unavailable, standby...) extend this tree in
+``triplane/scheduler/errors.py``.
 """
 
 from __future__ import annotations
@@ -20,9 +26,13 @@ from __future__ import annotations
 class TriplaneError(Exception):
     """Base class of every error triplane raises on purpose."""
 
+    kind: str = "internal"
+
 
 class GraphError(TriplaneError, ValueError):
     """A graph or one of its nodes is malformed."""
+
+    kind = "graph"
 
     def __init__(self, message: str, *, node: str | None = None, op: str | None = None,
                  where: str | None = None) -> None:
@@ -54,27 +64,27 @@ class GraphError(TriplaneError, ValueError):
 
 
 class UnknownOpError(GraphError):
-    pass
+    kind = "unknown_op"
 
 
 class ShapeError(GraphError):
-    pass
+    kind = "shape"
 
 
 class DTypeError(GraphError, TypeError):
-    pass
+    kind = "dtype"
 
 
 class AttrError(GraphError):
-    pass
+    kind = "attr"
 
 
 class LimitError(GraphError):
-    pass
+    kind = "limit"
 
 
 class NotDifferentiableError(TriplaneError):
-    pass
+    kind = "not_differentiable"
 
 
 class KernelError(TriplaneError):

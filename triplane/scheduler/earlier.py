@@ -5,7 +5,7 @@ A done job outlives the process that ran it: the executors keep its fetched tile
 the ``job.bindings`` event (upload ids, fetched names, and the figures a tiled job was
 laid out for), and the task rows (a done task's row names the node holding its output
 tile, docs/scheduler.md). Compiling the graph again with those figures gives the same
-task ids and tile grids as the first time (``Scheduler._resume`` relies on the same), so
+task ids and tile grids as the first time (resuming a job relies on the same), so
 a restarted scheduler reads the tiles where they are, exactly as for a job it ran.
 
 A release (``DELETE``) is recorded as a ``job.released`` event, so whichever process
@@ -33,12 +33,13 @@ from triplane.metadb.jobs import job_plan
 from triplane.metadb.tasks import kernel_times
 from triplane.proto.errors import GraphError
 from triplane.proto.ir import Graph
+from triplane.scheduler.compiler.compile import ClusterSnapshot, compile_job
 from triplane.scheduler.compiler.costmodel import NodeFigures
 from triplane.scheduler.compiler.explain import with_actual as set_actual
+from triplane.scheduler.compiler.jobplan import JobPlan
+from triplane.scheduler.compiler.layout import figures_from_json, lay_out
 from triplane.scheduler.compiler.pipeline import PlanCache
-from triplane.scheduler.jobplan import JobPlan, plan_job
-from triplane.scheduler.layout import figures_from_json, lay_out
-from triplane.scheduler.planview import plan_document
+from triplane.scheduler.compiler.planview import plan_document
 
 __all__ = ["BINDINGS", "REBUILD_ERRORS", "RELEASED", "EarlierJob", "EarlierJobs", "placed_now", "plan_again",
            "read_recorded_plan", "read_released", "record_released", "recorded_document", "with_actual"]
@@ -81,8 +82,9 @@ def plan_again(job: str, graph: Graph, bindings: Mapping[str, Any], plans: PlanC
     A tiled job is laid out for the figures it was submitted with, so its task ids name
     the same tiles as its task rows. ``REBUILD_ERRORS`` for a record this version cannot
     compile."""
-    figs = figures_from_json(bindings["figures"]) if "figures" in bindings else None
-    return plan_job(job, graph, bindings["args"], bindings["fetch"], {}, plans, figures=figs)
+    figs = figures_from_json(bindings["figures"]) if "figures" in bindings else ()
+    return compile_job(graph, bindings["fetch"], ClusterSnapshot(tuple(figs)), cache=plans, job=job,
+                       args=bindings["args"])
 
 
 def read_released(db: mdb.MetaDB, job: str) -> bool:

@@ -29,6 +29,8 @@ from triplane.scheduler.dispatch.state import Transitioned
 
 log = logging.getLogger(__name__)
 
+FAILED = "job.failed"  # the event holding a failed job's error body
+
 TASK_STATE = {
     "pending": "pending",
     "ready": "ready",
@@ -59,7 +61,7 @@ class Journal:
         self._late: dict[tuple[str, str], Timings] = {}
         # Jobs dispatched while their rows are still being stored: their writes wait.
         self._held: set[str] = set()
-        self._ended: dict[str, tuple[str, int, str | None]] = {}
+        self._ended: dict[str, tuple[str, int, str | None, dict[str, Any] | None]] = {}
 
     def hold(self, job: str) -> None:
         """Keep ``job``'s writes back until :meth:`release` (its rows are being inserted)."""
@@ -185,15 +187,21 @@ class Journal:
             except mdb.MetaDBError as e:
                 log.error("cannot record an event of job %s: %s", t.job, e)
 
-    def job_ended(self, job: str, state: str, done: int, error: str | None) -> None:
+    def job_ended(self, job: str, state: str, done: int, error: str | None,
+                  failure: dict[str, Any] | None = None) -> None:
+        """Record a job's end; ``failure`` (a failed job's error body: kind, message, node,
+        op) becomes a ``job.failed`` event, so that its status reads the same once the job
+        has left the scheduler's memory."""
         if self.writer is None:
             return
         if job in self._held:
-            self._ended[job] = (state, done, error)
+            self._ended[job] = (state, done, error, failure)
             return
         try:
             self.flush()
             self.writer.job_progress(job, state=state, tasks_done=done, error=error)
+            if failure is not None:
+                self.writer.event(job, FAILED, payload=failure)
         except mdb.MetaDBError as e:
             log.error("cannot record the end of job %s: %s", job, e)
 

@@ -6,6 +6,12 @@ resumes the unfinished jobs of the metadb. It watches its leadership: when the l
 found gone or the key no longer names it (a wiped etcd forgets both), it steps down to
 standby, forgets its in-memory jobs (the metadb has them) and campaigns again, so a
 scheduler never needs an outside restart and two replicas never both dispatch for long.
+
+Resume waits for the executors: a restarted scheduler (above all one serving the memory
+registry itself, which starts empty) may lead before the executors holding the tiles of
+its unfinished jobs have registered again. It waits, at most ``resume_wait_s``, for every
+executor named by a done task row, then counts the tasks done there as done; the jobs are
+resumed in the background, so the API (and a registry it serves) is up meanwhile.
 """
 
 from __future__ import annotations
@@ -40,10 +46,9 @@ class Leading:
     registry: Any
     lease_ttl_s: float
     journal: Any
-    jobs: dict[str, Any]
-    templates: dict[str, Any]
-    state: DispatchState
+    jobs: Any
     shell: Any
+    resume_wait_s: float
     policy: Any
     host: str
     data_port: int
@@ -51,9 +56,6 @@ class Leading:
     _lead_tasks: list[asyncio.Task[Any]]
     _data_lease: int
     _data_keepalive: Any
-
-    async def _resume(self, live_nodes: set[str]) -> None:
-        raise NotImplementedError
 
     async def _campaign(self) -> None:
         """Lead whenever elected; on losing the lease (etcd wiped, a long pause) step down to
@@ -91,15 +93,12 @@ class Leading:
             t.cancel()
         self._lead_tasks.clear()
         self.journal.flush()
-        for live in self.jobs.values():
+        for live in self.jobs.live.values():
             live.ended.set()  # long-pollers re-read the status (from the metadb)
-        # Done jobs stay: their results are on the executors and still fetchable (a client
-        # may be between "done" and its GET); the unfinished ones the next leader resumes.
-        for job in [j for j, live in self.jobs.items() if live.state != "done"]:
-            del self.jobs[job]
-        self.templates.clear()
-        self.state = DispatchState(self.policy)
-        self.shell.state = self.state
+        # Finished jobs stay: their results are on the executors and still fetchable (a
+        # client may be between "done" and its GET); the unfinished ones the next leader resumes.
+        self.jobs.forget_unfinished()
+        self.shell.state = DispatchState(self.policy)
         self.shell.nodes.clear()
         if self._leadership is not None:
             with contextlib.suppress(Exception):
@@ -114,8 +113,39 @@ class Leading:
         for n in nodes:
             self.shell.node_up(n)
         self._lead_tasks.append(self.shell.watch(self.registry))
-        await self._resume({n.node for n in nodes})
         self.role = "leader"
+        self.jobs.resumed.clear()
+        self._lead_tasks.append(loop.create_task(self._resume(), name="scheduler-resume"))
+
+    async def _resume(self) -> None:
+        """Resume the unfinished jobs of the metadb once the executors their done task rows
+        name are registered again, or ``resume_wait_s`` has passed (module doc)."""
+        try:
+            await self._resume_when_back()
+        except Exception:  # a metadb outage: the jobs stay in the metadb for the next leader
+            log.exception("resuming the unfinished jobs failed")
+        finally:
+            self.jobs.resumed.set()
+
+    async def _resume_when_back(self) -> None:
+        resumable = await asyncio.to_thread(self.jobs.load_resumable)
+        if not resumable:
+            return
+        wanted = {t.node for _, _, _, tasks in resumable for t in tasks if t.state == "done" and t.node}
+        missing = wanted - set(self.shell.nodes)
+        if missing:
+            log.info("resuming %d job(s): waiting up to %.1f s for executor(s) %s, which hold tiles of "
+                     "their done tasks, to register again", len(resumable), self.resume_wait_s,
+                     ", ".join(sorted(missing)))
+            loop = asyncio.get_running_loop()
+            until = loop.time() + self.resume_wait_s
+            while missing and loop.time() < until:
+                await asyncio.sleep(0.05)
+                missing = wanted - set(self.shell.nodes)
+            if missing:
+                log.warning("executor(s) %s did not register again: their done tasks run again",
+                            ", ".join(sorted(missing)))
+        await self.jobs.resume(resumable, set(self.shell.nodes))
 
     async def _publish_data(self) -> None:
         lease = await self.registry.grant_lease(self.lease_ttl_s)

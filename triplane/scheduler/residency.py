@@ -31,9 +31,9 @@ from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from triplane.scheduler.compiler.jobplan import region_tile
+from triplane.scheduler.compiler.layout import Cached
 from triplane.scheduler.compiler.tiling import Region
-from triplane.scheduler.jobplan import region_tile
-from triplane.scheduler.layout import Cached
 
 __all__ = ["Residency", "read_evictions"]
 

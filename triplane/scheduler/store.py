@@ -39,7 +39,7 @@ from triplane.executor.datawire import (
 )
 from triplane.proto import dtypes as dt
 from triplane.proto.limits import MAX_RANK
-from triplane.scheduler.jobplan import is_tensor_id, new_tensor_id
+from triplane.scheduler.compiler.jobplan import is_tensor_id, new_tensor_id
 
 log = logging.getLogger(__name__)
 

@@ -22,10 +22,10 @@ import numpy as np
 import pytest
 
 import triplane as tp
+from triplane.embedded import EmbeddedSession
 from triplane.executor.tasks import STALL_ENV
 from triplane.scheduler.dispatch.records import Policy
 from triplane.sdk.remote import RemoteSession
-from triplane.embedded import EmbeddedSession
 
 STALL_S = 90.0
 

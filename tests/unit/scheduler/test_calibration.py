@@ -130,8 +130,8 @@ def test_a_job_after_slow_kernels_is_planned_with_the_learned_speed(tmp_path) ->
         for t, p in matmuls.items():
             kernel = 2.0 * (p["predicted"]["compute_s"] - 200e-6)
             reply = Reply(f"{first}.{t}", True, Timings(0.0, 1.0, 1.0 + kernel), (), None)
-            s._output(first, t, p["node"], reply)
-    assert s.calibration.factor("e0", "flops") == pytest.approx(2.0, rel=0.06)
+            s.jobs.output(first, t, p["node"], reply)
+    assert s.cluster.calibration.factor("e0", "flops") == pytest.approx(2.0, rel=0.06)
     nodes = {n["node"]: n for n in c.get("/v1/nodes", headers=auth).json()}
     assert nodes["e0"]["calibration"]["flops"] == pytest.approx(2.0, rel=0.06)
     assert nodes["e0"]["calibration"]["bytes"] == 1.0

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from triplane.proto.ir import Graph, Node
-from triplane.scheduler import layout
+from triplane.scheduler.compiler import layout
 from triplane.scheduler.compiler.costmodel import NodeFigures
 from triplane.scheduler.compiler.placement import PlacementError
 

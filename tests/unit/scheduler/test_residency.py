@@ -5,10 +5,10 @@ from __future__ import annotations
 from triplane.proto.builder import Builder
 from triplane.proto.validate import validate
 from triplane.scheduler.compiler.costmodel import NodeFigures
+from triplane.scheduler.compiler.jobplan import JobPlan, plan_job
+from triplane.scheduler.compiler.layout import Layout
 from triplane.scheduler.compiler.pipeline import PlanCache
 from triplane.scheduler.compiler.placement import Placement
-from triplane.scheduler.jobplan import JobPlan, plan_job
-from triplane.scheduler.layout import Layout
 from triplane.scheduler.residency import Residency
 
 U = "u-" + "ab" * 16

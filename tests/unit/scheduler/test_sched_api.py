@@ -159,20 +159,20 @@ def test_submit_queues_a_valid_job_and_reports_it(tmp_path: Path) -> None:
 @pytest.mark.parametrize("store_first_tasks", [1000, 0])  # a small job stored first; or dispatched first
 def test_a_job_the_metadb_refuses_is_503_and_leaves_nothing_running(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, store_first_tasks: int) -> None:
-    import triplane.scheduler.service as service
+    import triplane.scheduler.jobs as jobs
 
-    monkeypatch.setattr(service, "STORE_FIRST_TASKS", store_first_tasks)
+    monkeypatch.setattr(jobs, "STORE_FIRST_TASKS", store_first_tasks)
     s, c = make(tmp_path)
     u = upload(c, np.ones((2, 2), np.float32))
 
     def refuse(*a: object) -> None:
         raise mdb.MetaDBError("disk full")
 
-    monkeypatch.setattr(s, "_store_job", refuse)
+    monkeypatch.setattr(s.jobs, "store_job", refuse)
     r = c.post("/v1/jobs", json={"graph": graph_doc(u), "fetch": ["y"]}, headers=AUTH)
     assert r.status_code == 503, r.text
     assert "metadata DB refused the job: disk full" in r.json()["error"]["message"]
-    assert s.jobs == {} and all(j.state != "running" for j in s.state.jobs.values())
+    assert s.jobs.live == {} and all(j.state != "running" for j in s.state.jobs.values())
     assert c.get("/v1/jobs", headers=AUTH).json() == []
 
 

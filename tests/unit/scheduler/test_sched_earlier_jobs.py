@@ -20,11 +20,15 @@ from triplane import metadb as mdb
 from triplane.metadb.jobs import job_plan
 from triplane.proto.packet import Reply, TileInfo, Timings
 from triplane.registry import MemoryBackend, NodeInfo
+from triplane.scheduler.api.errors import status_of
+from triplane.scheduler.compiler.compile import ClusterSnapshot
 from triplane.scheduler.compiler.costmodel import NodeFigures
+from triplane.scheduler.compiler.jobplan import JobPlan
+from triplane.scheduler.compiler.layout import figures_to_json
 from triplane.scheduler.dispatch.state import Transitioned
-from triplane.scheduler.jobplan import JobPlan
-from triplane.scheduler.layout import figures_to_json
-from triplane.scheduler.service import LiveJob, Scheduler, SubmitError
+from triplane.scheduler.errors import SchedulerError
+from triplane.scheduler.jobs import LiveJob
+from triplane.scheduler.service import Scheduler
 
 MiB = 1 << 20
 NODES = ("e0", "e1", "e2")
@@ -93,12 +97,13 @@ def run_done(first: Scheduler, db: mdb.MetaDB, graph: dict[str, Any], *, tiled: 
              state: str = "done") -> JobPlan:
     """What the first process records for a job it ran to ``state``: the job as a submit
     stores it, each task done on the node placement chose (e0 for an unplaced one)."""
-    cgraph, args, plan = first._plan(graph, ["y"], figs())
+    plan = first.jobs.compile(graph, ["y"], ClusterSnapshot(tuple(figs())))
+    args = plan.args
     bindings: dict[str, Any] = {"args": list(args), "fetch": dict(plan.fetch)}
     if tiled:
         assert plan.layout is not None and plan.layout.tiled
         bindings["figures"] = figures_to_json(plan.layout.figures)
-    first._store_job(plan, cgraph, ["y"], bindings, time.time())
+    first.jobs.store_job(plan, ["y"], bindings, time.time())
     with db.transaction() as s:
         for t in plan.specs:
             mdb.transition_task(s, plan.job, t.id, "done", node=t.node or "e0", attempt=0)
@@ -111,13 +116,14 @@ def run_replied(first: Scheduler, db: mdb.MetaDB, graph: dict[str, Any], ran: in
     """A tiled job run by ``first`` through its journal as the dispatch shell feeds it: per
     task dispatched, the executor's reply (``_output``, known kernel times), done. Only
     the first ``ran`` tasks run (all by default). Returns the plan and task -> (start, end)."""
-    cgraph, args, plan = first._plan(graph, ["y"], figs())
+    plan = first.jobs.compile(graph, ["y"], ClusterSnapshot(tuple(figs())))
+    args = plan.args
     assert plan.layout is not None and plan.layout.tiled
     figures = figures_to_json(plan.layout.figures)
     bindings = {"args": list(args), "fetch": dict(plan.fetch), "figures": figures}
     now = time.time()
-    first._store_job(plan, cgraph, ["y"], bindings, now)
-    first.jobs[plan.job] = LiveJob(plan, dict(plan.back), now, now)
+    first.jobs.store_job(plan, ["y"], bindings, now)
+    first.jobs.live[plan.job] = LiveJob(plan, dict(plan.back), now, now)
     first.journal.open()
     times: dict[str, tuple[float, float]] = {}
     for i, t in enumerate(plan.specs[:ran]):
@@ -126,9 +132,9 @@ def run_replied(first: Scheduler, db: mdb.MetaDB, graph: dict[str, Any], ran: in
         first.journal.transitions([Transitioned(job, t.id, "ready", "dispatched", 0, node, "s", start - 0.1)])
         r = Reply(f"{job}.{t.id}.a0", True, Timings(start - 0.05, *times[t.id]),
                   (TileInfo(f"{job}.{t.id}", (1,), "float32", 4),))
-        first._output(job, t.id, node, r)
+        first.jobs.output(job, t.id, node, r)
         first.journal.transitions([Transitioned(job, t.id, "dispatched", "done", 0, node, "s", start + 9.0)])
-    first.jobs[plan.job].state = state
+    first.jobs.live[plan.job].state = state
     first.journal.job_ended(plan.job, state, len(times), None)
     first.journal.close()
     return plan, times
@@ -202,7 +208,7 @@ def test_a_restarted_scheduler_streams_a_done_tiled_tensor_from_the_nodes_its_ro
     assert len({held[t] for t in regions}) > 1  # the tiles are spread over several nodes
     want = np.arange(2048 * 1024, dtype=np.float32).reshape(2048, 1024)
     second = scheduler(db, tmp_path)
-    port = second.data_client = FakeDataPort(want, regions, dict(held))  # type: ignore[assignment]
+    port = second.results.data_client = FakeDataPort(want, regions, dict(held))  # type: ignore[assignment]
 
     async def go() -> list[tuple[tuple[int, ...], bytes]]:
         return [await read(second, plan.job), await read(second, plan.job)]
@@ -211,8 +217,9 @@ def test_a_restarted_scheduler_streams_a_done_tiled_tensor_from_the_nodes_its_ro
     assert shape == (2048, 1024) and got == want.tobytes() and again == (shape, got)
     # Each tile was read from the node its task row names (the fake refuses any other).
     assert sorted(set(port.reads)) == sorted((held[t], f"{plan.job}.{t}") for t in regions)
-    assert second.earlier.loads == 1 and len(second.earlier) == 1  # compiled once, then cached
-    assert plan.job not in second.jobs  # not dispatched: a view only
+    earlier = second.results.earlier
+    assert earlier.loads == 1 and len(earlier) == 1  # compiled once, then cached
+    assert plan.job not in second.jobs.live  # not dispatched: a view only
 
 
 def test_a_tile_whose_holder_is_gone_is_404_naming_the_tensor_tile_and_node(
@@ -222,11 +229,11 @@ def test_a_tile_whose_holder_is_gone_is_404_naming_the_tensor_tile_and_node(
     held = {t.id: t.node or "e0" for t in plan.specs}
     gone = held[next(iter(regions))]
     second = scheduler(db, tmp_path, live=tuple(n for n in NODES if n != gone))
-    second.data_client = FakeDataPort(np.zeros((2048, 1024), np.float32), regions, held)  # type: ignore[assignment]
-    with pytest.raises(SubmitError) as e:
+    second.results.data_client = FakeDataPort(np.zeros((2048, 1024), np.float32), regions, held)  # type: ignore[assignment]
+    with pytest.raises(SchedulerError) as e:
         asyncio.run(read(second, plan.job))
-    assert e.value.status == 404
-    msg = e.value.body["message"]
+    assert status_of(e.value.kind) == 404
+    msg = e.value.message
     assert "'y'" in msg and plan.job in msg and f"node {gone}" in msg and f"tile {plan.job}.t" in msg
 
 
@@ -249,10 +256,10 @@ def test_a_tiny_earlier_job_is_placed_on_demand_and_says_it_is_not_recorded(
         db: mdb.MetaDB, tmp_path: Path) -> None:
     plan = run_done(scheduler(db, tmp_path), db, tiny(), tiled=False)
     second = scheduler(db, tmp_path)
-    with pytest.raises(SubmitError) as e:  # no executor figures: nothing to place it for
+    with pytest.raises(SchedulerError) as e:  # no executor figures: nothing to place it for
         asyncio.run(second.plan(plan.job))
-    assert e.value.status == 404 and "no prediction was recorded" in e.value.body["message"]
-    second._figs = (time.monotonic() + 60, figs(), [])  # the registry's figures, as if just read
+    assert status_of(e.value.kind) == 404 and "no prediction was recorded" in e.value.message
+    second.cluster._figs = (time.monotonic() + 60, figs(), [])  # the registry's figures, as if just read
     doc = asyncio.run(second.plan(plan.job))
     assert doc["recorded"] is False and doc["followed"] is False and doc["job"] == plan.job
     assert {t["task"] for t in doc["tasks"]} == {t.id for t in plan.specs}
@@ -276,34 +283,34 @@ def test_released_tensors_stay_404_whichever_process_released_them(db: mdb.MetaD
     by_first = run_done(first, db, big())
     by_second = run_done(first, db, big())
     now = time.time()
-    first.jobs[by_first.job] = LiveJob(by_first, {}, now, now, state="done")
+    first.jobs.live[by_first.job] = LiveJob(by_first, {}, now, now, state="done")
     asyncio.run(first.cancel(by_first.job))  # DELETE answered by the first process
 
     second = scheduler(db, tmp_path)
     regions = regions_of(by_second)
     held = {t.id: t.node or "e0" for t in by_second.specs}
-    port = second.data_client = FakeDataPort(np.zeros((2048, 1024), np.float32), regions,  # type: ignore[assignment]
+    port = second.results.data_client = FakeDataPort(np.zeros((2048, 1024), np.float32), regions,  # type: ignore[assignment]
                                              dict(held))
 
     async def go() -> None:
-        with pytest.raises(SubmitError) as e:
+        with pytest.raises(SchedulerError) as e:
             await second.open_tensor(by_first.job, "y")
-        assert e.value.status == 404 and "released" in e.value.body["message"]
+        assert status_of(e.value.kind) == 404 and "released" in e.value.message
         await read(second, by_second.job)  # still held
         body = await second.cancel(by_second.job)  # DELETE of a job the first process ran
         assert body["state"] == "done"
-        with pytest.raises(SubmitError) as e:
+        with pytest.raises(SchedulerError) as e:
             await second.open_tensor(by_second.job, "y")
-        assert e.value.status == 404 and "released" in e.value.body["message"]
+        assert status_of(e.value.kind) == 404 and "released" in e.value.message
 
     asyncio.run(go())
     # The second process deleted the fetched tiles where they were held.
     assert sorted(port.deleted) == sorted((held[t], f"{by_second.job}.{t}") for t in regions)
     third = scheduler(db, tmp_path)
     for job in (by_first.job, by_second.job):
-        with pytest.raises(SubmitError) as e:
+        with pytest.raises(SchedulerError) as e:
             asyncio.run(third.open_tensor(job, "y"))
-        assert e.value.status == 404 and "released" in e.value.body["message"]
+        assert status_of(e.value.kind) == 404 and "released" in e.value.message
 
 
 def test_failed_unknown_and_unfetched_keep_their_answers(db: mdb.MetaDB, tmp_path: Path) -> None:
@@ -313,7 +320,7 @@ def test_failed_unknown_and_unfetched_keep_their_answers(db: mdb.MetaDB, tmp_pat
     cases = [(failed.job, "y", 409, "is failed"), ("j0123456789abcdef", "y", 404, "unknown job"),
              (done.job, "x", 404, "did not fetch 'x'")]
     for job, name, status, words in cases:
-        with pytest.raises(SubmitError) as e:
+        with pytest.raises(SchedulerError) as e:
             asyncio.run(second.open_tensor(job, name))
-        assert e.value.status == status and words in e.value.body["message"], e.value.body
-    assert second.earlier.loads == 3 and len(second.earlier) == 1  # only the done job is kept
+        assert status_of(e.value.kind) == status and words in e.value.message, e.value
+    assert second.results.earlier.loads == 3 and len(second.results.earlier) == 1  # only the done job is kept

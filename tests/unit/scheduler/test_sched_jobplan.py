@@ -1,4 +1,5 @@
-"""From a submitted graph to TaskSpecs (triplane.scheduler.jobplan): pure, no sockets."""
+"""From a submitted graph to TaskSpecs (``compile_job``, the one compile entry, and
+triplane.scheduler.compiler.jobplan): pure, no sockets."""
 
 from __future__ import annotations
 
@@ -7,9 +8,9 @@ import pytest
 from triplane.proto.errors import GraphError
 from triplane.proto.ir import Graph
 from triplane.scheduler.compiler import PlanCache
-from triplane.scheduler.jobplan import (
+from triplane.scheduler.compiler.compile import compile_job
+from triplane.scheduler.compiler.jobplan import (
     MAX_ATTRS_BYTES,
-    build_job,
     is_job_id,
     is_tensor_id,
     new_job_id,
@@ -42,7 +43,7 @@ def test_ids_have_the_documented_form() -> None:
 
 
 def test_one_task_per_non_input_node_with_task_deps_only() -> None:
-    jp = build_job("j0000000000000001", graph(), ["z", "y"], PlanCache())
+    jp = compile_job(graph(), ["z", "y"], cache=PlanCache(), job="j0000000000000001")
     by_op = {s.op: s for s in jp.specs}
     assert set(by_op) == {"exp", "add"}  # the input is no task
     exp, add = by_op["exp"], by_op["add"]
@@ -57,12 +58,12 @@ def test_one_task_per_non_input_node_with_task_deps_only() -> None:
 
 
 def test_a_fetched_node_that_is_not_an_output_is_kept() -> None:
-    jp = build_job("j0000000000000001", graph(), ["y"], PlanCache())
+    jp = compile_job(graph(), ["y"], cache=PlanCache(), job="j0000000000000001")
     assert "y" in jp.fetch and jp.fetch["y"] in jp.templates
 
 
 def test_fetching_an_upload_reads_the_uploaded_tensor() -> None:
-    jp = build_job("j0000000000000001", graph(), ["x", "z"], PlanCache())
+    jp = compile_job(graph(), ["x", "z"], cache=PlanCache(), job="j0000000000000001")
     assert jp.fetch_tile("x") == (U, None)
 
 
@@ -71,13 +72,13 @@ def test_errors_name_the_submitted_node_not_the_canonical_one() -> None:
         {"w": {"op": "matmul", "inputs": ["x", "x"], "shape": [2, 2], "dtype": "float32"}}, outputs=("z", "w")
     )
     with pytest.raises(GraphError) as e:
-        build_job("j0000000000000001", bad, ["w"], PlanCache())
+        compile_job(bad, ["w"], cache=PlanCache(), job="j0000000000000001")
     assert e.value.node == "w" and e.value.op == "matmul"
 
 
 def test_unknown_fetch_name_is_refused() -> None:
     with pytest.raises(GraphError, match="not a node"):
-        build_job("j0000000000000001", graph(), ["nope"], PlanCache())
+        compile_job(graph(), ["nope"], cache=PlanCache(), job="j0000000000000001")
 
 
 def test_input_must_reference_an_uploaded_tensor_id() -> None:
@@ -97,7 +98,7 @@ def test_input_must_reference_an_uploaded_tensor_id() -> None:
         }
     )
     with pytest.raises(GraphError, match="uploaded tensor id") as e:
-        build_job("j0000000000000001", g, ["y"], PlanCache())
+        compile_job(g, ["y"], cache=PlanCache(), job="j0000000000000001")
     assert e.value.node == "x"
 
 
@@ -122,7 +123,7 @@ def test_attributes_too_large_for_a_packet_are_refused_naming_the_node() -> None
         }
     )
     with pytest.raises(GraphError, match="do not fit a task packet"):
-        build_job("j0000000000000001", g, ["y"], PlanCache())
+        compile_job(g, ["y"], cache=PlanCache(), job="j0000000000000001")
 
 
 def test_unsupported_op_names_the_first_op_no_engine_lists() -> None:
@@ -133,6 +134,6 @@ def test_unsupported_op_names_the_first_op_no_engine_lists() -> None:
 
 def test_the_same_graph_hits_the_plan_cache() -> None:
     cache = PlanCache()
-    build_job("j0000000000000001", graph(), ["z"], cache)
-    build_job("j0000000000000002", graph(), ["z"], cache)
+    compile_job(graph(), ["z"], cache=cache, job="j0000000000000001")
+    compile_job(graph(), ["z"], cache=cache, job="j0000000000000002")
     assert cache.hits == 1

@@ -1,5 +1,6 @@
 """A restarted scheduler resumes a job from metadb: a task recorded done on a live executor
-starts done (its row names the node holding its output), the rest run again."""
+starts done (its row names the node holding its output), the rest run again. It waits
+(bounded) for the executors its done rows name to register again before it counts."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import time
 from pathlib import Path
 
 from triplane import metadb as mdb
-from triplane.registry import MemoryBackend
+from triplane.registry import MemoryBackend, NodeInfo
+from triplane.scheduler.compiler.compile import ClusterSnapshot
 from triplane.scheduler.service import Scheduler
 
 
@@ -22,23 +24,71 @@ def chain() -> dict:
     return {"version": 1, "nodes": nodes, "outputs": ["c0", "c1", "c2"]}
 
 
-def test_resume_counts_tasks_done_on_live_nodes_from_their_rows(tmp_path: Path) -> None:
+def stored(tmp_path: Path) -> tuple[mdb.MetaDB, str, tuple[str, str, str]]:
+    """A three-task job stored by a first scheduler, its first task done on ``ex0`` and
+    its second on ``ex-gone``: (the metadb, the job, its task ids in dataflow order)."""
     db = mdb.open_db(f"sqlite:///{tmp_path / 'meta.sqlite3'}")
     first = Scheduler(registry=MemoryBackend(), db=db, run_dir=tmp_path, secret=b"s" * 32)
-    cgraph, args, plan = first._plan(chain(), ["c2"], [])
-    first._store_job(plan, cgraph, ["c2"], {"args": list(args), "fetch": dict(plan.fetch)}, time.time())
+    plan = first.jobs.compile(chain(), ["c2"], ClusterSnapshot())
+    first.jobs.store_job(plan, ["c2"], {"args": list(plan.args), "fetch": dict(plan.fetch)}, time.time())
     a, b, c = (t.id for t in plan.specs)  # in dataflow order
     assert [t.deps for t in plan.specs] == [(), (a,), (b,)]
     with db.transaction() as s:  # what the first scheduler's journal wrote before it died
         mdb.transition_task(s, plan.job, a, "done", node="ex0", attempt=0)
         mdb.transition_task(s, plan.job, b, "done", node="ex-gone", attempt=0)
+    return db, plan.job, (a, b, c)
 
+
+def test_resume_counts_tasks_done_on_live_nodes_from_their_rows(tmp_path: Path) -> None:
+    db, job, (a, b, c) = stored(tmp_path)
     second = Scheduler(registry=MemoryBackend(), db=db, run_dir=tmp_path, secret=b"s" * 32)
 
     async def resume() -> dict[str, tuple[str, str | None]]:
-        await second._resume({"ex0"})
-        return {tid: (t.state, t.node) for tid, t in second.state.jobs[plan.job].tasks.items()}
+        await second.jobs.resume(await asyncio.to_thread(second.jobs.load_resumable), {"ex0"})
+        return {tid: (t.state, t.node) for tid, t in second.state.jobs[job].tasks.items()}
 
     tasks = asyncio.run(resume())
     # a's output is on a live node; b's node is gone, so b runs again (and c after it).
     assert tasks == {a: ("done", "ex0"), b: ("ready", None), c: ("pending", None)}
+
+
+def node(name: str) -> NodeInfo:
+    return NodeInfo(name, "127.0.0.1", 1, 1, 1, "0", 0.0, 1)
+
+
+def test_resume_waits_for_the_executors_its_done_rows_name(tmp_path: Path) -> None:
+    """The executors re-register after the scheduler leads (the memory registry it serves
+    starts empty): resume waits for them, so a task done on ``ex0`` stays done."""
+    db, job, (a, b, c) = stored(tmp_path)
+    second = Scheduler(registry=MemoryBackend(), db=db, run_dir=tmp_path, secret=b"s" * 32,
+                       resume_wait_s=0.8)
+
+    async def resume() -> tuple[dict[str, tuple[str, str | None]], float]:
+        started = time.monotonic()
+        task = asyncio.get_running_loop().create_task(second._resume())
+        await asyncio.sleep(0.2)
+        assert job not in second.jobs.live  # still waiting for ex0 and ex-gone
+        second.shell.nodes["ex0"] = node("ex0")  # ex0 registers again; ex-gone never does
+        await task
+        tasks = {tid: (t.state, t.node) for tid, t in second.state.jobs[job].tasks.items()}
+        return tasks, time.monotonic() - started
+
+    tasks, took = asyncio.run(resume())
+    assert tasks == {a: ("done", "ex0"), b: ("ready", None), c: ("pending", None)}
+    assert 0.8 <= took < 3.0  # bounded: ex-gone is waited for at most resume_wait_s
+
+
+def test_resume_does_not_wait_when_every_named_executor_is_there(tmp_path: Path) -> None:
+    db, job, (a, b, c) = stored(tmp_path)
+    second = Scheduler(registry=MemoryBackend(), db=db, run_dir=tmp_path, secret=b"s" * 32,
+                       resume_wait_s=30.0)
+    second.shell.nodes.update({"ex0": node("ex0"), "ex-gone": node("ex-gone")})
+
+    async def resume() -> float:
+        started = time.monotonic()
+        await second._resume()
+        return time.monotonic() - started
+
+    assert asyncio.run(resume()) < 5.0
+    tasks = {tid: t.state for tid, t in second.state.jobs[job].tasks.items()}
+    assert tasks == {a: "done", b: "done", c: "ready"}

@@ -8,15 +8,16 @@ from pathlib import Path
 from triplane import metadb as mdb
 from triplane.proto.builder import Builder
 from triplane.registry import MemoryBackend
+from triplane.scheduler.compiler.compile import compile_job
 from triplane.scheduler.compiler.pipeline import PlanCache
-from triplane.scheduler.jobplan import build_job
-from triplane.scheduler.service import LiveJob, Scheduler
+from triplane.scheduler.jobs import LiveJob
+from triplane.scheduler.service import Scheduler
 
 
 def _plan(job: str):  # type: ignore[no-untyped-def]
     b = Builder()
     y = b.add_node("full", [], {"value": 1.0, "shape": (2,), "dtype": "float32"}, node_id="y")
-    return build_job(job, b.graph([y]), ["y"], PlanCache())
+    return compile_job(b.graph([y]), ["y"], cache=PlanCache(), job=job)
 
 
 def test_step_down_keeps_done_jobs_and_their_holders(tmp_path: Path) -> None:
@@ -24,8 +25,8 @@ def test_step_down_keeps_done_jobs_and_their_holders(tmp_path: Path) -> None:
     s = Scheduler(registry=MemoryBackend(), db=db, run_dir=tmp_path, secret=b"s" * 32)
     done = LiveJob(_plan("j" + "1" * 16), {}, 0.0, 0.0, state="done", holders={"n0": "executor-0"})
     running = LiveJob(_plan("j" + "2" * 16), {}, 0.0, 0.0)
-    s.jobs = {"j" + "1" * 16: done, "j" + "2" * 16: running}
+    s.jobs.live.update({"j" + "1" * 16: done, "j" + "2" * 16: running})
     asyncio.run(s._step_down())
-    assert list(s.jobs) == ["j" + "1" * 16]
-    assert s.jobs["j" + "1" * 16].holders == {"n0": "executor-0"}
+    assert list(s.jobs.live) == ["j" + "1" * 16]
+    assert s.jobs.live["j" + "1" * 16].holders == {"n0": "executor-0"}
     assert done.ended.is_set() and running.ended.is_set()  # long-pollers re-read either way

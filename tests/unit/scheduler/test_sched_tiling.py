@@ -22,6 +22,8 @@ from triplane.registry import MemoryBackend, MemoryEngineInfo, NodeInfo, OpEngin
 from triplane.registry.records import encode
 from triplane.scheduler.api.app import create_app
 from triplane.scheduler.compiler.costmodel import NodeFigures
+from triplane.scheduler.compiler.jobplan import plan_job
+from triplane.scheduler.compiler.layout import figures_from_json, figures_to_json, lay_out
 from triplane.scheduler.compiler.pipeline import PlanCache
 from triplane.scheduler.compiler.placement import PlacementError
 from triplane.scheduler.dispatch.state import (
@@ -33,8 +35,6 @@ from triplane.scheduler.dispatch.state import (
     TaskSpec,
     TaskSucceeded,
 )
-from triplane.scheduler.jobplan import plan_job
-from triplane.scheduler.layout import figures_from_json, figures_to_json, lay_out
 from triplane.scheduler.service import Scheduler
 from triplane.scheduler.store import TensorStore
 
@@ -245,7 +245,7 @@ def test_submit_refuses_an_op_on_a_dtype_no_engine_takes_with_400(tmp_path: Path
 
 
 def test_executors_of_one_host_share_its_best_measured_figures() -> None:
-    from triplane.scheduler.layout import same_host_figures
+    from triplane.scheduler.compiler.layout import same_host_figures
 
     figs = [NodeFigures("e0", 1.8, 13.0, MiB, bandwidth_gbps=0.75, latency_us=178.0),
             NodeFigures("e1", 125.0, 4.9, MiB, bandwidth_gbps=0.12, latency_us=190.0),
@@ -258,7 +258,7 @@ def test_executors_of_one_host_share_its_best_measured_figures() -> None:
 
 
 def test_executors_beyond_a_hosts_cores_share_its_compute() -> None:
-    from triplane.scheduler.layout import same_host_figures
+    from triplane.scheduler.compiler.layout import same_host_figures
 
     figs = [NodeFigures(f"e{i}", 120.0, 12.0, MiB) for i in range(3)] + [NodeFigures("far", 90.0, 9.0, MiB)]
     hosts = {"e0": "10.0.0.1", "e1": "10.0.0.1", "e2": "10.0.0.1", "far": "10.0.0.2"}

@@ -1,9 +1,12 @@
-"""The API's one error shape: ``{"error": {"kind", "message", "node", "op"}}``.
+"""The API's one error shape, ``{"error": {"kind", "message", "node", "op"}}``, and the one
+table from an error's ``kind`` to its HTTP status.
 
-Statuses (docs/runtime.md): 400 malformed graph or request (naming the node and op),
-401 missing or wrong token, 404 unknown job or tensor, 409 result not ready, 413 over a
-size limit, 503 a standby scheduler or no executors. FastAPI's own validation errors and
-unexpected exceptions are mapped to the same shape (500 says nothing internal).
+The core raises domain errors (``triplane/scheduler/errors.py``, ``GraphError``): they know
+no status code; :data:`STATUS` says which code each kind answers (docs/runtime.md). A kind
+missing from the table is a bug: it answers 500. ``ApiError`` is for what only HTTP knows
+(a body over its bound, a bad header, a missing bearer token) and takes its status from
+the same table. FastAPI's own validation errors and unexpected exceptions are mapped to
+the same shape (500 says nothing internal).
 """
 
 from __future__ import annotations
@@ -17,12 +20,36 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from triplane.metadb import MetaDBError
-from triplane.scheduler.service import SubmitError
+from triplane.proto.errors import TriplaneError
+from triplane.scheduler.errors import error_body
 
 log = logging.getLogger(__name__)
 
+# kind -> HTTP status: the only place a status code is chosen for a domain error.
+STATUS: dict[str, int] = {
+    # the graph or the request is wrong (the body names the node and op)
+    "request": 400, "graph": 400, "shape": 400, "dtype": 400, "attr": 400, "limit": 400,
+    "unknown_op": 400, "placement": 400, "not_differentiable": 400,
+    "unauthorized": 401,
+    "forbidden": 403,
+    "not_found": 404,
+    "method_not_allowed": 405,
+    "not_ready": 409, "conflict": 409,
+    "too_large": 413,
+    "internal": 500,
+    "unavailable": 503, "standby": 503,
+}
+
+
+def status_of(kind: str) -> int:
+    """The HTTP status of an error ``kind`` (500 for a kind the table does not know)."""
+    return STATUS.get(kind, 500)
+
 
 class ApiError(Exception):
+    """An HTTP-level refusal inside ``api/`` (body size, headers, token): ``status`` and the
+    error body. The status must agree with :data:`STATUS` for ``kind``."""
+
     def __init__(
         self,
         status: int,
@@ -53,23 +80,19 @@ def install(app: FastAPI) -> None:
             headers.setdefault("WWW-Authenticate", "Bearer")
         return error_response(e.status, e.body, headers)
 
-    @app.exception_handler(SubmitError)
-    async def _submit(_: Request, e: SubmitError) -> JSONResponse:
-        return error_response(e.status, e.body)
+    @app.exception_handler(TriplaneError)
+    async def _domain(_: Request, e: TriplaneError) -> JSONResponse:
+        status = status_of(e.kind)
+        if status == 500:
+            log.error("domain error of unmapped kind %r: %s", e.kind, e)
+        headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+        return error_response(status, error_body(e), headers)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, e: RequestValidationError) -> JSONResponse:
         first = e.errors()[0] if e.errors() else {}
         where = ".".join(str(p) for p in first.get("loc", ()))
-        return error_response(
-            400,
-            {
-                "kind": "request",
-                "message": f"{where}: {first.get('msg', 'invalid')}",
-                "node": None,
-                "op": None,
-            },
-        )
+        return _plain("request", f"{where}: {first.get('msg', 'invalid')}")
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, e: StarletteHTTPException) -> JSONResponse:
@@ -81,19 +104,13 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(MetaDBError)
     async def _db(_: Request, e: MetaDBError) -> JSONResponse:
         log.warning("metadb error serving a request: %s", e)
-        return error_response(
-            503, {"kind": "unavailable", "message": f"metadata DB: {e}", "node": None, "op": None}
-        )
+        return _plain("unavailable", f"metadata DB: {e}")
 
     @app.exception_handler(Exception)
     async def _bug(_: Request, e: Exception) -> JSONResponse:
         log.exception("unhandled error serving a request")
-        return error_response(
-            500,
-            {
-                "kind": "internal",
-                "message": "internal error (see the scheduler log)",
-                "node": None,
-                "op": None,
-            },
-        )
+        return _plain("internal", "internal error (see the scheduler log)")
+
+
+def _plain(kind: str, message: str) -> JSONResponse:
+    return error_response(status_of(kind), {"kind": kind, "message": message, "node": None, "op": None})

@@ -4,7 +4,8 @@ A *task* is one non-``input`` node of a graph (a whole-tensor graph or the tiler
 graph alike: the model never asks which). Its work comes from the op table
 (``OpDef.cost`` -> FLOPs and bytes moved); a node's speed comes from what its engines
 reported to the registry (matmul GFLOP/s and elementwise GB/s of its op engine, bandwidth
-and latency of its network engine), condensed into :class:`NodeFigures`.
+and latency of its network engine), condensed into :class:`NodeFigures` by the cluster view
+(``scheduler/cluster.py``): the compiler is given figures and reads no registry.
 
 Predictions (seconds):
 
@@ -28,21 +29,18 @@ where most of the contention lives.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from triplane.proto import opdef, optable
 from triplane.proto.errors import UnknownOpError
 from triplane.proto.ir import Graph, Node, TensorType
-from triplane.registry.records import MemoryEngineInfo, NetworkEngineInfo, OpEngineInfo
 
 __all__ = [
     "CostModel",
     "NodeFigures",
     "SCHEDULER",
     "TaskCost",
-    "figures_from_records",
-    "figures_from_registry",
     "format_bytes",
     "format_seconds",
     "parse_bytes",
@@ -96,63 +94,6 @@ class NodeFigures:
 
     def supports_dtype(self, dtype: str) -> bool:
         return self.dtypes is None or dtype in self.dtypes
-
-
-def figures_from_records(op_engines: Iterable[OpEngineInfo],
-                         memory_engines: Iterable[MemoryEngineInfo] = (),
-                         network_engines: Iterable[NetworkEngineInfo] = (), *,
-                         default_bandwidth_gbps: float = 1.0,
-                         default_latency_us: float = 100.0) -> list[NodeFigures]:
-    """One :class:`NodeFigures` per node that has an op engine, sorted by node name.
-
-    A node with several engines of a kind: ops and dtypes are the union, speeds the best
-    engine's, memory the sum of its memory engines, the network its fastest engine
-    (lowest latency among them). A node without a network record gets the defaults;
-    each op engine is one slot.
-    """
-    ops: dict[str, list[OpEngineInfo]] = {}
-    for e in op_engines:
-        ops.setdefault(e.node, []).append(e)
-    mem: dict[str, list[MemoryEngineInfo]] = {}
-    for m in memory_engines:
-        mem.setdefault(m.node, []).append(m)
-    net: dict[str, list[NetworkEngineInfo]] = {}
-    for n in network_engines:
-        net.setdefault(n.node, []).append(n)
-    out = []
-    for node in sorted(ops):
-        engines = ops[node]
-        mems = mem.get(node, [])
-        nets = net.get(node, [])
-        out.append(NodeFigures(
-            name=node,
-            gflops=max(e.gflops for e in engines),
-            gbps=max(e.gbps for e in engines),
-            memory_capacity=sum(m.capacity for m in mems),
-            memory_free=sum(m.free for m in mems),
-            bandwidth_gbps=max((n.bandwidth_gbps for n in nets), default=default_bandwidth_gbps),
-            latency_us=min((n.latency_us for n in nets), default=default_latency_us),
-            ops=frozenset(op for e in engines for op in e.ops),
-            dtypes=frozenset(d for e in engines for d in e.dtypes),
-            slots=len(engines),
-        ))
-    return out
-
-
-async def figures_from_registry(backend: object) -> list[NodeFigures]:
-    """:func:`figures_from_records` over what a registry backend holds now."""
-    from triplane.registry.nodes import (
-        list_memory_engines,
-        list_network_engines,
-        list_nodes,
-        list_op_engines,
-    )
-
-    live = {n.node for n in await list_nodes(backend)}  # type: ignore[arg-type]
-    ops = [e for e in await list_op_engines(backend) if e.node in live]  # type: ignore[arg-type]
-    mems = await list_memory_engines(backend)  # type: ignore[arg-type]
-    nets = await list_network_engines(backend)  # type: ignore[arg-type]
-    return figures_from_records(ops, mems, nets)
 
 
 @dataclass(frozen=True)

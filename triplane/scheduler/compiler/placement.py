@@ -69,6 +69,8 @@ class PlacementError(GraphError):
     """No node can run a task (or a plugin failed). ``status`` is the coded cause; the
     message names the task, its op and the limit that stopped it."""
 
+    kind = "placement"
+
     def __init__(self, status: Status, *, node: str | None = None, op: str | None = None,
                  what: str = "") -> None:
         self.status = status

@@ -47,6 +47,7 @@ from triplane.proto.packet import (
 )
 from triplane.proto.states import TaskState
 from triplane.registry import NodeInfo, RegistryBackend, watch_nodes
+from triplane.scheduler.compiler.jobplan import SCHEDULER_NODE, TaskTemplate, tile_id
 from triplane.scheduler.dispatch.state import (
     DispatchState,
     Event,
@@ -61,7 +62,6 @@ from triplane.scheduler.dispatch.state import (
     Tick,
     Transitioned,
 )
-from triplane.scheduler.jobplan import SCHEDULER_NODE, TaskTemplate, tile_id
 
 log = logging.getLogger(__name__)
 

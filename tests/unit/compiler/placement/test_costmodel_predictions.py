@@ -7,11 +7,11 @@ import pytest
 
 from triplane.proto.builder import Builder
 from triplane.registry.records import MemoryEngineInfo, NetworkEngineInfo, OpEngineInfo
+from triplane.scheduler.cluster import figures_from_records
 from triplane.scheduler.compiler.costmodel import (
     CostModel,
     NodeFigures,
     TaskCost,
-    figures_from_records,
     parse_bytes,
     parse_rate,
     task_cost,

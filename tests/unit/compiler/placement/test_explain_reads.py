@@ -17,10 +17,10 @@ from triplane.proto.ir import Graph
 from triplane.proto.validate import validate
 from triplane.scheduler.compiler.costmodel import NodeFigures
 from triplane.scheduler.compiler.explain import InputRegion, explain, render_text
+from triplane.scheduler.compiler.layout import Layout, lay_out
 from triplane.scheduler.compiler.pipeline import compile_graph
 from triplane.scheduler.compiler.placement import place
-from triplane.scheduler.layout import Layout, lay_out
-from triplane.scheduler.planview import plan_document
+from triplane.scheduler.compiler.planview import plan_document
 
 MiB = 1 << 20
 N = 2048  # 16 MiB of float32: over the 4 MiB below which a graph is not cut

@@ -13,10 +13,10 @@ import numpy as np
 import triplane as tp
 from triplane.proto.ir import Graph
 from triplane.scheduler.compiler.costmodel import NodeFigures
+from triplane.scheduler.compiler.layout import lay_out
 from triplane.scheduler.compiler.pipeline import compile_graph
 from triplane.scheduler.compiler.placement import place
 from triplane.scheduler.compiler.tiling import TileSizes, tile_graph
-from triplane.scheduler.layout import lay_out
 from triplane.sdk.tensor import build_graph
 
 GiB = 1 << 30

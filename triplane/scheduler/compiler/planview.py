@@ -1,6 +1,6 @@
 """The body of ``GET /v1/jobs/{id}/plan``: explain's JSON for a job, actuals beside predictions.
 
-Pure: takes a job's :class:`~triplane.scheduler.layout.Layout`, the submitted names of its
+Pure: takes a job's :class:`~triplane.scheduler.compiler.layout.Layout`, the submitted names of its
 plan nodes and the executors' recorded kernel times, and returns
 ``triplane.scheduler.compiler.explain.explain``'s dict (schema in its module doc) plus:
 
@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from triplane.scheduler.compiler.explain import explain, input_regions, made_regions
-from triplane.scheduler.layout import Layout
+from triplane.scheduler.compiler.layout import Layout
 
 __all__ = ["plan_document"]
 

@@ -15,8 +15,9 @@ the tile graph -- is one task computing one tile:
 * a task's ``deps`` are its inputs that are tasks; its cost comes from the op table's
   cost at a nominal rate (``NOMINAL_FLOPS`` / ``NOMINAL_BYTES_PER_S``).
 
-``build_job`` raises :class:`~triplane.proto.errors.GraphError` (naming the user's node
-and op) for anything wrong with the graph or the fetch list, before anything is stored.
+This is the last stage of :func:`~triplane.scheduler.compiler.compile.compile_job` (the one
+entry); ``plan_job`` raises :class:`~triplane.proto.errors.GraphError` (naming the user's
+node and op) for anything wrong with the graph or the fetch list, before anything is stored.
 """
 
 from __future__ import annotations
@@ -34,11 +35,11 @@ from triplane.proto.ir import Graph, TensorType, thaw
 from triplane.proto.packet import canonical
 from triplane.proto.validate import Limits
 from triplane.scheduler.compiler.costmodel import NodeFigures
+from triplane.scheduler.compiler.layout import Cached, Layout, lay_out
 from triplane.scheduler.compiler.pipeline import CompileOptions, Plan, PlanCache
 from triplane.scheduler.compiler.placement import PlacementError
 from triplane.scheduler.compiler.tiling import TileGrid
 from triplane.scheduler.dispatch.state import TaskSpec
-from triplane.scheduler.layout import Cached, Layout, lay_out
 
 NOMINAL_FLOPS = 1e9  # per second: a modest core; deadlines are 10x the cost anyway
 NOMINAL_BYTES_PER_S = 2e9
@@ -97,6 +98,8 @@ class JobPlan:
     ops: frozenset[str]
     back: Mapping[str, str]  # plan node id -> submitted node id (errors name the user's)
     layout: Layout | None = None  # None: laid out for no cluster (one task per plan node)
+    graph: Graph | None = None  # the canonical graph compiled (what the metadb stores)
+    args: tuple[str, ...] = ()  # the uploaded tensor ids bound to ``arg0, arg1, ...``
 
     def fetch_tile(self, name: str) -> tuple[str, str | None]:
         """(tile id, task id or None for an upload) of a fetched name held in one tile;
@@ -133,36 +136,6 @@ def with_fetch(graph: Graph, fetch: Sequence[str]) -> Graph:
             raise GraphError(f"fetch[{i}] = {name!r} is not a node of the graph", node=str(name))
     extra = [n for n in dict.fromkeys(fetch) if n not in graph.outputs]
     return Graph(graph.nodes, (*graph.outputs, *extra), graph.version) if extra else graph
-
-
-def prepare(graph: Graph, fetch: Sequence[str]) -> tuple[Graph, dict[str, str], list[str]]:
-    """(canonical graph, submitted id -> canonical id, uploaded tensor ids by ``argN``) of
-    ``graph`` with ``fetch`` among its outputs. GraphError for dangling inputs or cycles."""
-    return with_fetch(graph, fetch).canonical()
-
-
-def build_job(
-    job: str,
-    graph: Graph,
-    fetch: Sequence[str],
-    cache: PlanCache,
-    *,
-    limits: Limits | None = None,
-    options: CompileOptions | None = None,
-) -> JobPlan:
-    """Compile the canonical form of ``graph`` through ``cache`` and turn the plan into task
-    specs; errors name the submitted node ids."""
-    cgraph, rename, args = prepare(graph, fetch)
-    return plan_job(
-        job,
-        cgraph,
-        args,
-        {name: rename[name] for name in fetch},
-        {v: k for k, v in rename.items()},
-        cache,
-        limits=limits,
-        options=options,
-    )
 
 
 def plan_job(
@@ -279,6 +252,8 @@ def _plan_job(
         frozenset(t.op for t in templates.values()),
         dict(back),
         layout,
+        cgraph,
+        tuple(args),
     )
 
 

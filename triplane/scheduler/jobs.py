@@ -1,0 +1,460 @@
+"""The jobs of a scheduler: submit, status, long-poll, cancel, list and resume, and the
+table of the jobs this process dispatches (docs/scheduler.md).
+
+Failure semantics:
+
+* ``submit`` validates, compiles (``compiler/compile.py``, in a worker thread) and stores
+  before it answers, and refuses a graph it could never run: ``GraphError`` (its kind names
+  what is wrong, it names the node and op) for a malformed graph, an unknown or mistyped
+  upload or an op no registered engine supports; ``BadRequest`` for a malformed fetch list;
+  ``Unavailable`` with no executor at all or when the metadb refuses the job. Nothing is
+  half-submitted: the job is stored (with its tasks) in one transaction, then dispatched --
+  or, for a job of more than ``STORE_FIRST_TASKS`` tasks, dispatched while it is stored and
+  cancelled if the store fails.
+* A finished job (done, failed, cancelled) leaves the dispatcher's state at once (its
+  holders -- task -> node keeping its output tile -- are kept on the job), and the
+  ``retain`` most recent finished jobs stay in memory (and any that ended less than
+  ``RETAIN_MIN_S`` ago); older ones are dropped, and their
+  status, tensors and plan are served from the metadb like those of a job an earlier
+  process ran (``earlier.py``). The scheduler's memory is flat over any number of jobs.
+* ``resume`` dispatches the unfinished jobs of the metadb again: a task whose row says done
+  on an executor that is registered counts as done (its row names the node holding its
+  output tile), the others run again.
+* Every call that changes jobs checks leadership first (``Standby`` on a standby).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from triplane import metadb as mdb
+from triplane.metadb.models import Job as JobRow
+from triplane.proto.errors import GraphError, LimitError, UnknownOpError
+from triplane.proto.ir import Graph
+from triplane.proto.packet import Reply
+from triplane.proto.states import JobState
+from triplane.scheduler.cluster import ClusterView, Factors
+from triplane.scheduler.compiler.compile import ClusterSnapshot, compile_job
+from triplane.scheduler.compiler.jobplan import JobPlan, TaskTemplate, unsupported_op
+from triplane.scheduler.compiler.layout import figures_to_json, structure_hash
+from triplane.scheduler.compiler.pipeline import PlanCache
+from triplane.scheduler.compiler.planview import plan_document
+from triplane.scheduler.dispatch.shell import DispatchShell
+from triplane.scheduler.dispatch.state import CancelJob, JobFinished, SubmitJob
+from triplane.scheduler.earlier import BINDINGS, REBUILD_ERRORS, plan_again
+from triplane.scheduler.errors import BadRequest, NotFound, Unavailable
+from triplane.scheduler.journal import FAILED, Journal
+from triplane.scheduler.store import TensorStore
+
+if TYPE_CHECKING:
+    from triplane.scheduler.results import Results
+
+log = logging.getLogger("triplane.scheduler.service")
+
+STORE_FIRST_TASKS = 1000  # a job of at most this many tasks is stored before it is dispatched
+RETAIN_FINISHED = 64  # finished jobs kept in memory; older ones are served from the metadb
+# ... and none leaves before this many seconds since it ended: the journal writes a job's
+# last task rows (where its tiles are) 0.2-0.3 s after its end, and a job read back from the
+# metadb must find them all.
+RETAIN_MIN_S = 2.0
+MAX_FETCH = 10_000
+
+API_STATE = {  # metadb job state -> the API's (one vocabulary: triplane.proto.states)
+    "submitted": JobState.QUEUED,
+    "compiling": JobState.QUEUED,
+    "running": JobState.RUNNING,
+    "done": JobState.DONE,
+    "failed": JobState.FAILED,
+    "cancelled": JobState.CANCELLED,
+}
+
+# (the job as stored, its canonical graph, its job.bindings payload, its task rows)
+Resumable = tuple[mdb.JobInfo, Graph, dict[str, Any], tuple[mdb.TaskInfo, ...]]
+
+
+@dataclass
+class LiveJob:
+    """A job this process dispatches (or finished recently)."""
+
+    plan: JobPlan
+    back: dict[str, str]  # plan node id -> submitted node id (for errors)
+    created: float
+    updated: float
+    state: str = "running"
+    error: dict[str, Any] | None = None
+    ended: asyncio.Event = field(default_factory=asyncio.Event)
+    fetched_released: bool = False
+    fetched_tasks: frozenset[str] = frozenset()  # tasks holding fetched tiles (tiles table)
+    actual: dict[str, tuple[float, float]] = field(default_factory=dict)  # task -> kernel start, end
+    # node -> (flops, bytes) calibration factors the plan was made with (None: a resumed
+    # job, planned with recorded figures; its tasks teach the calibration nothing)
+    factors: Factors | None = None
+    # task -> node holding its output, set when the job ends (the dispatcher's state of
+    # the job is dropped then): fetches and releases read it.
+    holders: dict[str, str] = field(default_factory=dict)
+    done: int = 0  # tasks done, set when the job ends
+
+    def name_of(self, task: str) -> str:
+        """The submitted node a task came from (a tile task: the tensor it is part of)."""
+        lay = self.plan.layout
+        nid = lay.origin.get(task, task) if lay is not None and lay.tiled else task
+        return self.back.get(nid, nid)
+
+
+def fetched_tasks_of(plan: JobPlan) -> set[str]:
+    """The tasks whose output tiles hold the job's fetched tensors."""
+    keep: set[str] = set()
+    for name, nid in plan.fetch.items():
+        grid = plan.fetch_grid(name)
+        keep.update(grid.tiles.values() if grid is not None else (nid,))
+    return keep
+
+
+class Jobs:
+    """Submit, status, wait, cancel, list and resume; ``live`` is the table of the jobs
+    this process runs or finished recently (shared with :class:`~triplane.scheduler.
+    results.Results`). ``finished``, ``output`` and ``progress`` are the dispatcher's
+    hooks (event loop; they never block)."""
+
+    def __init__(
+        self,
+        *,
+        db: mdb.MetaDB,
+        store: TensorStore,
+        shell: DispatchShell,
+        journal: Journal,
+        plans: PlanCache,
+        cluster: ClusterView,
+        results: Results,
+        live: dict[str, LiveJob],
+        templates: dict[str, dict[str, TaskTemplate]],
+        require_leader: Callable[[], Awaitable[None]],
+        retain: int = RETAIN_FINISHED,
+    ) -> None:
+        self.db, self.store, self.shell, self.journal = db, store, shell, journal
+        self.plans, self.cluster, self.results = plans, cluster, results
+        self.live = live
+        self.templates = templates
+        self.require_leader = require_leader
+        self.retain = retain
+        self._ended: deque[str] = deque()  # finished jobs of ``live``, oldest first
+        # Clear while the unfinished jobs of the metadb are being resumed (after a restart
+        # or on taking the lead): a long-poll or cancel of such a job waits for it.
+        self.resumed = asyncio.Event()
+        self.resumed.set()
+
+    # --- submit ----------------------------------------------------------------------------
+
+    async def submit(self, graph_doc: Any, fetch: Any, deadline_s: float | None = None, *,
+                     owner: str | None = None) -> dict[str, Any]:
+        """Validate, compile, store and dispatch a job; its status body (see the module doc).
+        ``deadline_s``: the job fails (kind "deadline") if not ended that long after submit;
+        ``owner``: the name of the token that submitted it (a submit token sees only its own)."""
+        await self.require_leader()
+        if not isinstance(fetch, list) or len(fetch) > MAX_FETCH or not all(type(f) is str for f in fetch):
+            raise BadRequest(f"'fetch' must be a list of at most {MAX_FETCH} node ids")
+        cluster, engines, factors = await self.cluster.snapshot()
+        plan = await asyncio.to_thread(self.compile, graph_doc, fetch, cluster)
+        bindings = bindings_of(plan)
+        if len(json.dumps(bindings)) > 60_000:
+            raise LimitError(f"{len(plan.args)} uploaded inputs and {len(fetch)} fetched names "
+                             "do not fit one job's record; submit fewer at once")
+        self._check_uploads(plan)
+        if plan.specs:
+            if not self.shell.nodes and not engines:
+                raise Unavailable("no executor is registered")
+            missing = unsupported_op(plan.ops, (e.ops for e in engines))
+            if missing is not None:
+                nid = next(n for n, t in plan.templates.items() if t.op == missing)
+                raise UnknownOpError(f"no registered executor engine supports op {missing!r}",
+                                     node=plan.back.get(nid, nid), op=missing)
+        now = time.time()
+        if len(plan.specs) <= STORE_FIRST_TASKS:
+            # A job of few tasks is stored first (milliseconds): its tasks are big, and a
+            # store running beside them would take CPU and the GIL from the replies when
+            # the executors fill every core (the MLP step: 30-80 ms between a task's reply
+            # and its successor's start early in the job, 1 ms once the store was done).
+            try:
+                await asyncio.to_thread(self.store_job, plan, fetch, bindings, now, owner)
+            except Exception as e:
+                raise _store_failed(plan.job, e) from None
+            return self.body(plan.job, self._dispatch(plan, now, (), factors, deadline_s))
+        # Dispatch first and store meanwhile: the executors start while ~10^4 task rows are
+        # inserted. The journal holds the job's writes back until its rows exist.
+        self.journal.hold(plan.job)
+        live = self._dispatch(plan, now, (), factors, deadline_s)
+        try:
+            await asyncio.to_thread(self.store_job, plan, fetch, bindings, now, owner)
+        except Exception as e:
+            self.shell.handle(CancelJob(f"store-failed:{plan.job}", plan.job, time.time()))
+            self.live.pop(plan.job, None)
+            self.journal.forget(plan.job)
+            raise _store_failed(plan.job, e) from None
+        finally:
+            self.journal.release(plan.job)
+        return self.body(plan.job, live)
+
+    def compile(self, graph_doc: Any, fetch: list[str], cluster: ClusterSnapshot) -> JobPlan:
+        """Parse and compile a submitted graph (CPU-bound: a worker thread, so that the
+        event loop keeps answering replies, health checks and the registry's keep-alives)."""
+        return compile_job(Graph.from_dict(graph_doc), fetch, cluster, cache=self.plans)
+
+    def _check_uploads(self, plan: JobPlan) -> None:
+        for nid, tensor in plan.uploads.items():
+            stored = self.store.get(tensor)
+            node = plan.plan.graph.nodes[nid]
+            name = plan.back.get(nid, nid)
+            if stored is None:
+                raise GraphError(f"unknown uploaded tensor {tensor!r}", node=name, op="input")
+            if stored.shape != tuple(node.shape) or stored.dtype != node.dtype:
+                raise GraphError(f"uploaded tensor {tensor} is {stored.dtype}{list(stored.shape)}, "
+                                 f"the graph declares {node.dtype}{list(node.shape)}", node=name, op="input")
+
+    def store_job(self, plan: JobPlan, fetch: list[str], bindings: dict[str, Any], now: float,
+                  owner: str | None = None) -> None:
+        """Store the job, its tasks, its bindings and its recorded plan in one transaction
+        (blocking: a worker thread). The canonical graph is stored (its hash and JSON are
+        computed for the plan cache anyway); the bindings hold what else a restarted
+        scheduler needs to compile it again."""
+        cgraph = plan.graph
+        assert cgraph is not None
+        with self.db.transaction() as s:
+            mdb.create_job(s, graph_hash=cgraph.hash(), graph_json=cgraph.to_json(), fetch=fetch,
+                           owner=owner, job_id=plan.job, state="running", now=now,
+                           node_count=len(cgraph.nodes))
+            mdb.insert_tasks(s, plan.job, [
+                mdb.NewTask(t.id, t.op, "ready" if not t.deps else "pending", predicted_s=t.cost_s)
+                for t in plan.specs
+            ])
+            mdb.add_events(s, [mdb.NewEvent(plan.job, BINDINGS, at=now, payload=bindings)])
+            lay = plan.layout
+            if lay is not None and lay.placement is not None:
+                # The prediction on record, so the run's actual times can be set beside it.
+                doc = plan_document(plan.job, lay, plan.back, {}, complete=False)
+                info = mdb.upsert_plan(s, graph_hash=cgraph.hash(), plan=doc, now=now,
+                                       structure_hash=structure_hash(lay.figures),
+                                       predicted_makespan=lay.placement.makespan)
+                row = s.get(JobRow, plan.job)
+                if row is not None:
+                    row.plan_id = info.id
+
+    def _dispatch(self, plan: JobPlan, created: float, done: tuple[tuple[str, str], ...],
+                  factors: Factors | None = None, deadline_s: float | None = None) -> LiveJob:
+        live = LiveJob(plan, dict(plan.back), created, time.time(), factors=factors)
+        live.fetched_tasks = frozenset(fetched_tasks_of(plan))
+        self.live[plan.job] = live
+        self.templates[plan.job] = dict(plan.templates)
+        deadline = None if deadline_s is None else created + deadline_s
+        self.shell.handle(SubmitJob(f"submit:{plan.job}", plan.job, plan.specs, time.time(), done, deadline))
+        return live
+
+    # --- resume ------------------------------------------------------------------------------
+
+    def load_resumable(self) -> list[Resumable]:
+        """The unfinished jobs of the metadb this process does not run (blocking)."""
+        out = []
+        with self.db.read() as s:
+            for r in mdb.jobs_to_resume(s):
+                if r.job.id in self.live:
+                    continue
+                g = Graph.from_json(mdb.get_graph(s, r.job.graph_hash).canonical)
+                ev = mdb.list_events(s, r.job.id, limit=1)
+                bindings = ev[0].payload if ev and ev[0].kind == BINDINGS else {}
+                out.append((r.job, g, bindings, r.tasks))
+        return out
+
+    async def resume(self, resumable: list[Resumable], live_nodes: set[str]) -> None:
+        """Dispatch ``resumable`` again: a task whose row says done on one of ``live_nodes``
+        stays done (its output tile is there), the rest run again."""
+        for info, cgraph, bindings, tasks in resumable:
+            if info.id in self.live:
+                continue
+            try:
+                plan = await asyncio.to_thread(plan_again, info.id, cgraph, bindings, self.plans)
+            except REBUILD_ERRORS as e:  # not a graph we accepted
+                await asyncio.to_thread(self._set_failed, info.id, f"cannot resume: {e}")
+                continue
+            done = tuple((t.task_id, t.node) for t in tasks
+                         if t.state == "done" and t.node in live_nodes and t.task_id in plan.templates)
+            self._dispatch(plan, info.created_at, done)
+            log.info("resumed job %s (%d of %d tasks already done)", info.id, len(done), len(plan.specs))
+
+    def _set_failed(self, job: str, error: str) -> None:
+        with self.db.transaction() as s:
+            mdb.set_job_state(s, job, "failed", error=error)
+
+    # --- status, list, wait, cancel -----------------------------------------------------------
+
+    def status(self, job: str) -> dict[str, Any]:
+        """The job's status body; NotFound for an unknown job."""
+        live = self.live.get(job)
+        if live is not None:
+            return self.body(job, live)
+        try:
+            with self.db.read() as s:
+                info = mdb.get_job(s, job)
+                failed = mdb.list_events(s, job, limit=1, kind=FAILED) if info.error else []
+        except (mdb.UnknownJobError, mdb.InvalidInputError):
+            raise NotFound(f"unknown job {job!r}") from None
+        if failed and isinstance(failed[0].payload, dict):
+            error: dict[str, Any] | None = failed[0].payload  # as the job's status said while in memory
+        elif info.error:
+            error = {"kind": "infra", "message": info.error, "node": None, "op": None}
+        else:
+            error = None
+        return _stored_body(info, error)
+
+    def body(self, job: str, live: LiveJob) -> dict[str, Any]:
+        js = self.shell.state.jobs.get(job)
+        total = len(live.plan.specs)
+        done = total - js.remaining if js is not None else live.done
+        return {
+            "id": job,
+            "state": live.state,
+            "progress": {"done": done, "total": total},
+            "error": live.error,
+            "created": live.created,
+            "updated": live.updated,
+        }
+
+    def list(self, limit: int = 50, *, owner: str | None = None) -> list[dict[str, Any]]:
+        """The newest ``limit`` jobs (of ``owner`` only, when given)."""
+        with self.db.read() as s:
+            infos = mdb.list_jobs(s, limit=limit, owner=owner)
+        return [self.body(i.id, self.live[i.id]) if i.id in self.live else _stored_body(i, i.error)
+                for i in infos]
+
+    async def wait(self, job: str, timeout: float) -> dict[str, Any]:
+        """The status body once the job ends or ``timeout`` seconds pass."""
+        if job not in self.live and not self.resumed.is_set():
+            started = time.monotonic()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.resumed.wait(), max(0.0, timeout))
+            timeout -= time.monotonic() - started
+        live = self.live.get(job)
+        if live is not None and live.state == "running":
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(live.ended.wait(), max(0.0, timeout))
+        return self.status(job)
+
+    async def cancel(self, job: str) -> dict[str, Any]:
+        """Cancel a running job and release its tiles (a finished job's too)."""
+        await self.require_leader()
+        if job not in self.live and not self.resumed.is_set():
+            await self.resumed.wait()  # it may be one being resumed
+        live = self.live.get(job)
+        if live is None:
+            body = self.status(job)  # NotFound for an unknown job
+            if body["state"] == "done":  # run by an earlier process or dropped: its tiles are held
+                await self.results.release_earlier(job)
+            return body
+        if live.state == "running":
+            self.shell.handle(CancelJob(f"cancel:{job}", job, time.time()))
+        released = live.fetched_released
+        await self.results.release(job, live, keep_fetched=False)
+        if not released:
+            await self.results.record_released(job)
+        return self.body(job, live)
+
+    # --- hooks from the dispatcher (event loop; never block) ----------------------------------
+
+    def finished(self, f: JobFinished) -> None:
+        live = self.live.get(f.job)
+        js = self.shell.state.jobs.get(f.job)
+        if live is None or js is None:
+            return
+        live.state = f.state
+        live.updated = time.time()
+        if f.state == "failed":
+            live.error = self._failure(live, f)
+        live.holders = {tid: t.node for tid, t in js.tasks.items() if t.node}
+        live.done = len(js.tasks) - js.remaining
+        self.journal.job_ended(f.job, f.state, live.done, live.error["message"] if live.error else None,
+                               live.error)
+        # The dispatcher is done with the job: what outlives it is on ``live``.
+        del self.shell.state.jobs[f.job]
+        self.templates.pop(f.job, None)
+        live.ended.set()
+        asyncio.get_running_loop().create_task(self.results.release(f.job, live, keep_fetched=True))
+        self._ended.append(f.job)
+        self._drop_old()
+
+    def _drop_old(self) -> None:
+        """Keep the ``retain`` most recent finished jobs in memory, and those that ended less
+        than ``RETAIN_MIN_S`` ago; the metadb has the rest."""
+        old = time.time() - RETAIN_MIN_S
+        while len(self._ended) > self.retain:
+            live = self.live.get(self._ended[0])
+            if live is not None and live.state != "running" and live.updated > old:
+                return  # the oldest ended too recently, and every later one after it
+            job = self._ended.popleft()
+            if live is not None and live.state != "running":
+                del self.live[job]
+
+    def forget_unfinished(self) -> None:
+        """Drop the jobs still running (a scheduler stepping down: the next leader resumes
+        them); the finished ones stay, their results are still fetchable."""
+        for job in [j for j, live in self.live.items() if live.state == "running"]:
+            del self.live[job]
+        self.templates.clear()
+
+    @staticmethod
+    def _failure(live: LiveJob, f: JobFinished) -> dict[str, Any]:
+        e = f.error  # structured by the dispatcher (TaskFailure): no parsing of messages
+        if e is None:
+            return {"kind": "infra", "message": "failed", "node": None, "op": None}
+        node = live.name_of(e.task) if e.task is not None else None
+        return {"kind": e.kind, "message": e.message, "node": node, "op": e.op}
+
+    def progress(self, job: str) -> tuple[bool, int]:
+        js = self.shell.state.jobs.get(job)
+        return (False, 0) if js is None else (js.state == "running", len(js.tasks) - js.remaining)
+
+    def output(self, job: str, task: str, node: str, r: Reply) -> None:
+        tpl = self.templates.get(job, {}).get(task)
+        if tpl is not None:
+            self.cluster.ran(node, tpl.uploads)
+        live = self.live.get(job)
+        if live is not None:
+            live.actual[task] = (r.timings.start, r.timings.end)
+            if live.factors is not None:
+                kernel_s = r.timings.end - r.timings.start
+                self.cluster.calibrate(live.plan.layout, live.factors, task, node, kernel_s)
+        # The kernel's times ride on the task's done row update (so a later process can show
+        # them in the job's plan). Only the results a client will read get a tiles row: every
+        # other output's location is its task row (done, node), written anyway -- 10^4 tile
+        # rows per job cost the scheduler more CPU than the tasks themselves (docs/scheduler.md).
+        self.journal.output(job, task, node, r, tiles=live is None or task in live.fetched_tasks)
+
+
+def bindings_of(plan: JobPlan) -> dict[str, Any]:
+    """The ``job.bindings`` payload: what compiling the stored graph again needs besides it
+    (upload ids, fetched names, and the figures a tiled job was laid out for)."""
+    bindings: dict[str, Any] = {"args": list(plan.args), "fetch": dict(plan.fetch)}
+    if plan.layout is not None and plan.layout.tiled:
+        bindings["figures"] = figures_to_json(plan.layout.figures)
+    return bindings
+
+
+def _stored_body(info: mdb.JobInfo, error: Any) -> dict[str, Any]:
+    return {
+        "id": info.id,
+        "state": API_STATE[info.state],
+        "progress": {"done": info.tasks_done, "total": info.tasks_total},
+        "error": error,
+        "created": info.created_at,
+        "updated": info.updated_at,
+    }
+
+
+def _store_failed(job: str, e: Exception) -> Unavailable:
+    log.error("cannot store job %s: %s", job, e)
+    return Unavailable(f"the metadata DB refused the job: {e}")

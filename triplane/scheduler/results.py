@@ -1,0 +1,246 @@
+"""What jobs produced: their fetched tensors, their plans with actual times, and the
+release of their tiles on the executors (docs/runtime.md, docs/scheduler.md).
+
+A job in the live table (``jobs.py``) is served from memory; any other -- run by an
+earlier process, or finished long enough ago to have left memory -- from the metadb: its
+plan compiled again (``earlier.py``) and its tiles read where its task rows say they are,
+until a ``DELETE`` (recorded as ``job.released``).
+
+Errors (domain errors, ``triplane/scheduler/errors.py``): ``NotFound`` for an unknown job,
+a name the job did not fetch, released tensors or a tile whose holder is gone;
+``NotReady`` while the job has not finished; ``Unavailable`` when the executor holding a
+tile does not answer; ``TooLarge`` for a plan too large to place on demand; ``Standby`` on
+a standby (it tracks no executors).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import defaultdict
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from triplane import metadb as mdb
+from triplane.proto.errors import GraphError
+from triplane.scheduler.cluster import ClusterView
+from triplane.scheduler.compiler.jobplan import JobPlan
+from triplane.scheduler.compiler.planview import plan_document
+from triplane.scheduler.dispatch.shell import DispatchShell
+from triplane.scheduler.earlier import (
+    REBUILD_ERRORS,
+    EarlierJobs,
+    placed_now,
+    read_recorded_plan,
+    read_released,
+    record_released,
+    recorded_document,
+)
+from triplane.scheduler.errors import NotFound, NotReady, TooLarge, Unavailable
+from triplane.scheduler.fetching import FetchError, open_tiled
+from triplane.scheduler.jobs import API_STATE, LiveJob, fetched_tasks_of
+from triplane.scheduler.store import DataPortClient, TensorStore
+
+log = logging.getLogger("triplane.scheduler.service")
+
+Opened = tuple[tuple[int, ...], str, int, AsyncIterator[bytes]]  # shape, dtype, bytes, chunks
+
+
+class Results:
+    """Tensors, plans and tile releases of jobs (see the module doc)."""
+
+    def __init__(
+        self,
+        *,
+        db: mdb.MetaDB,
+        store: TensorStore,
+        data_client: DataPortClient,
+        shell: DispatchShell,
+        cluster: ClusterView,
+        earlier: EarlierJobs,
+        live: dict[str, LiveJob],
+        require_leader: Callable[[], Awaitable[None]],
+    ) -> None:
+        self.db, self.store, self.data_client, self.shell = db, store, data_client, shell
+        self.cluster, self.earlier, self.live = cluster, earlier, live
+        self.require_leader = require_leader
+
+    # --- tensors -----------------------------------------------------------------------------
+
+    async def open_tensor(self, job: str, name: str) -> Opened:
+        """(shape, dtype, bytes, chunks) of a fetched tensor of a done job."""
+        live = self.live.get(job)
+        if live is None:
+            return await self._open_earlier(job, name)
+        if name not in live.plan.fetch:
+            raise _not_fetched(job, name, live.plan.fetch)
+        if live.state != "done":
+            raise NotReady(f"job {job} is {live.state}; results are read when it is done")
+        if live.fetched_released:
+            raise NotFound(f"the tensors of job {job} were released")
+        return await self._open_held(job, name, live.plan, live.holders)
+
+    async def _open_earlier(self, job: str, name: str) -> Opened:
+        await self.require_leader()
+        try:
+            view = await self.earlier.get(job)
+        except (mdb.UnknownJobError, mdb.InvalidInputError):
+            raise NotFound(f"unknown job {job!r}") from None
+        except REBUILD_ERRORS as e:
+            raise NotFound(f"job {job} was run by an earlier scheduler process and its plan "
+                           f"cannot be rebuilt from the metadb: {e}") from None
+        if name not in view.fetch:
+            raise _not_fetched(job, name, view.fetch)
+        if view.state != "done" or view.plan is None:
+            state = API_STATE.get(view.state, view.state)
+            raise NotReady(f"job {job} is {state}; results are read when it is done")
+        if await asyncio.to_thread(read_released, self.db, job):
+            raise NotFound(f"the tensors of job {job} were released")
+        return await self._open_held(job, name, view.plan, view.holders)
+
+    async def _open_held(self, job: str, name: str, plan: JobPlan, holders: dict[str, str]) -> Opened:
+        """Stream ``name`` of a done job from the executors that ``holders`` (task -> node) name."""
+        grid = plan.fetch_grid(name)
+        if grid is not None and len(grid) > 1:
+            return await self._open_tiled(job, name, grid, holders)
+        tile, task = plan.fetch_tile(name)
+        if task is None:
+            t = self.store.get(tile)
+            if t is None:
+                raise NotFound(f"uploaded tensor {tile} is gone")
+            data = self.store.data(tile)
+
+            async def one() -> AsyncIterator[bytes]:
+                yield bytes(data)
+
+            return t.shape, t.dtype, t.nbytes, one()
+        node = holders.get(task)
+        info = self.shell.nodes.get(node or "")
+        if info is None:
+            raise NotFound(_gone(job, name, tile, node))
+        from triplane.executor.datawire import DataPortError
+
+        try:
+            return await self.data_client.open_tile(info.address, info.data_port, tile)
+        except DataPortError as e:
+            why = f"cannot read {name!r} of job {job} (tile {tile}) from {node}: {e}"
+            raise (NotFound(why) if e.missing else Unavailable(why)) from None
+
+    async def _open_tiled(self, job: str, name: str, grid: Any, holders: dict[str, str]) -> Opened:
+        ids = {t: f"{job}.{t}" for t in grid.tiles.values()}
+        by_tile = {v: k for k, v in ids.items()}
+
+        def holder(tile: str) -> tuple[str, int] | None:
+            info = self.shell.nodes.get(holders.get(by_tile[tile]) or "")
+            return None if info is None else (info.address, info.data_port)
+
+        try:
+            return await open_tiled(self.data_client, grid, ids, holder)
+        except FetchError as e:
+            raise NotFound(_gone(job, name, e.tile, holders.get(by_tile[e.tile]))) from None
+
+    # --- plans -------------------------------------------------------------------------------
+
+    async def plan(self, job: str) -> dict[str, Any]:
+        """Explain's JSON for a job (docs/runtime.md, ``GET /v1/jobs/{id}/plan``): predictions,
+        and actual times of the tasks that ran. For a job not in memory: the prediction
+        recorded at submit (``recorded: true``) with the kernel times its task rows hold, or
+        for a done job too small to have been placed at submit, a placement for the
+        executors there are now (``recorded: false``). NotFound for an unknown job or one
+        with neither."""
+        live = self.live.get(job)
+        if live is None:
+            return await self._earlier_plan(job)
+        lay = live.plan.layout
+        if lay is None:
+            raise NotReady(f"job {job} was not laid out (no executor was registered)")
+        try:
+            # A snapshot taken on the loop; placing a tiny job on demand is CPU work for a thread.
+            return await asyncio.to_thread(
+                plan_document, job, lay, dict(live.back), dict(live.actual), complete=live.state == "done"
+            )
+        except (GraphError, ValueError) as e:
+            raise TooLarge(str(e)) from None
+
+    async def _earlier_plan(self, job: str) -> dict[str, Any]:
+        try:
+            info, doc, times = await asyncio.to_thread(read_recorded_plan, self.db, job)
+        except (mdb.UnknownJobError, mdb.InvalidInputError):
+            raise NotFound(f"unknown job {job!r}") from None
+        if doc is not None:
+            return recorded_document(job, doc)
+        if info.state == "done":
+            try:
+                view = await self.earlier.get(job)
+            except REBUILD_ERRORS as e:
+                raise NotFound(f"job {job}'s plan cannot be rebuilt: {e}") from None
+            figs, _ = await self.cluster.figures()
+            if view.plan is not None and view.plan.layout is None and figs:  # not tiled
+                try:
+                    return await asyncio.to_thread(placed_now, job, view.plan, figs, times)
+                except (GraphError, ValueError) as e:
+                    raise TooLarge(str(e)) from None
+        raise NotFound(
+            f"job {job} was run by an earlier scheduler process and no prediction "
+            "was recorded for it (a job too small to tile is placed on demand, once it is done "
+            "and while executors are registered)"
+        )
+
+    # --- releases ----------------------------------------------------------------------------
+
+    async def release(self, job: str, live: LiveJob, *, keep_fetched: bool) -> None:
+        """Delete a job's tiles on the executors (the fetched ones too unless ``keep_fetched``)."""
+        # A running job's tiles are where the dispatcher last put them; a finished one's are
+        # in its holders (the dispatcher forgets the job when it ends).
+        js = self.shell.state.jobs.get(job)
+        holders = {t.spec.id: t.node for t in js.tasks.values() if t.node} if js else live.holders
+        keep = fetched_tasks_of(live.plan) if keep_fetched else set()
+        by_node: dict[str, list[str]] = defaultdict(list)
+        for task, node in holders.items():
+            if task not in keep:
+                by_node[node].append(f"{job}.{task}")
+        if not keep_fetched:
+            live.fetched_released = True
+        await self._delete_tiles(job, by_node)
+
+    async def release_earlier(self, job: str) -> None:
+        """Delete the fetched tiles of a done job not in memory, and record it."""
+        if await asyncio.to_thread(read_released, self.db, job):
+            return
+        try:
+            view = await self.earlier.get(job)
+        except REBUILD_ERRORS as e:
+            log.warning("cannot rebuild job %s to release its tiles: %s", job, e)
+        else:
+            by_node: dict[str, list[str]] = defaultdict(list)
+            for task in fetched_tasks_of(view.plan) if view.plan is not None else ():
+                if task in view.holders:
+                    by_node[view.holders[task]].append(f"{job}.{task}")
+            await self._delete_tiles(job, by_node)
+        await self.record_released(job)
+
+    async def record_released(self, job: str) -> None:
+        """Record a release, so that no later process serves the deleted tiles."""
+        try:
+            await asyncio.to_thread(record_released, self.db, job)
+        except mdb.MetaDBError as e:
+            log.error("cannot record the release of job %s: %s", job, e)
+
+    async def _delete_tiles(self, job: str, by_node: dict[str, list[str]]) -> None:
+        for node, tiles in by_node.items():
+            info = self.shell.nodes.get(node)
+            if info is None:
+                continue
+            try:
+                await self.data_client.delete(info.address, info.data_port, tiles)
+            except Exception as e:  # best effort: the executor frees them with its memory anyway
+                log.debug("releasing %d tiles of %s on %s failed: %s", len(tiles), job, node, e)
+
+
+def _not_fetched(job: str, name: str, fetched: Any) -> NotFound:
+    return NotFound(f"job {job} did not fetch {name!r} (fetched: {sorted(fetched)[:20]})", node=name)
+
+
+def _gone(job: str, name: str, tile: str, node: str | None) -> str:
+    where = f"was held by node {node}, which is gone" if node else "has no recorded holder"
+    return f"tile {tile} of tensor {name!r} of job {job} {where}"
