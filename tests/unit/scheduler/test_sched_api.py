@@ -19,7 +19,8 @@ from triplane.registry import MemoryBackend, OpEngineInfo
 from triplane.registry.records import encode
 from triplane.scheduler.api.app import create_app
 from triplane.scheduler.api.auth import check_bearer
-from triplane.scheduler.api.errors import ApiError
+from triplane.scheduler.api.errors import status_of
+from triplane.scheduler.errors import Unauthorized
 from triplane.scheduler.service import Scheduler
 
 TOKEN = "test-token-0123456789"
@@ -97,9 +98,9 @@ def test_check_bearer_accepts_only_the_exact_token() -> None:
     check_bearer(f"Bearer {TOKEN}", TOKEN.encode())
     check_bearer(f"bearer {TOKEN}", TOKEN.encode())
     for bad in (None, "", f"Bearer {TOKEN}x", f"Bearer {TOKEN[:-1]}", "Bearer"):
-        with pytest.raises(ApiError) as e:
+        with pytest.raises(Unauthorized) as e:
             check_bearer(bad, TOKEN.encode())
-        assert e.value.status == 401
+        assert status_of(e.value.kind) == 401
 
 
 def test_upload_round_trips_and_persists_without_pickle(tmp_path: Path) -> None:

@@ -31,7 +31,7 @@ from triplane.registry import MemoryBackend
 from triplane.registry.credential import node_credential
 from triplane.scheduler.api import errors
 from triplane.scheduler.api.auth import ANYONE, CHANGERS, Authenticator, Principal
-from triplane.scheduler.api.errors import ApiError
+from triplane.scheduler.errors import BadRequest, Forbidden, TooLarge
 from triplane.scheduler.service import VERSION, Scheduler
 from triplane.scheduler.store import UploadError, expected_bytes, parse_dtype, parse_shape
 
@@ -46,12 +46,12 @@ async def read_body(request: Request, limit: int, what: str) -> bytearray:
     """The request body, refusing (413) anything over ``limit`` bytes before reading it all."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise ApiError(413, "too_large", f"{what} of {int(declared)} bytes is over the limit of {limit}")
+        raise TooLarge(f"{what} of {int(declared)} bytes is over the limit of {limit}")
     body = bytearray()
     async for chunk in request.stream():
         body += chunk
         if len(body) > limit:
-            raise ApiError(413, "too_large", f"{what} is over the limit of {limit} bytes")
+            raise TooLarge(f"{what} is over the limit of {limit} bytes")
     return body
 
 
@@ -63,18 +63,18 @@ def parse_job_request(body: bytes | bytearray) -> tuple[Any, Any, float | None]:
     try:
         doc = loads_json(body)
     except GraphError as e:  # a duplicate key, NaN or Infinity
-        raise ApiError(400, "request", f"the body is not strict JSON: {e}") from None
+        raise BadRequest(f"the body is not strict JSON: {e}") from None
     except (ValueError, RecursionError) as e:
-        raise ApiError(400, "request", f"the body is not JSON: {e}") from None
+        raise BadRequest(f"the body is not JSON: {e}") from None
     if not isinstance(doc, dict) or "graph" not in doc:
-        raise ApiError(400, "request", 'expected {"graph": <graph document>, "fetch": [node ids]}')
+        raise BadRequest('expected {"graph": <graph document>, "fetch": [node ids]}')
     unknown = set(doc) - {"graph", "fetch", "deadline_s"}
     if unknown:
-        raise ApiError(400, "request", f"unknown field(s) {sorted(unknown)} "
+        raise BadRequest(f"unknown field(s) {sorted(unknown)} "
                                        "(known: ['deadline_s', 'fetch', 'graph'])")
     deadline_s = doc.get("deadline_s")
     if deadline_s is not None and (type(deadline_s) not in (int, float) or not 0 < deadline_s <= 604800):
-        raise ApiError(400, "request", f"'deadline_s' must be seconds in (0, 604800], got {deadline_s!r:.40}")
+        raise BadRequest(f"'deadline_s' must be seconds in (0, 604800], got {deadline_s!r:.40}")
     graph = doc["graph"]
     fetch = doc.get("fetch")
     if fetch is None and isinstance(graph, dict):
@@ -83,7 +83,7 @@ def parse_job_request(body: bytes | bytearray) -> tuple[Any, Any, float | None]:
         check_submission(graph, fetch)
     except GraphError as e:
         kind = "limit" if isinstance(e, LimitError) else "graph"
-        raise ApiError(400, kind, str(e), node=e.node, op=e.op) from None
+        raise BadRequest(str(e), kind=kind, node=e.node, op=e.op) from None
     return graph, fetch, deadline_s
 
 
@@ -117,7 +117,7 @@ class Owners:
             return
         owner = self.get(job)
         if owner is not _NOT_STORED and owner != p.name:
-            raise ApiError(403, "forbidden", f"job {job} is not one of the jobs of {p.name!r}; "
+            raise Forbidden(f"job {job} is not one of the jobs of {p.name!r}; "
                                              "a submit token sees and cancels only its own jobs")
 
 
@@ -158,21 +158,18 @@ def create_app(
             shape = parse_shape(request.headers.get("x-triplane-shape", ""))
             dtype = parse_dtype(request.headers.get("x-triplane-dtype", ""))
         except UploadError as e:
-            raise ApiError(400, "request", str(e)) from None
+            raise BadRequest(str(e)) from None
         if len(shape) > MAX_RANK:
-            raise ApiError(400, "limit", f"X-Triplane-Shape has {len(shape)} dimensions, more than "
-                                         f"the limit of {MAX_RANK}")
+            raise BadRequest(f"X-Triplane-Shape has {len(shape)} dimensions, more than the limit of "
+                             f"{MAX_RANK}", kind="limit")
         if expected_bytes(shape, dtype) > upload_limit:
-            raise ApiError(
-                413,
-                "too_large",
-                f"a {dtype}{list(shape)} tensor is over the upload limit of {upload_limit} bytes",
+            raise TooLarge(f"a {dtype}{list(shape)} tensor is over the upload limit of {upload_limit} bytes",
             )
         body = await read_body(request, upload_limit, "upload")
         try:
             return scheduler.upload(body, shape, dtype).as_dict()
         except UploadError as e:
-            raise ApiError(400, "request", str(e)) from None
+            raise BadRequest(str(e)) from None
 
     @api.post("/jobs", status_code=201)
     async def submit(request: Request, p: Principal = changer) -> dict[str, Any]:
@@ -187,7 +184,7 @@ def create_app(
     @api.get("/jobs")
     async def jobs(limit: int = 50, p: Principal = anyone) -> list[dict[str, Any]]:
         if not 1 <= limit <= 1000:
-            raise ApiError(400, "request", "limit must be in 1..1000")
+            raise BadRequest("limit must be in 1..1000")
         return scheduler.list_jobs(limit, owner=None if p.sees_all_jobs else p.name)
 
     @api.get("/jobs/{job}")
@@ -198,7 +195,7 @@ def create_app(
     @api.get("/jobs/{job}/wait")
     async def job_wait(job: str, timeout: float = 30.0, p: Principal = anyone) -> dict[str, Any]:
         if not 0 <= timeout <= 3600:
-            raise ApiError(400, "request", "timeout must be in 0..3600 seconds")
+            raise BadRequest("timeout must be in 0..3600 seconds")
         owners.check(p, job)
         return await scheduler.wait(job, min(timeout, MAX_WAIT_S))
 

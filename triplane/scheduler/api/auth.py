@@ -34,8 +34,8 @@ from pathlib import Path
 
 from fastapi import Request
 
-from triplane.scheduler.api.errors import ApiError
 from triplane.scheduler.api.tokens import ROLES, TokenBook
+from triplane.scheduler.errors import Forbidden, Unauthorized
 
 __all__ = ["ADMIN", "ANYONE", "CHANGERS", "NODE", "Authenticator", "Principal", "check_bearer"]
 
@@ -60,18 +60,18 @@ class Principal:
 
 def _bearer(header: str | None) -> str:
     if not header:
-        raise ApiError(401, "unauthorized", "missing bearer token (Authorization: Bearer <token>)")
+        raise Unauthorized("missing bearer token (Authorization: Bearer <token>)")
     scheme, _, given = header.partition(" ")
     given = given.strip()
     if scheme.lower() != "bearer" or not given:
-        raise ApiError(401, "unauthorized", "wrong bearer token")
+        raise Unauthorized("wrong bearer token")
     return given
 
 
 def check_bearer(header: str | None, token: bytes) -> None:
-    """Raise a 401 ``ApiError`` unless ``header`` is ``Bearer <token>``."""
+    """Raise ``Unauthorized`` unless ``header`` is ``Bearer <token>``."""
     if not hmac.compare_digest(_bearer(header).encode("utf-8", "surrogateescape"), token):
-        raise ApiError(401, "unauthorized", "wrong bearer token")
+        raise Unauthorized("wrong bearer token")
 
 
 class Authenticator:
@@ -97,7 +97,7 @@ class Authenticator:
             return Principal(NODE, NODE)
         if entry is not None:
             return Principal(entry.name, entry.role)
-        raise ApiError(401, "unauthorized", "wrong bearer token")
+        raise Unauthorized("wrong bearer token")
 
     def is_client_token(self, given: str) -> bool:
         """Whether ``given`` is a client token (any role): the served registry answers
@@ -115,7 +115,7 @@ class Authenticator:
             p = self.identify(request.headers.get("authorization"))
             if p.role not in allowed:
                 who = "the node credential" if p.role == NODE else f"a {p.role} token ({p.name!r})"
-                raise ApiError(403, "forbidden", f"{who} may not {what} "
+                raise Forbidden(f"{who} may not {what} "
                                                  f"(roles that may: {sorted(allowed)})")
             return p
 

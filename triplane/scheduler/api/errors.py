@@ -3,10 +3,10 @@ table from an error's ``kind`` to its HTTP status.
 
 The core raises domain errors (``triplane/scheduler/errors.py``, ``GraphError``): they know
 no status code; :data:`STATUS` says which code each kind answers (docs/runtime.md). A kind
-missing from the table is a bug: it answers 500. ``ApiError`` is for what only HTTP knows
-(a body over its bound, a bad header, a missing bearer token) and takes its status from
-the same table. FastAPI's own validation errors and unexpected exceptions are mapped to
-the same shape (500 says nothing internal).
+missing from the table is a bug: it answers 500. What only HTTP knows (a body over its
+bound, a bad header, a missing bearer token) is refused with the same domain errors
+(``BadRequest``, ``TooLarge``, ``Unauthorized``, ``Forbidden``). FastAPI's own validation
+errors and unexpected exceptions are mapped to the same shape (500 says nothing internal).
 """
 
 from __future__ import annotations
@@ -46,39 +46,12 @@ def status_of(kind: str) -> int:
     return STATUS.get(kind, 500)
 
 
-class ApiError(Exception):
-    """An HTTP-level refusal inside ``api/`` (body size, headers, token): ``status`` and the
-    error body. The status must agree with :data:`STATUS` for ``kind``."""
-
-    def __init__(
-        self,
-        status: int,
-        kind: str,
-        message: str,
-        *,
-        node: str | None = None,
-        op: str | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.body = {"kind": kind, "message": message, "node": node, "op": op}
-        self.headers = headers
-
-
 def error_response(status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> JSONResponse:
     return JSONResponse({"error": body}, status_code=status, headers=headers)
 
 
 def install(app: FastAPI) -> None:
     """Map every error the app can raise to the error shape."""
-
-    @app.exception_handler(ApiError)
-    async def _api(_: Request, e: ApiError) -> JSONResponse:
-        headers = dict(e.headers or {})
-        if e.status == 401:
-            headers.setdefault("WWW-Authenticate", "Bearer")
-        return error_response(e.status, e.body, headers)
 
     @app.exception_handler(TriplaneError)
     async def _domain(_: Request, e: TriplaneError) -> JSONResponse:
