@@ -35,6 +35,8 @@ from triplane.sdk import data, nn, optim
 from triplane.sdk.autograd import (
     backward,
     grad,
+    is_grad_enabled,
+    no_grad,
 )
 from triplane.sdk.creation import (
     arange,

@@ -89,7 +89,7 @@ class Optimizer:
                             f"got {type(group).__name__}")
         ps = group["params"]
         ps = [ps] if isinstance(ps, Tensor) else list(ps)
-        unknown = sorted(set(group) - set(self.defaults) - {"params"})
+        unknown = sorted(set(group) - set(self.defaults) - {"params", "initial_lr"})
         if unknown:
             raise TypeError(f"{type(self).__name__}: unknown option(s) {unknown} in a parameter group "
                             f"(known: {sorted(self.defaults)})")
@@ -216,7 +216,7 @@ class Optimizer:
                                      f"{list(arr.shape)}, the parameter's is {list(p.shape)}")
                 new_state[i][k] = Tensor.from_array(arr.astype(p.dtype.np))
         for sg in groups:
-            extra = sorted(set(sg) - set(self.defaults) - {"params"})
+            extra = sorted(set(sg) - set(self.defaults) - {"params", "initial_lr"})
             if extra:
                 raise ValueError(f"{name}.load_state_dict: unknown option(s) {extra} in a saved group")
         for g, sg in zip(self.param_groups, groups):

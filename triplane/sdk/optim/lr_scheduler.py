@@ -68,9 +68,14 @@ class LRScheduler:
                 and not (isinstance(v, list) and v and callable(v[0]))}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a schedule saved by :meth:`state_dict`; the optimizer's rates become the
+        saved schedule's last ones at once."""
         self.__dict__.update({k: v for k, v in state.items() if k not in self._SKIP})
         self.base_lrs = [float(b) for b in self.base_lrs]
         self.last_epoch = int(self.last_epoch)
+        self._last_lr = [float(x) for x in self._last_lr]
+        for g, lr in zip(self.optimizer.param_groups, self._last_lr):
+            g["lr"] = lr
 
 
 class StepLR(LRScheduler):
