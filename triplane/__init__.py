@@ -150,7 +150,9 @@ _embedded.install()
 
 # ``import triplane.nn`` / ``from triplane.nn import functional as F`` name the SDK's
 # modules, as ``torch.nn`` does: one module object under two names, no copy.
-for _name, _mod in (("nn", nn), ("nn.functional", nn.functional), ("optim", optim), ("data", data)):
+for _name, _mod in (("nn", nn), ("nn.functional", nn.functional), ("optim", optim),
+                    ("optim.lr_scheduler", optim.lr_scheduler), ("data", data),
+                    ("data.transforms", data.transforms), ("data.datasets", data.datasets)):
     _sys.modules[f"{__name__}.{_name}"] = _mod
 del _sys, _name, _mod
 

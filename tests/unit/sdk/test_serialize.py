@@ -110,7 +110,7 @@ def test_what_cannot_be_saved_or_loaded(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="unknown format"):
         tp.load(tmp_path / "x.pt")
     (tmp_path / "junk.npz").write_bytes(b"not a zip at all")
-    with pytest.raises(ValueError, match="not a .npz state file|pickled"):
+    with pytest.raises(ValueError, match=r"not a \.npz state file|pickled"):
         tp.load(tmp_path / "junk.npz")
     with pytest.raises(FileNotFoundError):
         tp.load(tmp_path / "missing.npz")
