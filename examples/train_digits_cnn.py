@@ -22,17 +22,16 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from triplane.data import DataLoader, datasets, transforms
 
 import triplane as tp
-from triplane import nn, optim
+from triplane import data, nn, optim
 
 MEAN, STD = 0.305, 0.378  # of the digits' pixels scaled to [0, 1]
 
 
 def load_data(seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(x_train, y_train, x_test, y_test): images (N, 1, 8, 8) float32 in [0, 1]."""
-    images, labels = datasets.digits()
+    images, labels = data.datasets.digits()
     x = (images / 16.0).astype(np.float32)[:, None]
     order = np.random.default_rng(seed).permutation(len(x))
     n_train = int(0.8 * len(x))
@@ -49,7 +48,7 @@ def build_model() -> nn.Module:
     )
 
 
-normalize = transforms.Normalize(MEAN, STD)
+normalize = data.transforms.Normalize(MEAN, STD)
 
 
 def evaluate(model: nn.Module, x: np.ndarray, y: np.ndarray) -> float:
@@ -66,8 +65,8 @@ def train(model: nn.Module, x: np.ndarray, y: np.ndarray, *, epochs: int = 12, s
           on_epoch: Callable[[int, float, dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Train in place; ``on_epoch(epoch, mean loss, checkpoint)`` after each epoch, where
     the checkpoint is the state dicts to ``tp.save``. Returns the last checkpoint."""
-    augment = transforms.Compose([transforms.RandomCrop(8, padding=1), normalize])
-    loader = DataLoader(x, y, batch_size=batch_size, shuffle=True, seed=seed, transform=augment,
+    augment = data.transforms.Compose([data.transforms.RandomCrop(8, padding=1), normalize])
+    loader = data.DataLoader(x, y, batch_size=batch_size, shuffle=True, seed=seed, transform=augment,
                         num_workers=workers)
     opt = optim.AdamW(model.parameters(), lr=lr, weight_decay=1e-4)
     warmup = optim.LinearLR(opt, start_factor=0.1, total_iters=len(loader))
