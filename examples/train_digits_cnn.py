@@ -70,7 +70,7 @@ def train(model: nn.Module, x: np.ndarray, y: np.ndarray, *, epochs: int = 12, s
                         num_workers=workers)
     opt = optim.AdamW(model.parameters(), lr=lr, weight_decay=1e-4)
     warmup = optim.LinearLR(opt, start_factor=0.1, total_iters=len(loader))
-    decay = optim.CosineAnnealingLR(opt, T_max=(epochs - 1) * len(loader))
+    decay = optim.CosineAnnealingLR(opt, T_max=max(epochs - 1, 1) * len(loader))
     sched = optim.SequentialLR(opt, [warmup, decay], milestones=[len(loader)])
     loss_fn = nn.CrossEntropyLoss(label_smoothing=0.05)
     checkpoint: dict[str, Any] = {}
