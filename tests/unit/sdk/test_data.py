@@ -101,6 +101,15 @@ def test_a_dataset_batches_like_arrays() -> None:
     td = TensorDataset(x, y)
     assert len(td) == 11 and td[3][1] == 3
 
+    class Duck:  # shaped like a dataset (a PyTorch one, say) without subclassing Dataset
+        def __len__(self) -> int:
+            return 3
+
+        def __getitem__(self, i: int) -> np.ndarray:
+            return np.array([i, i])
+
+    assert [b.numpy().tolist() for b in DataLoader(Duck(), batch_size=2)] == [[[0, 0], [1, 1]], [[2, 2]]]
+
 
 def _batches(dl: DataLoader) -> list[list[np.ndarray]]:
     return [[t.numpy() for t in batch] for batch in dl]

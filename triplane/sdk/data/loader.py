@@ -66,6 +66,16 @@ class TensorDataset(Dataset):
         return tuple(a[idx] for a in self.arrays)
 
 
+def _is_dataset(obj: Any) -> bool:
+    """A Dataset, or any object shaped like one (``__len__`` and ``__getitem__``, e.g. a
+    PyTorch map-style dataset) that is not array-like data itself."""
+    if isinstance(obj, Dataset):
+        return True
+    if isinstance(obj, (np.ndarray, Tensor, list, tuple)) or hasattr(obj, "__array__"):
+        return False
+    return hasattr(obj, "__len__") and hasattr(obj, "__getitem__")
+
+
 def _collate(samples: list[Any]) -> tuple[np.ndarray, ...]:
     first = samples[0]
     if isinstance(first, tuple | list):
@@ -84,7 +94,7 @@ class DataLoader:
                  drop_last: bool = False, transform: Transform | None = None, num_workers: int = 0) -> None:
         if not arrays:
             raise ValueError("DataLoader needs at least one array, or a Dataset")
-        if len(arrays) == 1 and isinstance(arrays[0], Dataset):
+        if len(arrays) == 1 and _is_dataset(arrays[0]):
             self.dataset: Dataset = arrays[0]
         else:
             try:
