@@ -13,6 +13,11 @@ never runs code; a file holding pickled data, or of another format, is refused w
 ``ValueError``. A plain ``np.savez(path, **model.state_dict())`` file (no structure
 entry) loads as the flat dict it holds. The file is written to a temporary name and
 renamed, so an interrupted save leaves the previous file whole.
+
+A path ending in ``.safetensors`` uses that format instead (when the ``safetensors``
+package is installed; ``ImportError`` with the install command otherwise): the same
+arrays, the structure in the file's metadata. A plain safetensors file (no structure)
+loads as its flat dict of arrays.
 """
 
 from __future__ import annotations
@@ -39,10 +44,20 @@ _WHAT = ("a state dict holds arrays, Tensors, numbers, bools, strings, None, and
 
 def _check_path(path: str | os.PathLike[str], verb: str) -> str:
     p = os.fspath(path)
-    if not p.endswith(".npz"):
+    if not p.endswith((".npz", ".safetensors")):
         raise ValueError(f"tp.{verb}: {p!r}: unknown format; tp.save and tp.load use .npz files "
-                         "(numpy's zip of arrays, no pickle), so name the file '*.npz'")
+                         "(numpy's zip of arrays, no pickle), so name the file '*.npz' "
+                         "(or '*.safetensors' with the safetensors package)")
     return p
+
+
+def _safetensors() -> Any:
+    try:
+        from safetensors import numpy as st  # type: ignore[import-not-found]
+    except ImportError as e:
+        raise ImportError("tp.save/tp.load of a .safetensors file needs the safetensors package: "
+                          "python3 -m pip install safetensors (or use a .npz file name)") from e
+    return st
 
 
 def _encode(obj: Any, arrays: dict[str, np.ndarray], where: str) -> Any:
@@ -82,11 +97,17 @@ def save(obj: Any, path: str | os.PathLike[str]) -> None:
     arrays: dict[str, np.ndarray] = {}
     tree = _encode(obj, arrays, "the object")
     meta = json.dumps({"format": _FORMAT, "tree": tree}, allow_nan=True).encode()
-    arrays[_META] = np.frombuffer(meta, dtype=np.uint8)
-    fd, tmp = tempfile.mkstemp(prefix=".tp-save-", suffix=".npz", dir=os.path.dirname(os.path.abspath(p)))
+    st = _safetensors() if p.endswith(".safetensors") else None
+    if st is None:
+        arrays[_META] = np.frombuffer(meta, dtype=np.uint8)
+    fd, tmp = tempfile.mkstemp(prefix=".tp-save-", suffix=".tmp", dir=os.path.dirname(os.path.abspath(p)))
     try:
         with os.fdopen(fd, "wb") as f:
-            np.savez(f, **arrays)
+            if st is None:
+                np.savez(f, **arrays)
+        if st is not None:
+            st.save_file({k: np.ascontiguousarray(v) for k, v in arrays.items()}, tmp,
+                         metadata={_META: meta.decode()})
         os.replace(tmp, p)
     except BaseException:
         if os.path.exists(tmp):
@@ -117,6 +138,8 @@ def load(path: str | os.PathLike[str]) -> Any:
     """Read what :func:`save` wrote (arrays come back as numpy arrays, ready for
     ``load_state_dict``). Never unpickles: a file with pickled data is refused."""
     p = _check_path(path, "load")
+    if p.endswith(".safetensors"):
+        return _load_safetensors(p)
     refused = (f"tp.load: {p!r} is not a triplane state file: it holds pickled data, which is never "
                "loaded (pickle can run code); save with tp.save or np.savez of plain arrays")
     try:
@@ -138,3 +161,23 @@ def load(path: str | os.PathLike[str]) -> Any:
         if isinstance(e, FileNotFoundError):
             raise
         raise ValueError(f"tp.load: {p!r} is not a .npz state file ({e})") from None
+
+
+def _load_safetensors(p: str) -> Any:
+    _safetensors()
+    from safetensors import safe_open  # type: ignore[import-not-found]
+
+    if not os.path.exists(p):
+        raise FileNotFoundError(p)
+    try:
+        with safe_open(p, framework="numpy") as f:
+            files = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (not a dict)
+            meta_text = (f.metadata() or {}).get(_META)
+    except Exception as e:  # the package's own error type for a malformed file
+        raise ValueError(f"tp.load: {p!r} is not a safetensors file ({e})") from None
+    if meta_text is None:
+        return files
+    meta = json.loads(meta_text)
+    if not isinstance(meta, dict) or meta.get("format") != _FORMAT:
+        raise ValueError(f"tp.load: {p!r}: unknown state format (this version reads {_FORMAT!r})")
+    return _decode(meta["tree"], files, p)

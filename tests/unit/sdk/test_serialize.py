@@ -123,3 +123,29 @@ def test_strict_load_names_missing_and_unexpected_keys() -> None:
     with pytest.raises(KeyError, match=r"missing \['0.bias'\], unexpected \['extra.weight'\]"):
         model.load_state_dict(sd)
     model.load_state_dict(sd, strict=False)
+
+
+def test_safetensors_round_trip(tmp_path: Path) -> None:
+    pytest.importorskip("safetensors", reason="safetensors is not installed (the .npz format is tested)")
+    model = _model()
+    opt = optim.Adam(model.parameters(), lr=0.01)
+    _train(model, opt, 2, seed=0)
+    path = tmp_path / "ckpt.safetensors"
+    tp.save({"model": model.state_dict(), "opt": opt.state_dict()}, path)
+    ck = tp.load(path)
+    assert sorted(ck["opt"]["state"]) == [0, 1, 2, 3] and ck["opt"]["param_groups"][0]["lr"] == 0.01
+    for name, want in model.state_dict().items():
+        assert_close(ck["model"][name], want, rtol=0, atol=0, what=name)
+    (tmp_path / "bad.safetensors").write_bytes(b"\x00" * 16)
+    with pytest.raises(ValueError, match="not a safetensors file"):
+        tp.load(tmp_path / "bad.safetensors")
+
+
+def test_safetensors_without_the_package_says_how_to_install(tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "safetensors", None)
+    monkeypatch.setitem(sys.modules, "safetensors.numpy", None)
+    with pytest.raises(ImportError, match="pip install safetensors"):
+        tp.save({"w": np.ones(2)}, tmp_path / "w.safetensors")
