@@ -256,3 +256,17 @@ def test_load_state_dict_refuses_a_mismatch() -> None:
                      + [Tensor.from_array(np.ones(2), requires_grad=True)])
     with pytest.raises(ValueError, match=r"sizes \[1\].*\[2\]"):
         two.load_state_dict(opt.state_dict())
+
+
+def test_zero_grad_to_zeros_still_steps() -> None:
+    # PyTorch's zero_grad(set_to_none=False): a zero gradient is a gradient, so momentum
+    # (and weight decay) still move the parameter.
+    p = Tensor.from_array(np.array([1.0]), requires_grad=True)
+    opt = optim.SGD([p], lr=0.1, momentum=0.5)
+    p.grad = Tensor.from_array(np.array([1.0]))
+    opt.step()  # buf = 1, p = 0.9
+    opt.zero_grad(set_to_none=False)
+    opt.step()  # buf = 0.5, p = 0.85
+    assert p.numpy()[0] == pytest.approx(0.85)
+    opt.zero_grad()
+    assert p.grad is None

@@ -125,10 +125,11 @@ class Optimizer:
         for g in self.param_groups:
             g["lr"] = value
 
-    def zero_grad(self) -> None:
-        """Forget the gradients (``backward`` accumulates into ``.grad``)."""
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Forget the gradients (``backward`` accumulates into ``.grad``): None, or zeros
+        with ``set_to_none=False`` (then every parameter takes a step, as in PyTorch)."""
         for p in self.params:
-            p.grad = None
+            p.grad = None if set_to_none else Tensor.from_array(np.zeros(p.shape, p.dtype.np))
 
     def _update(self, i: int, p: Tensor, g: Tensor, group: dict[str, Any], t: int
                 ) -> tuple[Tensor, dict[str, Tensor]]:
