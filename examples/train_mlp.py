@@ -2,8 +2,8 @@
 
     python examples/train_mlp.py [--epochs 10] [--seed 0]
 
-Uses scikit-learn's bundled digits when scikit-learn is installed, else a deterministic
-synthetic stand-in (nothing is downloaded).
+Uses scikit-learn's bundled digits (nothing is downloaded; scikit-learn must be
+installed, or pass --synthetic for a deterministic seven-segment stand-in).
 """
 
 from __future__ import annotations
@@ -31,10 +31,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--epochs", type=int, default=10)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--synthetic", action="store_true", help="synthetic digits instead of scikit-learn's")
     args = ap.parse_args()
 
     tp.manual_seed(args.seed)
-    images, labels = datasets.digits(seed=args.seed)
+    images, labels = datasets.digits(seed=args.seed, synthetic=args.synthetic)
     x = (images.reshape(len(images), -1) / 16.0).astype(np.float32)
     n_train = int(0.8 * len(x))
     x_train, y_train, x_test, y_test = x[:n_train], labels[:n_train], x[n_train:], labels[n_train:]

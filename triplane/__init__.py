@@ -35,6 +35,8 @@ from triplane.sdk import data, nn, optim
 from triplane.sdk.autograd import (
     backward,
     grad,
+    is_grad_enabled,
+    no_grad,
 )
 from triplane.sdk.creation import (
     arange,
@@ -112,6 +114,10 @@ from triplane.sdk.reduce import (
 from triplane.sdk.remote import (
     connect,
 )
+from triplane.sdk.serialize import (
+    load,
+    save,
+)
 from triplane.sdk.shape import (
     TensorIndexError,
     broadcast_to,
@@ -144,7 +150,9 @@ _embedded.install()
 
 # ``import triplane.nn`` / ``from triplane.nn import functional as F`` name the SDK's
 # modules, as ``torch.nn`` does: one module object under two names, no copy.
-for _name, _mod in (("nn", nn), ("nn.functional", nn.functional), ("optim", optim), ("data", data)):
+for _name, _mod in (("nn", nn), ("nn.functional", nn.functional), ("optim", optim),
+                    ("optim.lr_scheduler", optim.lr_scheduler), ("data", data),
+                    ("data.transforms", data.transforms), ("data.datasets", data.datasets)):
     _sys.modules[f"{__name__}.{_name}"] = _mod
 del _sys, _name, _mod
 
@@ -152,13 +160,13 @@ __all__ = [
     "DType", "DTypeError", "GraphError", "KernelError", "NotDifferentiableError", "ShapeError",
     "Tensor", "TensorIndexError", "TriplaneError", "__version__", "abs", "add", "arange", "argmax",
     "argmin", "backward", "bfloat16", "bool_", "broadcast_to", "cast", "ceil", "concat", "concatenate",
-    "connect", "cos", "data", "div", "eq", "erf", "exp", "expand_dims", "eye", "flip", "float16", "float32",
-    "float64", "floor", "full", "full_like", "gather", "ge", "gelu", "getitem", "grad", "gt",
-    "index_select", "int16", "int32", "int64", "int8", "le", "log", "logical_and", "logical_not",
-    "logical_or", "logsumexp", "lt", "manual_seed", "matmul", "max", "maximum", "mean", "min",
-    "minimum", "mul", "ne", "neg", "nn", "normal", "ones", "ones_like", "optim", "pad", "permute",
-    "pow", "prod", "rand", "randn", "realize", "reciprocal", "register_op", "relu", "reshape", "rsqrt",
-    "sigmoid", "sign", "silu", "sin", "slice", "split", "sqrt", "square", "squeeze", "stack", "sub",
-    "sum", "tan", "tanh", "tensor", "transpose", "uint8", "uniform", "unsqueeze", "var", "where",
-    "zeros", "zeros_like"
+    "connect", "cos", "data", "div", "eq", "erf", "exp", "expand_dims", "eye", "flip", "float16",
+    "float32", "float64", "floor", "full", "full_like", "gather", "ge", "gelu", "getitem", "grad", "gt",
+    "index_select", "int16", "int32", "int64", "int8", "is_grad_enabled", "le", "load", "log",
+    "logical_and", "logical_not", "logical_or", "logsumexp", "lt", "manual_seed", "matmul", "max",
+    "maximum", "mean", "min", "minimum", "mul", "ne", "neg", "nn", "no_grad", "normal", "ones",
+    "ones_like", "optim", "pad", "permute", "pow", "prod", "rand", "randn", "realize", "reciprocal",
+    "register_op", "relu", "reshape", "rsqrt", "save", "sigmoid", "sign", "silu", "sin", "slice",
+    "split", "sqrt", "square", "squeeze", "stack", "sub", "sum", "tan", "tanh", "tensor", "transpose",
+    "uint8", "uniform", "unsqueeze", "var", "where", "zeros", "zeros_like"
 ]

@@ -56,7 +56,9 @@ PUBLIC = [
     "int32",
     "int64",
     "int8",
+    "is_grad_enabled",
     "le",
+    "load",
     "log",
     "logical_and",
     "logical_not",
@@ -74,6 +76,7 @@ PUBLIC = [
     "ne",
     "neg",
     "nn",
+    "no_grad",
     "normal",
     "ones",
     "ones_like",
@@ -90,6 +93,7 @@ PUBLIC = [
     "relu",
     "reshape",
     "rsqrt",
+    "save",
     "sigmoid",
     "sign",
     "silu",
@@ -135,3 +139,7 @@ def test_submodule_surfaces() -> None:
     assert {"Linear", "Conv2d", "Sequential", "Module", "BatchNorm2d", "functional"} <= set(tp.nn.__all__)
     assert {"softmax", "cross_entropy", "conv2d", "dropout"} <= set(tp.nn.functional.__all__)
     assert {"SGD", "Adam"} <= set(tp.optim.__all__)
+    assert {"AdamW", "RMSprop", "StepLR", "CosineAnnealingLR", "LinearLR"} <= set(tp.optim.__all__)
+    assert {"CrossEntropyLoss", "MSELoss"} <= set(tp.nn.__all__)
+    assert {"DataLoader", "Dataset", "TensorDataset", "datasets", "transforms"} <= set(tp.data.__all__)
+    assert tp.optim.lr_scheduler.StepLR is tp.optim.StepLR

@@ -14,7 +14,7 @@ from __future__ import annotations
 import itertools
 import os
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -365,7 +365,15 @@ def apply(op: str, inputs: Sequence[Tensor], **attrs: Any) -> Tensor:
     except GraphError as e:
         e.at(op=op, where=where)
         raise e.with_traceback(None) from None
-    return Tensor(op, inputs, a, t, where=where)
+    out = Tensor(op, inputs, a, t, where=where)
+    for hook in record_hooks:
+        hook(out)
+    return out
+
+
+# Called with every tensor apply() records; tp.no_grad() (sdk/autograd.py) adds its
+# marker while a no_grad block is open, so the hot path pays nothing otherwise.
+record_hooks: list[Callable[[Tensor], None]] = []
 
 
 def as_tensor(x: Any, like: Tensor | None = None) -> Tensor:

@@ -1,11 +1,14 @@
-"""DataLoader: every sample once an epoch, reproducible shuffles; the digits dataset."""
+"""DataLoader: every sample once an epoch, reproducible shuffles, datasets, threads and
+seeded transforms; the digits dataset."""
 
 from __future__ import annotations
+
+import sys
 
 import numpy as np
 import pytest
 
-from triplane.sdk.data import DataLoader, datasets
+from triplane.sdk.data import DataLoader, Dataset, TensorDataset, datasets, transforms
 from triplane.sdk.tensor import Tensor
 
 
@@ -73,3 +76,90 @@ def test_digits_dataset_is_deterministic_and_shaped() -> None:
     assert np.abs(x[y == 1].mean(0) - x[y == 8].mean(0)).sum() > 50
     x_default, _ = datasets.digits()
     assert x_default.shape[1:] == (8, 8) and len(x_default) >= 1000
+
+
+class _Squares(Dataset):
+    """A map-style data set without __getitems__: samples are collated one by one."""
+
+    def __len__(self) -> int:
+        return 11
+
+    def __getitem__(self, i: int) -> tuple[np.ndarray, int]:
+        return np.full((2,), float(i * i), np.float32), i
+
+
+def test_a_dataset_batches_like_arrays() -> None:
+    ds = _Squares()
+    x = np.stack([ds[i][0] for i in range(11)])
+    y = np.arange(11)
+    got = [(a.numpy(), b.numpy()) for a, b in DataLoader(ds, batch_size=4, shuffle=True, seed=7)]
+    want = [(a.numpy(), b.numpy()) for a, b in DataLoader(x, y, batch_size=4, shuffle=True, seed=7)]
+    assert len(got) == len(want) == 3
+    for (ga, gb), (wa, wb) in zip(got, want):
+        np.testing.assert_array_equal(ga, wa)
+        np.testing.assert_array_equal(gb, wb)
+    td = TensorDataset(x, y)
+    assert len(td) == 11 and td[3][1] == 3
+
+    class Duck:  # shaped like a dataset (a PyTorch one, say) without subclassing Dataset
+        def __len__(self) -> int:
+            return 3
+
+        def __getitem__(self, i: int) -> np.ndarray:
+            return np.array([i, i])
+
+    assert [b.numpy().tolist() for b in DataLoader(Duck(), batch_size=2)] == [[[0, 0], [1, 1]], [[2, 2]]]
+
+
+def _batches(dl: DataLoader) -> list[list[np.ndarray]]:
+    return [[t.numpy() for t in batch] for batch in dl]
+
+
+def test_workers_give_the_same_batches_and_transforms_are_seeded() -> None:
+    rng = np.random.default_rng(0)
+    x = rng.uniform(0, 16, size=(50, 1, 8, 8)).astype(np.float32)
+    y = np.arange(50)
+    aug = transforms.Compose([transforms.RandomCrop(8, padding=1), transforms.RandomHorizontalFlip(),
+                              transforms.Scale(1 / 16)])
+
+    def loader(workers: int, seed: int = 3) -> DataLoader:
+        return DataLoader(x, y, batch_size=8, shuffle=True, seed=seed, transform=aug, num_workers=workers)
+
+    plain, threaded = loader(0), loader(2)
+    for _ in range(2):  # two epochs each
+        a, b = _batches(plain), _batches(threaded)
+        assert len(a) == len(b) == 7
+        for ba, bb in zip(a, b):
+            for fa, fb in zip(ba, bb):
+                np.testing.assert_array_equal(fa, fb)
+    e0, e1 = _batches(loader(0)), _batches(loader(0))
+    np.testing.assert_array_equal(e0[0][0], e1[0][0])  # same seed, same epoch: same batch
+    again = loader(0)
+    next(iter(again))
+    assert not np.array_equal(_batches(again)[0][0], e0[0][0]), "epoch 1 repeated epoch 0's augmentation"
+    assert e0[0][0].dtype == np.float32 and e0[0][0].max() <= 1.0
+
+
+def test_leaving_a_threaded_loop_early_does_not_hang() -> None:
+    dl = DataLoader(np.arange(1000), batch_size=1, num_workers=2)
+    for i, _ in enumerate(dl):
+        if i == 3:
+            break
+    assert sum(1 for _ in dl) == 1000
+
+
+def test_bad_loader_options() -> None:
+    with pytest.raises(ValueError, match="num_workers"):
+        DataLoader(np.zeros(3), num_workers=-1)
+    with pytest.raises(AttributeError, match="walks a Dataset"):
+        _ = DataLoader(_Squares()).arrays
+
+
+def test_digits_without_scikit_learn_raises_with_the_install_hint(monkeypatch: pytest.MonkeyPatch) -> None:
+    # None in sys.modules makes `import sklearn...` raise ImportError, as if not installed.
+    monkeypatch.setitem(sys.modules, "sklearn", None)
+    monkeypatch.setitem(sys.modules, "sklearn.datasets", None)
+    with pytest.raises(ImportError, match=r"pip install scikit-learn.*synthetic=True"):
+        datasets.digits()
+    x, _ = datasets.digits(n=20, synthetic=True)  # asked for explicitly, the stand-in still works
+    assert x.shape == (20, 8, 8)

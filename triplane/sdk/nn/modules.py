@@ -9,8 +9,8 @@ Initialisation draws from ``numpy.random.default_rng(seed)`` where ``seed`` come
 the SDK's seed stream, so after ``tp.manual_seed(s)`` building the same model gives the
 same parameters.
 
-``state_dict()`` is a plain ``{name: numpy array}`` (save it with ``numpy.savez``; model
-files never use pickle) and ``load_state_dict`` checks names, shapes and dtypes.
+``state_dict()`` is a plain ``{name: numpy array}`` (save it with ``tp.save(sd, "m.npz")``;
+model files never use pickle) and ``load_state_dict`` checks names, shapes and dtypes.
 """
 
 from __future__ import annotations
@@ -154,7 +154,8 @@ class Module:
         missing = sorted(set(targets) - set(state))
         unexpected = sorted(set(state) - set(targets))
         if strict and (missing or unexpected):
-            raise KeyError(f"load_state_dict: missing {missing}, unexpected {unexpected}")
+            raise KeyError(f"{type(self).__name__}.load_state_dict (strict): missing {missing}, "
+                           f"unexpected {unexpected} (strict=False loads the names that match)")
         checked: list[tuple[Tensor, np.ndarray]] = []
         for name, t in targets.items():
             if name not in state:

@@ -1,0 +1,162 @@
+"""The optimisers, with PyTorch's update rules (``torch.optim``'s defaults and argument
+names). Each docstring states the rule for gradient ``g`` of parameter ``p`` at its
+``t``-th step; ``weight_decay`` (``wd``) is L2 added to the gradient except in AdamW,
+where it is decoupled. State tensors live in ``opt.state[i]`` under PyTorch's names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from triplane.sdk.elementwise import maximum, sqrt
+from triplane.sdk.optim.base import Optimizer
+from triplane.sdk.tensor import Tensor
+
+__all__ = ["SGD", "Adam", "AdamW", "RMSProp", "RMSprop"]
+
+Update = tuple[Tensor, dict[str, Tensor]]
+
+
+def _need(name: str, ok: bool, what: str, group: dict[str, Any]) -> None:
+    if not ok:
+        shown = ", ".join(f"{k}={v}" for k, v in group.items() if k != "params")
+        raise ValueError(f"{name}: need {what} (got {shown})")
+
+
+class SGD(Optimizer):
+    """Stochastic gradient descent::
+
+        g = g + wd * p
+        buf = g (first step) else momentum * buf + (1 - dampening) * g
+        g = g + momentum * buf (nesterov) else buf        (only with momentum)
+        p = p - lr * g
+    """
+
+    def __init__(self, params: Iterable[Any], lr: float = 0.01, momentum: float = 0.0,
+                 dampening: float = 0.0, weight_decay: float = 0.0, nesterov: bool = False,
+                 l1: float = 0.0) -> None:
+        super().__init__(params, {"lr": lr, "momentum": momentum, "dampening": dampening,
+                                  "weight_decay": weight_decay, "nesterov": nesterov, "l1": l1})
+
+    def _check(self, group: dict[str, Any]) -> None:
+        super()._check(group)
+        _need("SGD", group["lr"] > 0 and group["momentum"] >= 0 and group["weight_decay"] >= 0,
+              "lr > 0, momentum >= 0, weight_decay >= 0", group)
+        _need("SGD", not group["nesterov"] or (group["momentum"] > 0 and group["dampening"] == 0),
+              "momentum > 0 and dampening == 0 for nesterov", group)
+
+    def _update(self, i: int, p: Tensor, g: Tensor, group: dict[str, Any], t: int) -> Update:
+        mom, wd = group["momentum"], group["weight_decay"]
+        if wd:
+            g = g + wd * p
+        state: dict[str, Tensor] = {}
+        if mom:
+            buf = self.state[i].get("momentum_buffer")
+            buf = g if buf is None else mom * buf + (1 - group["dampening"]) * g
+            state["momentum_buffer"] = buf
+            g = g + mom * buf if group["nesterov"] else buf
+        return p - self._scalar(group["lr"], p) * g, state
+
+
+class Adam(Optimizer):
+    """Adam (Kingma & Ba)::
+
+        g = g + wd * p
+        m = b1 * m + (1 - b1) * g;   v = b2 * v + (1 - b2) * g * g     (m = v = 0 at first)
+        v_max = max(v_max, v) and used for v (amsgrad)
+        p = p - lr / (1 - b1**t) * m / (sqrt(v / (1 - b2**t)) + eps)
+    """
+
+    _decoupled = False
+
+    def __init__(self, params: Iterable[Any], lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-8, weight_decay: float = 0.0, amsgrad: bool = False,
+                 l1: float = 0.0) -> None:
+        super().__init__(params, {"lr": lr, "betas": tuple(betas), "eps": eps,
+                                  "weight_decay": weight_decay, "amsgrad": amsgrad, "l1": l1})
+
+    def _check(self, group: dict[str, Any]) -> None:
+        super()._check(group)
+        b1, b2 = group["betas"]
+        _need(type(self).__name__, group["lr"] > 0 and 0 <= b1 < 1 and 0 <= b2 < 1 and group["eps"] >= 0
+              and group["weight_decay"] >= 0, "lr > 0, 0 <= betas < 1, eps >= 0, weight_decay >= 0", group)
+
+    def _update(self, i: int, p: Tensor, g: Tensor, group: dict[str, Any], t: int) -> Update:
+        b1, b2 = group["betas"]
+        lr, wd = group["lr"], group["weight_decay"]
+        if wd and self._decoupled:
+            p = p * (1 - self._scalar(lr * wd, p))
+        elif wd:
+            g = g + wd * p
+        st = self.state[i]
+        m = (1 - b1) * g if "exp_avg" not in st else b1 * st["exp_avg"] + (1 - b1) * g
+        v = (1 - b2) * (g * g) if "exp_avg_sq" not in st else b2 * st["exp_avg_sq"] + (1 - b2) * (g * g)
+        state = {"exp_avg": m, "exp_avg_sq": v}
+        if group["amsgrad"]:
+            v = v if "max_exp_avg_sq" not in st else maximum(st["max_exp_avg_sq"], v)
+            state["max_exp_avg_sq"] = v
+        step_size = self._scalar(lr / (1 - b1**t), p)
+        denom = sqrt(v * self._scalar(1.0 / (1 - b2**t), p)) + group["eps"]
+        return p - step_size * m / denom, state
+
+
+class AdamW(Adam):
+    """Adam with decoupled weight decay (Loshchilov & Hutter): first
+    ``p = p * (1 - lr * wd)``, then Adam's update without ``wd`` in the gradient.
+    PyTorch's default ``weight_decay=0.01``."""
+
+    _decoupled = True
+
+    def __init__(self, params: Iterable[Any], lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-8, weight_decay: float = 0.01, amsgrad: bool = False,
+                 l1: float = 0.0) -> None:
+        super().__init__(params, lr, betas, eps, weight_decay, amsgrad, l1)
+
+
+class RMSprop(Optimizer):
+    """RMSprop (Hinton), PyTorch's rule (square_avg, grad_avg, buf start at 0)::
+
+        g = g + wd * p
+        square_avg = alpha * square_avg + (1 - alpha) * g * g
+        avg = sqrt(square_avg - grad_avg**2) + eps, with grad_avg = alpha * grad_avg + (1 - alpha) * g
+              (centered) else sqrt(square_avg) + eps
+        buf = momentum * buf + g / avg;  p = p - lr * buf     (momentum > 0)
+        p = p - lr * g / avg                                  (otherwise)
+    """
+
+    def __init__(self, params: Iterable[Any], lr: float = 0.01, alpha: float = 0.99, eps: float = 1e-8,
+                 weight_decay: float = 0.0, momentum: float = 0.0, centered: bool = False,
+                 l1: float = 0.0) -> None:
+        super().__init__(params, {"lr": lr, "alpha": alpha, "eps": eps, "weight_decay": weight_decay,
+                                  "momentum": momentum, "centered": centered, "l1": l1})
+
+    def _check(self, group: dict[str, Any]) -> None:
+        super()._check(group)
+        _need("RMSprop", group["lr"] > 0 and 0 <= group["alpha"] < 1 and group["eps"] >= 0
+              and group["weight_decay"] >= 0 and group["momentum"] >= 0,
+              "lr > 0, 0 <= alpha < 1, eps >= 0, weight_decay >= 0, momentum >= 0", group)
+
+    def _update(self, i: int, p: Tensor, g: Tensor, group: dict[str, Any], t: int) -> Update:
+        alpha, mom, wd = group["alpha"], group["momentum"], group["weight_decay"]
+        if wd:
+            g = g + wd * p
+        st = self.state[i]
+        g2 = g * g
+        sq = (1 - alpha) * g2 if "square_avg" not in st else alpha * st["square_avg"] + (1 - alpha) * g2
+        state = {"square_avg": sq}
+        if group["centered"]:
+            ga = (1 - alpha) * g if "grad_avg" not in st else alpha * st["grad_avg"] + (1 - alpha) * g
+            state["grad_avg"] = ga
+            avg = sqrt(sq - ga * ga) + group["eps"]
+        else:
+            avg = sqrt(sq) + group["eps"]
+        lr = self._scalar(group["lr"], p)
+        if mom:
+            buf = g / avg if "momentum_buffer" not in st else mom * st["momentum_buffer"] + g / avg
+            state["momentum_buffer"] = buf
+            return p - lr * buf, state
+        return p - lr * (g / avg), state
+
+
+RMSProp = RMSprop  # the spelling of the issue; PyTorch's class is RMSprop
