@@ -30,10 +30,11 @@ import numpy as np
 import triplane
 from triplane.engines import get_op_engine
 from triplane.engines.memory.host import HostMemoryEngine
-from triplane.executor.dataport import DataClient, DataPortError, DataServer
+from triplane.executor.dataport import EngineTiles
 from triplane.executor.intake import Intake
 from triplane.executor.server import PacketServer
 from triplane.executor.tasks import TaskRunner
+from triplane.net.dataport import DataClient, DataPortError, DataServer
 from triplane.proto import dtypes as dt
 from triplane.proto import optable
 from triplane.registry import (
@@ -106,7 +107,7 @@ class Executor:
         self.op_engines = [get_op_engine(e) for e in engines]
         self.store = HostMemoryEngine(memory_bytes)
         self.client = DataClient(secret)
-        self.data = DataServer(self.store, secret, host=host)
+        self.data = DataServer(EngineTiles(self.store), secret, host=host)
         self.intake = Intake(secret)
         # One engine (the usual case) is used as it is: the wrapper would ask it twice per task
         # whether it supports the op.
@@ -174,7 +175,7 @@ class Executor:
         cache (the scheduler reads ``cache.evictions``, ``refused``, ``dropped`` and the
         ``lost`` keys to forget what this node no longer keeps)."""
         store, runs = self.store, self.runner.stats
-        return {"node": self.name, **self.packets.stats(), "data_port": dict(self.data.stats),
+        return {"node": self.name, **self.packets.stats(), "data_port": self.data.all_stats(),
                 "memory": {"capacity": store.capacity(), "used": store.used(), "tiles": len(store),
                            "cached": store.cached(), "free": store.free()},
                 "cache": {"entries": len(store.cache_keys()), "bytes": store.cached(),

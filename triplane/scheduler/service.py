@@ -38,6 +38,7 @@ from typing import Any
 
 from triplane import metadb as mdb
 from triplane.metadb.models import Job as JobRow
+from triplane.net.dataport import DataClient, DataPortError, DataServer
 from triplane.proto.errors import GraphError
 from triplane.proto.ir import Graph
 from triplane.registry import (
@@ -81,7 +82,7 @@ from triplane.scheduler.layout import (
 from triplane.scheduler.leading import Leading
 from triplane.scheduler.planview import plan_document
 from triplane.scheduler.residency import Residency, read_evictions
-from triplane.scheduler.store import DataPortClient, DataServer, StoredTensor, TensorStore
+from triplane.scheduler.store import StoredTensor, TensorStore, UploadTiles
 
 log = logging.getLogger(__name__)
 
@@ -188,8 +189,8 @@ class Scheduler(Leading):
         self.lease_ttl_s = lease_ttl_s
         self.role = "standby" if elect else "leader"
         self.store = TensorStore(self.run_dir / "tensors", max_upload_bytes)
-        self.data_server = DataServer(self.store, secret)
-        self.data_client = DataPortClient(secret)
+        self.data_server = DataServer(UploadTiles(self.store), secret)
+        self.data_client = DataClient(secret, io_timeout=10.0)
         self.plans = PlanCache()
         self.state = DispatchState(policy)
         self.templates: dict[str, dict[str, TaskTemplate]] = {}
@@ -240,6 +241,7 @@ class Scheduler(Leading):
                 await t
         await self.shell.close()
         await self.data_server.close()
+        await self.data_client.close()
         with contextlib.suppress(Exception):
             await asyncio.to_thread(self.journal.close)
         if self._leadership is not None:
@@ -618,8 +620,6 @@ class Scheduler(Leading):
         info = self.shell.nodes.get(node or "")
         if info is None:
             raise SubmitError(404, "not_found", _gone(job, name, tile, node))
-        from triplane.executor.datawire import DataPortError
-
         try:
             return await self.data_client.open_tile(info.address, info.data_port, tile)
         except DataPortError as e:

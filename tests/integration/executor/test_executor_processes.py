@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from triplane.executor.dataport import DataClient, DataPortError
+from triplane.net.dataport import DataClient, DataPortError
 from triplane.proto.packet import (
     Control,
     Reply,
