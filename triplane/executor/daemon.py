@@ -56,6 +56,7 @@ log = logging.getLogger(__name__)
 
 SCHEDULER_DATA_KEY = "scheduler/data"
 _PEER_TTL_S = 2.0
+CLOCK_SKEW_S = 1.0
 
 
 def usable_cpus() -> int:
@@ -108,7 +109,7 @@ class Executor:
         self.store = HostMemoryEngine(memory_bytes)
         self.client = DataClient(secret)
         self.data = DataServer(EngineTiles(self.store), secret, host=host)
-        self.intake = Intake(secret)
+        self.intake = Intake(secret, self.name)
         # One engine (the usual case) is used as it is: the wrapper would ask it twice per task
         # whether it supports the op.
         engine = self.op_engines[0] if len(self.op_engines) == 1 else _Engines(self.op_engines)
@@ -127,6 +128,9 @@ class Executor:
         """Benchmark, listen, register. Raises ``RegistryUnavailable`` if the registry cannot
         be reached (after closing what it opened)."""
         self.started_at = time.time()
+        # Tasks sent before this start are refused: the replay memory begins now. The margin
+        # absorbs clock skew (the scheduler cannot send before it sees us registered).
+        self.intake.not_before = self.started_at - CLOCK_SKEW_S
         figures = [self._benchmark(e) for e in self.op_engines]
         await self.data.start()
         try:

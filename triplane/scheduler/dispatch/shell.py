@@ -328,6 +328,8 @@ class DispatchShell:
             s.deadline,
             pull,
             tpl.attrs,
+            s.node,
+            time.time(),
         )
         return encode_task(p, self.secret)
 
