@@ -23,6 +23,7 @@ from typing import Annotated
 import typer
 
 from triplane.executor.config import load_secret, load_token, parse_size
+from triplane.net.guard import Limits
 from triplane.process import event_loop_runner, prepare_process
 
 __all__ = ["executor_command", "main"]
@@ -47,7 +48,7 @@ def _connect(url: str, token: str | None):
 
 
 async def _serve(registry: str, engines: list[str], memory_bytes: int, host: str, name: str | None,
-                 secret: bytes, token: str | None, drop_udp: float, fault_seed: int) -> int:
+                 secret: bytes, token: str | None, drop_udp: float, fault_seed: int, limits: Limits) -> int:
     from triplane.executor.daemon import Executor
     from triplane.registry import RegistryUnavailable
 
@@ -60,7 +61,7 @@ async def _serve(registry: str, engines: list[str], memory_bytes: int, host: str
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     executor = Executor(backend, secret, memory_bytes=memory_bytes, engines=engines, host=host, name=name,
-                        drop_udp=drop_udp, fault_seed=fault_seed)
+                        drop_udp=drop_udp, fault_seed=fault_seed, limits=limits)
     try:
         await executor.start()
     except RegistryUnavailable as e:
@@ -89,18 +90,22 @@ def executor_command(
     drop_udp: Annotated[float, typer.Option(help="drop each datagram with this probability")] = 0.0,
     fault_seed: Annotated[int, typer.Option(help="seed of the fault injection")] = 0,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error")] = "info",
+    idle_timeout: Annotated[float, typer.Option(help="close a TCP connection idle this many seconds")] = 10.0,
+    max_connections: Annotated[int, typer.Option(help="TCP connections per port at most")] = 256,
 ) -> None:
     """Run an executor: register with REGISTRY, serve task packets and tiles until stopped."""
     code = run_executor(registry, engines=engines, memory=memory, host=host, name=name,
                         secret_file=secret_file, token_file=token_file, drop_udp=drop_udp,
-                        fault_seed=fault_seed, log_level=log_level)
+                        fault_seed=fault_seed, log_level=log_level, idle_timeout=idle_timeout,
+                        max_connections=max_connections)
     if code:
         raise SystemExit(code)
 
 
 def run_executor(registry: str, *, engines: str = "numpy", memory: str = "8GiB", host: str = "127.0.0.1",
                  name: str | None = None, secret_file: Path | None = None, token_file: Path | None = None,
-                 drop_udp: float = 0.0, fault_seed: int = 0, log_level: str = "info") -> int:
+                 drop_udp: float = 0.0, fault_seed: int = 0, log_level: str = "info",
+                 idle_timeout: float = 10.0, max_connections: int = 256) -> int:
     """``executor_command`` returning its exit status instead of raising ``SystemExit``."""
     try:
         if log_level.lower() not in _LEVELS:
@@ -112,6 +117,9 @@ def run_executor(registry: str, *, engines: str = "numpy", memory: str = "8GiB",
         token = load_token(token_file)
         if not 0.0 <= drop_udp < 1.0:
             raise _Usage(f"--drop-udp must be a probability in [0, 1), got {drop_udp}")
+        if not idle_timeout > 0 or max_connections < 1:
+            raise _Usage("--idle-timeout and --max-connections must be positive")
+        limits = Limits(idle_timeout=idle_timeout, max_connections=max_connections)
         engine_names = [e.strip() for e in engines.split(",") if e.strip()]
         if not engine_names:
             raise _Usage("--engines names no engine (e.g. --engines numpy)")
@@ -129,7 +137,7 @@ def run_executor(registry: str, *, engines: str = "numpy", memory: str = "8GiB",
     runner = event_loop_runner()
     try:
         return runner(_serve(registry, engine_names, memory_bytes, host, name, secret, token,
-                             drop_udp, fault_seed))
+                             drop_udp, fault_seed, limits))
     except _Usage as e:
         print(f"triplane executor: {e}", file=sys.stderr)
         return 2

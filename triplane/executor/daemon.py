@@ -35,6 +35,7 @@ from triplane.executor.intake import Intake
 from triplane.executor.server import PacketServer
 from triplane.executor.tasks import TaskRunner
 from triplane.net.dataport import DataClient, DataPortError, DataServer
+from triplane.net.guard import DEFAULT_LIMITS, Limits
 from triplane.proto import dtypes as dt
 from triplane.proto import optable
 from triplane.registry import (
@@ -95,7 +96,8 @@ class Executor:
     def __init__(self, registry: RegistryBackend, secret: bytes, *, memory_bytes: int,
                  engines: Sequence[str] = ("numpy",), host: str = "127.0.0.1", name: str | None = None,
                  drop_udp: float = 0.0, fault_seed: int = 0, workers: int = 1, ttl_s: float = 5.0,
-                 stats_interval_s: float = 1.0, benchmark_size: int = 512) -> None:
+                 stats_interval_s: float = 1.0, benchmark_size: int = 512,
+                 limits: Limits = DEFAULT_LIMITS) -> None:
         self.registry = registry
         self.secret = secret
         self.name = name or default_node_name()
@@ -108,14 +110,14 @@ class Executor:
         self.op_engines = [get_op_engine(e) for e in engines]
         self.store = HostMemoryEngine(memory_bytes)
         self.client = DataClient(secret)
-        self.data = DataServer(EngineTiles(self.store), secret, host=host)
+        self.data = DataServer(EngineTiles(self.store), secret, host=host, limits=limits)
         self.intake = Intake(secret, self.name)
         # One engine (the usual case) is used as it is: the wrapper would ask it twice per task
         # whether it supports the op.
         engine = self.op_engines[0] if len(self.op_engines) == 1 else _Engines(self.op_engines)
         self.runner = TaskRunner(engine, self.store, self._pull, node=self.name, workers=workers)
         self.packets = PacketServer(self.intake, self.runner, host=host, drop_udp=drop_udp,
-                                    fault_seed=fault_seed)
+                                    fault_seed=fault_seed, limits=limits)
         self.registration: NodeRegistration | None = None
         self.started_at = 0.0
         self._peers: dict[str, tuple[str, int, float]] = {}

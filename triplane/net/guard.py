@@ -12,14 +12,22 @@ those bytes are untrusted, so what they may cost is bounded here:
   connections, stay under ``max_bytes_in_flight``; a frame that would go over it closes
   its connection (``over_budget``).
 
-``ConnectionGuard`` is the shared counter a server consults: pure bookkeeping, no I/O.
+``ConnectionGuard`` is the shared counter a server consults (pure bookkeeping);
+``next_frame`` reads one packet frame from a stream within those limits.
 """
 
 from __future__ import annotations
 
+import asyncio
+import struct
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-__all__ = ["DEFAULT_LIMITS", "ConnectionGuard", "Limits"]
+from triplane.proto.packet import PacketMalformed, PacketTooLarge
+
+__all__ = ["DEFAULT_LIMITS", "ConnectionGuard", "Limits", "next_frame"]
+
+_LEN = struct.Struct(">I")
 
 
 @dataclass(frozen=True)
@@ -81,3 +89,46 @@ class ConnectionGuard:
 
     def stats(self) -> dict[str, int]:
         return {**self.counts, "open": self.open, "bytes_in_flight": self.in_flight}
+
+
+async def next_frame(reader: asyncio.StreamReader, guard: ConnectionGuard, max_bytes: int, *,
+                     busy: Callable[[], bool] = lambda: False) -> bytes | None:
+    """The next frame payload (4-byte big-endian length, then that many bytes; the packet
+    transport's framing) from ``reader``, held to ``guard``'s limits. None when the
+    connection is to be closed: a clean end of stream, no complete header within the idle
+    timeout (unless ``busy()``: the connection is waiting for replies to tasks it brought),
+    a payload not complete within it, or over the byte budget. A header announcing 0 or
+    more than ``max_bytes`` bytes raises ``PacketMalformed``/``PacketTooLarge`` (the stream
+    lost sync). Only the length is looked at: what the payload is, is the caller's to check
+    (the signature first)."""
+    idle_s = guard.limits.idle_timeout
+    while True:
+        try:
+            # Cancelled while waiting, readexactly consumes nothing: waiting again is safe.
+            head = await asyncio.wait_for(reader.readexactly(4), idle_s)
+            break
+        except asyncio.TimeoutError:
+            if busy():
+                continue
+            guard.idle()
+            return None
+        except asyncio.IncompleteReadError as e:
+            if e.partial:
+                raise PacketMalformed("stream ended inside a frame header") from None
+            return None
+    (n,) = _LEN.unpack(head)
+    if n == 0:
+        raise PacketMalformed("empty frame")
+    if n > max_bytes:
+        raise PacketTooLarge(f"frame announces {n} bytes; the bound is {max_bytes}")
+    if not guard.take(n):
+        return None
+    try:
+        return await asyncio.wait_for(reader.readexactly(n), idle_s)
+    except asyncio.TimeoutError:
+        guard.idle()
+        return None
+    except asyncio.IncompleteReadError:
+        raise PacketMalformed(f"stream ended inside a frame of {n} bytes") from None
+    finally:
+        guard.give(n)
