@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+import pytest
 
 import triplane as tp
 from triplane.executor.config import load_secret
@@ -208,3 +209,58 @@ def recv_exactly(s: socket.socket, n: int) -> bytes:
         buf += chunk
     return buf
 
+
+
+def test_a_poisoned_data_address_fails_the_job_and_never_changes_a_value(
+        start_cluster: Callable[..., Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The attack of issue 11: ``scheduler/data`` pointed at a server without the secret that
+    answers every pull with 8s. The job must fail with a clear error, never finish wrong."""
+    import asyncio
+    import json
+
+    from triplane.proto.packet import canonical
+    from triplane.registry import connect_registry
+
+    async def impostor(r: Any, w: Any) -> None:
+        try:
+            while True:
+                (n,) = LENGTH.unpack(await r.readexactly(4))
+                await r.readexactly(TAG_BYTES + n)
+                header = canonical({"v": 1, "ok": True, "shape": [4], "dtype": "float32", "bytes": 16})
+                w.write(LENGTH.pack(len(header)) + b"\x01" * TAG_BYTES + header
+                        + np.full(4, 8, np.float32).tobytes() + b"\x02" * TAG_BYTES)
+                await w.drain()
+        except Exception:
+            w.close()
+
+    async def poison(url: str, port: int) -> None:
+        backend = connect_registry(url)
+        try:
+            where = {"address": "127.0.0.1", "data_port": port}
+            await backend.put("scheduler/data", json.dumps(where).encode())
+        finally:
+            await backend.close()
+
+    loop = asyncio.new_event_loop()
+    server = loop.run_until_complete(asyncio.start_server(impostor, "127.0.0.1", 0))
+    port = server.sockets[0].getsockname()[1]
+    pump = threading.Thread(target=loop.run_forever, daemon=True)
+    pump.start()
+    try:
+        with start_cluster(bound_s=120, executors=2) as cluster:
+            monkeypatch.setenv("TRIPLANE_TOKEN", cluster.token)  # the registry client's credential
+            asyncio.run(poison(cluster.executor_registry, port))
+            with session(cluster) as s:
+                x = tp.Tensor.from_array(np.arange(4, dtype=np.float32))
+                try:
+                    got: Any = s.evaluate([x + 1])[0]
+                except Exception as e:  # the job failed: that is the point
+                    got = e
+            assert not isinstance(got, np.ndarray) or np.array_equal(got, [1, 2, 3, 4]), got
+            if isinstance(got, Exception):
+                assert "not authenticated" in str(got) or "secret" in str(got), got
+            print(f"poisoned scheduler/data: {type(got).__name__}: {str(got)[:300]}")
+    finally:
+        loop.call_soon_threadsafe(server.close)
+        loop.call_soon_threadsafe(loop.stop)
+        pump.join(5)
