@@ -274,7 +274,7 @@ class NonceGuard:
     ``capacity`` nonces are remembered, the oldest is forgotten and every request no newer
     than it is refused from then on (``floor``): a replay is refused either way."""
 
-    def __init__(self, window: float = FRESHNESS_S, capacity: int = 1 << 18) -> None:
+    def __init__(self, window: float = FRESHNESS_S, capacity: int = 1 << 16) -> None:
         self.window = window
         self.capacity = capacity
         self.floor = -math.inf
