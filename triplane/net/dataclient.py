@@ -18,7 +18,17 @@ from typing import Any
 
 import numpy as np
 
-from triplane.net.sockio import Closed, byte_view, np_dtype, recv, recv_chunks, recv_into, send_chunks, within
+from triplane.net.sockio import (
+    Closed,
+    byte_view,
+    check_chunk,
+    np_dtype,
+    recv,
+    recv_chunks,
+    recv_into,
+    send_chunks,
+    within,
+)
 from triplane.proto import dtypes as dt
 from triplane.proto.dataport import (
     CHUNK_BYTES,
@@ -99,7 +109,7 @@ class DataClient:
                     except (Closed, OSError) as e:
                         raise DataPortError(f"{what}: connection lost mid-tile ({e})",
                                             kind="unavailable") from None
-                    if not mac.check(i, buf, tag):
+                    if not await check_chunk(loop, mac, i, buf, bytes(tag)):
                         raise _forged(what)
                     yield bytes(buf)
                 done = True
