@@ -210,7 +210,8 @@ async def _codec_client(port: int, n: int, repeats: int, row: Row) -> None:
             for i in range(k):
                 packet = pk.TaskPacket(task=f"j{tag}.n{i}.a0", op="full", inputs=(),
                                        outputs=(f"j{tag}.n{i}",), deadline=deadline,
-                                       attrs={"value": float(i), "shape": [], "dtype": "float32"})
+                                       attrs={"value": float(i), "shape": [], "dtype": "float32"},
+                                       to="echo", t=time.time())
                 waiter[:] = [loop.create_future()]
                 transport.sendto(pk.encode_task(packet, SECRET))
                 reply = pk.decode_reply(await asyncio.wait_for(waiter[0], 5.0), SECRET)

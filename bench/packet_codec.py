@@ -25,7 +25,8 @@ SECRET = b"bench-secret-not-for-production"
 PACKET = pk.TaskPacket(
     task="j42.t17.a0", op="matmul", inputs=("j42.x.0.1", "j42.w.1.0"), outputs=("j42.t17.0.1",),
     deadline=1732212345.12, pull_from={"j42.w.1.0": "n2"},
-    attrs={"transpose_a": False, "transpose_b": True, "alpha": 1.0, "tile": [0, 1], "engine": "numpy"})
+    attrs={"transpose_a": False, "transpose_b": True, "alpha": 1.0, "tile": [0, 1], "engine": "numpy"},
+    to="n1", t=1732212344.12)
 NOW = PACKET.deadline - 1.0
 
 

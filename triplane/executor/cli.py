@@ -21,6 +21,7 @@ from typing import Annotated
 import typer
 
 from triplane.executor.config import load_secret, parse_size
+from triplane.net.guard import Limits
 from triplane.process import event_loop_runner, prepare_process
 
 __all__ = ["executor_command", "main"]
@@ -35,7 +36,7 @@ class _Usage(Exception):
 
 
 async def _serve(registry: str, engines: list[str], memory_bytes: int, memory_engine: str, host: str,
-                 name: str | None, secret: bytes, drop_udp: float, fault_seed: int) -> int:
+                 name: str | None, secret: bytes, drop_udp: float, fault_seed: int, limits: Limits) -> int:
     from triplane.executor.daemon import Executor
     from triplane.registry import RegistryUnavailable, connect_registry
 
@@ -50,7 +51,7 @@ async def _serve(registry: str, engines: list[str], memory_bytes: int, memory_en
         loop.add_signal_handler(sig, stop.set)
     executor = Executor(backend, secret, memory_bytes=memory_bytes, engines=engines,
                         memory_engine=memory_engine, host=host, name=name, drop_udp=drop_udp,
-                        fault_seed=fault_seed)
+                        fault_seed=fault_seed, limits=limits)
     try:
         await executor.start()
     except RegistryUnavailable as e:
@@ -79,18 +80,22 @@ def executor_command(
     drop_udp: Annotated[float, typer.Option(help="drop each datagram with this probability")] = 0.0,
     fault_seed: Annotated[int, typer.Option(help="seed of the fault injection")] = 0,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error")] = "info",
+    idle_timeout: Annotated[float, typer.Option(help="close a TCP connection idle this many seconds")] = 10.0,
+    max_connections: Annotated[int, typer.Option(help="TCP connections per port at most")] = 256,
 ) -> None:
     """Run an executor: register with REGISTRY, serve task packets and tiles until stopped."""
     code = run_executor(registry, engines=engines, memory=memory, memory_engine=memory_engine, host=host,
                         name=name, secret_file=secret_file, drop_udp=drop_udp,
-                        fault_seed=fault_seed, log_level=log_level)
+                        fault_seed=fault_seed, log_level=log_level, idle_timeout=idle_timeout,
+                        max_connections=max_connections)
     if code:
         raise SystemExit(code)
 
 
 def run_executor(registry: str, *, engines: str = "numpy", memory: str = "8GiB", memory_engine: str = "host",
                  host: str = "127.0.0.1", name: str | None = None, secret_file: Path | None = None,
-                 drop_udp: float = 0.0, fault_seed: int = 0, log_level: str = "info") -> int:
+                 drop_udp: float = 0.0, fault_seed: int = 0, log_level: str = "info",
+                 idle_timeout: float = 10.0, max_connections: int = 256) -> int:
     """``executor_command`` returning its exit status instead of raising ``SystemExit``."""
     try:
         if log_level.lower() not in _LEVELS:
@@ -101,6 +106,9 @@ def run_executor(registry: str, *, engines: str = "numpy", memory: str = "8GiB",
         secret = load_secret(secret_file)
         if not 0.0 <= drop_udp < 1.0:
             raise _Usage(f"--drop-udp must be a probability in [0, 1), got {drop_udp}")
+        if not idle_timeout > 0 or max_connections < 1:
+            raise _Usage("--idle-timeout and --max-connections must be positive")
+        limits = Limits(idle_timeout=idle_timeout, max_connections=max_connections)
         engine_names = [e.strip() for e in engines.split(",") if e.strip()]
         if not engine_names:
             raise _Usage("--engines names no engine (e.g. --engines numpy)")
@@ -120,7 +128,7 @@ def run_executor(registry: str, *, engines: str = "numpy", memory: str = "8GiB",
     runner = event_loop_runner()
     try:
         return runner(_serve(registry, engine_names, memory_bytes, memory_engine, host, name, secret,
-                             drop_udp, fault_seed))
+                             drop_udp, fault_seed, limits))
     except _Usage as e:
         print(f"triplane executor: {e}", file=sys.stderr)
         return 2

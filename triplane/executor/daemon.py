@@ -29,10 +29,12 @@ import numpy as np
 
 from triplane._version import __version__
 from triplane.engines import get_memory_engine, get_op_engine
-from triplane.executor.dataport import DataClient, DataPortError, DataServer
+from triplane.executor.dataport import EngineTiles
 from triplane.executor.intake import Intake
 from triplane.executor.server import PacketServer
 from triplane.executor.tasks import TaskRunner
+from triplane.net.dataport import DataClient, DataPortError, DataServer
+from triplane.net.guard import DEFAULT_LIMITS, Limits
 from triplane.proto import dtypes as dt
 from triplane.proto import optable
 from triplane.registry import (
@@ -54,6 +56,7 @@ log = logging.getLogger(__name__)
 
 SCHEDULER_DATA_KEY = "scheduler/data"
 _PEER_TTL_S = 2.0
+CLOCK_SKEW_S = 1.0
 
 
 def usable_cpus() -> int:
@@ -93,7 +96,8 @@ class Executor:
                  engines: Sequence[str] = ("numpy",), memory_engine: str = "host",
                  host: str = "127.0.0.1", name: str | None = None,
                  drop_udp: float = 0.0, fault_seed: int = 0, workers: int = 1, ttl_s: float = 5.0,
-                 stats_interval_s: float = 1.0, benchmark_size: int = 512) -> None:
+                 stats_interval_s: float = 1.0, benchmark_size: int = 512,
+                 limits: Limits = DEFAULT_LIMITS) -> None:
         self.registry = registry
         self.secret = secret
         self.name = name or default_node_name()
@@ -108,14 +112,14 @@ class Executor:
         # uses only what the MemoryEngine protocol names.
         self.store = get_memory_engine(memory_engine, capacity=memory_bytes)
         self.client = DataClient(secret)
-        self.data = DataServer(self.store, secret, host=host)
-        self.intake = Intake(secret)
+        self.data = DataServer(EngineTiles(self.store), secret, host=host, limits=limits)
+        self.intake = Intake(secret, self.name)
         # One engine (the usual case) is used as it is: the wrapper would ask it twice per task
         # whether it supports the op.
         engine = self.op_engines[0] if len(self.op_engines) == 1 else _Engines(self.op_engines)
         self.runner = TaskRunner(engine, self.store, self._pull, node=self.name, workers=workers)
         self.packets = PacketServer(self.intake, self.runner, host=host, drop_udp=drop_udp,
-                                    fault_seed=fault_seed)
+                                    fault_seed=fault_seed, limits=limits)
         self.registration: NodeRegistration | None = None
         self.started_at = 0.0
         self._peers: dict[str, tuple[str, int, float]] = {}
@@ -128,6 +132,9 @@ class Executor:
         """Benchmark, listen, register. Raises ``RegistryUnavailable`` if the registry cannot
         be reached (after closing what it opened)."""
         self.started_at = time.time()
+        # Tasks sent before this start are refused: the replay memory begins now. The margin
+        # absorbs clock skew (the scheduler cannot send before it sees us registered).
+        self.intake.not_before = self.started_at - CLOCK_SKEW_S
         figures = [self._benchmark(e) for e in self.op_engines]
         await self.data.start()
         try:
@@ -176,7 +183,7 @@ class Executor:
         cache (the scheduler reads ``cache.evictions``, ``refused``, ``dropped`` and the
         ``lost`` keys to forget what this node no longer keeps)."""
         store, runs = self.store, self.runner.stats
-        return {"node": self.name, **self.packets.stats(), "data_port": dict(self.data.stats),
+        return {"node": self.name, **self.packets.stats(), "data_port": self.data.all_stats(),
                 "memory": {"capacity": store.capacity(), "used": store.used(), "tiles": len(store),
                            "cached": store.cached(), "free": store.free()},
                 "cache": {"entries": len(store.cache_keys()), "bytes": store.cached(),

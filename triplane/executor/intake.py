@@ -12,12 +12,18 @@
 * ``Drop(reason)``: refused and counted in ``counters`` under ``reason`` (or, for messages
   that are valid but not for an executor -- replies, acks, pongs -- ignored uncounted).
 
+A task is refused (``misaddressed``) when its ``to`` names another node, and (``stale``)
+when it was sent before ``not_before`` -- the executor's start: its replay memory begins
+then, so a packet recorded for an earlier run of this node cannot run again.
+
 ``finished(task_id, reply)`` remembers the encoded reply for later duplicates. Nothing
 here raises on bad bytes.
 """
 
 from __future__ import annotations
 
+import logging
+import math
 import time
 from typing import NamedTuple
 
@@ -35,6 +41,8 @@ from triplane.proto.packet import (
 )
 
 __all__ = ["Admit", "Drop", "InProgress", "Intake", "Resend", "Respond"]
+
+log = logging.getLogger(__name__)
 
 
 class Admit(NamedTuple):
@@ -62,14 +70,19 @@ Action = Admit | Resend | InProgress | Respond | Drop
 
 
 class Intake:
-    """Packet admission for one executor: signature, freshness and replay checks."""
+    """Packet admission for executor ``node``: signature, freshness, destination and replay
+    checks."""
 
-    def __init__(self, secret: bytes, *, grace: float = DEFAULT_GRACE, replay_capacity: int = 65536) -> None:
+    def __init__(self, secret: bytes, node: str, *, grace: float = DEFAULT_GRACE,
+                 replay_capacity: int = 65536, not_before: float = -math.inf) -> None:
         self.secret = secret
+        self.node = node
         self.grace = grace
+        self.not_before = not_before
         self.counters = DropCounters()
         self.replay = ReplayGuard(replay_capacity)
         self.ignored = 0
+        self._warned: set[str] = set()
 
     def receive(self, data: bytes, *, now: float | None = None,
                 max_bytes: int = MAX_DATAGRAM_BYTES) -> Action:
@@ -80,6 +93,17 @@ class Intake:
             self.counters.count(e)
             return Drop(e.reason)
         if isinstance(msg, TaskPacket):
+            if msg.to != self.node:
+                self.counters.misaddressed += 1
+                self._warn_once("misaddressed", "dropped task %s: it is for node %r, this is %r "
+                                "(logged once; counted as drops.misaddressed)", msg.task, msg.to, self.node)
+                return Drop("misaddressed")
+            if msg.t < self.not_before:
+                self.counters.stale += 1
+                self._warn_once("before_start", "dropped task %s: sent %.3f s before this executor "
+                                "started (a replay? logged once; counted as drops.stale)",
+                                msg.task, self.not_before - msg.t)
+                return Drop("stale")
             if self.replay.admit(msg.task, msg.deadline + self.grace, now):
                 return Admit(msg, now)
             self.counters.duplicate += 1
@@ -100,3 +124,8 @@ class Intake:
         while it runs (the progress report the scheduler's run deadline reads)."""
         return encode_control(Control("ack", task_id, time.time() if now is None else now, since),
                               self.secret)
+
+    def _warn_once(self, key: str, fmt: str, *args: object) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            log.warning(fmt, *args)

@@ -14,6 +14,12 @@ a worker thread, and again for a retransmission of a task still running.
 
 Fault injection (``drop_udp``): each incoming and each outgoing datagram is lost with that
 probability, drawn from ``random.Random(fault_seed)``; counted in :meth:`stats`.
+
+Limits (``triplane.net.guard``): the TCP port holds at most ``limits.max_connections``
+connections, closes one that does not complete a frame within ``limits.idle_timeout``
+(unless it waits for the reply of a task it brought) and bounds the frame bytes being
+received. Every datagram and frame is checked by its signature before it is parsed
+(``Intake``), so unsigned input costs a length check and at most one HMAC.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from typing import Any
 
 from triplane.executor.intake import Admit, Drop, InProgress, Intake, Resend, Respond
 from triplane.executor.tasks import TaskRunner
+from triplane.net.guard import DEFAULT_LIMITS, ConnectionGuard, Limits, next_frame
 from triplane.proto.packet import (
     MAX_DATAGRAM_BYTES,
     MAX_FRAME_BYTES,
@@ -37,7 +44,6 @@ from triplane.proto.packet import (
     TaskPacket,
     encode_reply,
     frame,
-    read_frame,
 )
 
 __all__ = ["PacketServer"]
@@ -62,7 +68,7 @@ class PacketServer:
     """Serves task packets on ``host:port`` (UDP and TCP; 0 picks a free number for both)."""
 
     def __init__(self, intake: Intake, runner: TaskRunner, *, host: str = "127.0.0.1", port: int = 0,
-                 drop_udp: float = 0.0, fault_seed: int = 0) -> None:
+                 drop_udp: float = 0.0, fault_seed: int = 0, limits: Limits = DEFAULT_LIMITS) -> None:
         if not 0.0 <= drop_udp < 1.0:
             raise ValueError(f"drop_udp must be a probability in [0, 1), got {drop_udp}")
         self.intake = intake
@@ -71,6 +77,7 @@ class PacketServer:
         self.port = port
         self.drop_udp = drop_udp
         self._rng = random.Random(fault_seed)
+        self.guard = ConnectionGuard(limits)
         self._udp: asyncio.DatagramTransport | None = None
         self._tcp: asyncio.base_events.Server | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -117,7 +124,8 @@ class PacketServer:
 
     def stats(self) -> dict[str, Any]:
         return {**self.counts, "drops": self.intake.counters.as_dict(), "ignored": self.intake.ignored,
-                "in_flight": len(self._tasks), **{f"tasks_{k}": v for k, v in self.runner.stats.items()}}
+                "in_flight": len(self._tasks), "tcp": self.guard.stats(),
+                **{f"tasks_{k}": v for k, v in self.runner.stats.items()}}
 
     # --- receiving -------------------------------------------------------------------------
 
@@ -131,26 +139,42 @@ class PacketServer:
         self._handle(data, MAX_DATAGRAM_BYTES, lambda reply: self._reply_udp(reply, addr))
 
     async def _tcp_conn(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if not self.guard.admit():
+            writer.close()
+            return
+        running = [0]  # tasks this connection brought whose replies it still waits for
+
         def send(data: bytes) -> None:
             if not writer.is_closing():
                 writer.write(frame(data))
 
+        def done(_: object) -> None:
+            running[0] -= 1
+
+        def busy() -> bool:
+            return running[0] > 0
+
         try:
             while True:
                 try:
-                    payload = await read_frame(reader, MAX_FRAME_BYTES)
+                    payload = await next_frame(reader, self.guard, MAX_FRAME_BYTES, busy=busy)
                 except PacketError as e:  # the stream lost sync: count and hang up
                     self.intake.counters.count(e)
                     return
                 if payload is None:
                     return
-                self._handle(payload, MAX_FRAME_BYTES, send)
+                task = self._handle(payload, MAX_FRAME_BYTES, send)
+                if task is not None:
+                    running[0] += 1
+                    task.add_done_callback(done)
         except (ConnectionError, OSError):
             return
         finally:
+            self.guard.leave()
             writer.close()
 
-    def _handle(self, data: bytes, max_bytes: int, send: Send) -> None:
+    def _handle(self, data: bytes, max_bytes: int, send: Send) -> asyncio.Task[None] | None:
+        """Act on one datagram or frame; the task started for it, if it admitted one."""
         self.counts["received"] += 1
         action = self.intake.receive(data, max_bytes=max_bytes)
         if isinstance(action, Admit):
@@ -159,7 +183,8 @@ class PacketServer:
                 self._execute(action.task, action.received, send))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
-        elif isinstance(action, Resend):
+            return task
+        if isinstance(action, Resend):
             self.counts["resent"] += 1
             send(action.data)
         elif isinstance(action, InProgress):
@@ -169,6 +194,7 @@ class PacketServer:
         else:
             assert isinstance(action, Drop)
             log.debug("dropped a packet: %s", action.reason)
+        return None
 
     def _ack(self, task_id: str, send: Send) -> None:
         self.counts["acks"] += 1

@@ -19,8 +19,9 @@ from typing import Any
 
 import numpy as np
 
+from triplane.net.dataport import DataClient
 from triplane.scheduler.compiler.tiling import TileGrid
-from triplane.scheduler.store import DataPortClient, _storage_dtype, expected_bytes
+from triplane.scheduler.store import _storage_dtype, expected_bytes
 
 __all__ = ["FetchError", "open_tiled"]
 
@@ -38,7 +39,7 @@ class FetchError(LookupError):
 Holder = Callable[[str], "tuple[str, int] | None"]  # tile id -> (address, data port) of its holder
 
 
-async def read_tile(client: DataPortClient, address: str, port: int, tile: str,
+async def read_tile(client: DataClient, address: str, port: int, tile: str,
                     shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
     """One tile as an array (its bytes checked against the expected shape)."""
     got_shape, _, nbytes, chunks = await client.open_tile(address, port, tile)
@@ -50,7 +51,7 @@ async def read_tile(client: DataPortClient, address: str, port: int, tile: str,
     return np.frombuffer(buf, dtype=dtype).reshape(shape)
 
 
-async def open_tiled(client: DataPortClient, grid: TileGrid, tile_ids: Mapping[str, str],
+async def open_tiled(client: DataClient, grid: TileGrid, tile_ids: Mapping[str, str],
                      holder: Holder) -> tuple[tuple[int, ...], str, int, AsyncIterator[bytes]]:
     """(shape, dtype, bytes, chunks) of the tensor of ``grid``; ``tile_ids`` maps each
     cell's task to its tile id, ``holder`` a tile id to where it is. FetchError at once if

@@ -22,6 +22,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from triplane import metadb as mdb
+from triplane.net.dataport import DataClient, DataPortError
 from triplane.proto.errors import GraphError
 from triplane.scheduler.cluster import ClusterView
 from triplane.scheduler.compiler.jobplan import JobPlan
@@ -39,7 +40,7 @@ from triplane.scheduler.earlier import (
 from triplane.scheduler.errors import NotFound, NotReady, TooLarge, Unavailable
 from triplane.scheduler.fetching import FetchError, open_tiled
 from triplane.scheduler.jobs import API_STATE, LiveJob, fetched_tasks_of
-from triplane.scheduler.store import DataPortClient, TensorStore
+from triplane.scheduler.store import TensorStore
 
 log = logging.getLogger("triplane.scheduler.service")
 
@@ -54,7 +55,7 @@ class Results:
         *,
         db: mdb.MetaDB,
         store: TensorStore,
-        data_client: DataPortClient,
+        data_client: DataClient,
         shell: DispatchShell,
         cluster: ClusterView,
         earlier: EarlierJobs,
@@ -118,8 +119,6 @@ class Results:
         info = self.shell.nodes.get(node or "")
         if info is None:
             raise NotFound(_gone(job, name, tile, node))
-        from triplane.executor.datawire import DataPortError
-
         try:
             return await self.data_client.open_tile(info.address, info.data_port, tile)
         except DataPortError as e:

@@ -31,6 +31,7 @@ from typing import Any
 
 from triplane import metadb as mdb
 from triplane._version import __version__
+from triplane.net.dataport import DataClient, DataServer
 from triplane.registry import Leadership, RegistryBackend, leader
 from triplane.scheduler.cluster import ClusterView
 from triplane.scheduler.compiler.jobplan import TaskTemplate
@@ -43,7 +44,7 @@ from triplane.scheduler.jobs import RETAIN_FINISHED, Jobs, LiveJob
 from triplane.scheduler.journal import Journal
 from triplane.scheduler.leading import Leading
 from triplane.scheduler.results import Opened, Results
-from triplane.scheduler.store import DataPortClient, DataServer, StoredTensor, TensorStore
+from triplane.scheduler.store import StoredTensor, TensorStore, UploadTiles
 
 log = logging.getLogger(__name__)
 
@@ -88,8 +89,8 @@ class Scheduler(Leading):
         self.stopped = asyncio.Event()
 
         self.store = TensorStore(self.run_dir / "tensors", max_upload_bytes)
-        self.data_server = DataServer(self.store, secret)
-        self.data_client = DataPortClient(secret)
+        self.data_server = DataServer(UploadTiles(self.store), secret)
+        self.data_client = DataClient(secret, io_timeout=10.0)
         self.plans = PlanCache()
         live: dict[str, LiveJob] = {}  # the live-job table: jobs and results share it
         self.templates: dict[str, dict[str, TaskTemplate]] = {}
@@ -142,6 +143,7 @@ class Scheduler(Leading):
                 await t
         await self.shell.close()
         await self.data_server.close()
+        await self.data_client.close()
         with contextlib.suppress(Exception):
             await asyncio.to_thread(self.journal.close)
         if self._leadership is not None:

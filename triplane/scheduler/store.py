@@ -6,37 +6,23 @@ unsigned integers of the same width) plus ``<id>.json`` holding the shape and dt
 count. Files are written to a temporary name and renamed, so a crash never leaves a
 half tensor under a real id, and a restarted scheduler finds every upload again.
 
-The data server speaks the data-port protocol of docs/runtime.md (via
-``triplane.executor.datawire``) for ``get`` and ``stat``; ``put`` and ``delete`` are
-refused (uploads come through the REST API only). A bad request is answered with
-``ok: false`` and the connection is closed if the stream lost sync; the server never
-dies from one client. ``DataPortClient`` is the other side: the scheduler uses it to
-stream fetched tiles from executors and to release tiles when a job ends.
+``UploadTiles`` serves the uploads on the data port (``triplane.net.dataport``'s server,
+the one every node runs): ``get`` and ``stat`` only, since uploads come through the REST
+API.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import logging
 import math
 import os
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from triplane.executor.datawire import (
-    HEADER,
-    MAX_HEADER_BYTES,
-    DataPortError,
-    make_request,
-    make_response,
-    parse_request,
-    parse_response,
-)
 from triplane.proto import dtypes as dt
 from triplane.proto.limits import MAX_RANK
 from triplane.scheduler.compiler.jobplan import is_tensor_id, new_tensor_id
@@ -44,7 +30,6 @@ from triplane.scheduler.compiler.jobplan import is_tensor_id, new_tensor_id
 log = logging.getLogger(__name__)
 
 MAX_NDIM = MAX_RANK  # one limit for the whole system (triplane.proto.limits)
-CHUNK = 1 << 20
 
 
 class UploadError(ValueError):
@@ -185,140 +170,26 @@ class TensorStore:
         return len(self._index)
 
 
-# --- the data server (node "scheduler") ---------------------------------------------------
+# --- the uploads on the data port (node "scheduler") ---------------------------------------
 
 
-class DataServer:
-    """Serves ``store`` on the data port: ``get`` and ``stat`` of uploaded tensors."""
+class UploadTiles:
+    """The uploads of ``store`` as a read-only ``TileSource`` of the data port
+    (``triplane.net.dataport.DataServer``): ``get`` and ``stat`` of whole uploads and of
+    regions (``TensorStore.region``); ``put`` and ``delete`` are refused (uploads come
+    through the REST API only)."""
 
-    def __init__(self, store: TensorStore, secret: bytes) -> None:
+    writable = False
+    # A region is cut in a worker thread: copying it out of a large upload must not stall
+    # the event loop (replies, other pulls).
+    blocking_reads = True
+
+    def __init__(self, store: TensorStore) -> None:
         self.store = store
-        self.secret = secret
-        self.refused = 0
-        self._server: asyncio.base_events.Server | None = None
 
-    async def start(self, host: str, port: int = 0) -> int:
-        self._server = await asyncio.start_server(self._serve, host, port)
-        return int(self._server.sockets[0].getsockname()[1])
-
-    async def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._server.wait_closed(), 2.0)
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            while True:
-                try:
-                    head = await reader.readexactly(HEADER.size)
-                except asyncio.IncompleteReadError:
-                    return
-                (n,) = HEADER.unpack(head)
-                if not 0 < n <= MAX_HEADER_BYTES:
-                    self.refused += 1
-                    writer.write(make_response(False, f"bad frame length {n}"))
-                    await writer.drain()
-                    return  # the stream lost sync
-                payload = await reader.readexactly(n)
-                try:
-                    req = parse_request(payload, self.secret)
-                except DataPortError as e:
-                    self.refused += 1
-                    writer.write(make_response(False, str(e)))
-                    await writer.drain()
-                    continue
-                if req.op not in ("get", "stat"):
-                    self.refused += 1
-                    writer.write(make_response(False, f"the scheduler's data port is read-only ({req.op})"))
-                    return  # a put's body would follow: do not read it as a header
-                # A region is cut in a worker thread: copying it out of a large upload
-                # must not stall the event loop (replies, other pulls).
-                found = await asyncio.to_thread(self.store.region, req.tile or "")
-                if found is None:
-                    writer.write(make_response(False, f"no such tile: {req.tile}"))
-                    await writer.drain()
-                    continue
-                t, data = found
-                writer.write(make_response(True, shape=t.shape, dtype=t.dtype, nbytes=t.nbytes))
-                if req.op == "get":
-                    writer.write(data)
-                await writer.drain()
-        except (ConnectionError, asyncio.IncompleteReadError, OSError):
-            return
-        finally:
-            writer.close()
-
-
-# --- the client side: fetching tiles from executors and releasing them ------------------------
-
-
-class DataPortClient:
-    """Data-port requests to executors (docs/runtime.md). Every failure raises
-    ``DataPortError`` (``missing`` when the peer does not hold the tile)."""
-
-    def __init__(self, secret: bytes, timeout_s: float = 10.0) -> None:
-        self.secret = secret
-        self.timeout_s = timeout_s
-
-    async def _response(self, reader: asyncio.StreamReader) -> tuple[int, bytes]:
-        (n,) = HEADER.unpack(await reader.readexactly(HEADER.size))
-        if not 0 < n <= MAX_HEADER_BYTES:
-            raise DataPortError(f"malformed response: frame length {n}")
-        return n, await reader.readexactly(n)
-
-    async def open_tile(
-        self, address: str, port: int, tile: str
-    ) -> tuple[tuple[int, ...], str, int, AsyncIterator[bytes]]:
-        """(shape, dtype, bytes, chunks) of ``tile``; iterate ``chunks`` to the end (it closes
-        the connection)."""
-        try:
-            reader, writer = await asyncio.wait_for(asyncio.open_connection(address, port), self.timeout_s)
-        except (OSError, asyncio.TimeoutError) as e:
-            raise DataPortError(f"cannot reach data port {address}:{port}: {e}") from None
-        try:
-            writer.write(make_request("get", self.secret, tile=tile))
-            _, payload = await asyncio.wait_for(self._response(reader), self.timeout_s)
-            resp = parse_response(payload)
-        except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError) as e:
-            writer.close()
-            raise DataPortError(f"data port {address}:{port}: {e or type(e).__name__}") from None
-        except DataPortError:
-            writer.close()
-            raise
-        if not resp.ok:
-            writer.close()
-            raise DataPortError(str(resp.error), missing=str(resp.error).startswith("no such tile"))
-        assert resp.shape is not None and resp.dtype is not None
-
-        async def chunks() -> AsyncIterator[bytes]:
-            left = resp.bytes
-            try:
-                while left > 0:
-                    part = await asyncio.wait_for(reader.read(min(left, CHUNK)), self.timeout_s)
-                    if not part:
-                        raise DataPortError(f"data port {address}:{port} closed mid-tile")
-                    left -= len(part)
-                    yield part
-            finally:
-                writer.close()
-
-        return resp.shape, resp.dtype, resp.bytes, chunks()
-
-    async def delete(self, address: str, port: int, tiles: list[str]) -> None:
-        """Release ``tiles`` on one executor (chunks of at most 4096 per request)."""
-        try:
-            reader, writer = await asyncio.wait_for(asyncio.open_connection(address, port), self.timeout_s)
-        except (OSError, asyncio.TimeoutError) as e:
-            raise DataPortError(f"cannot reach data port {address}:{port}: {e}") from None
-        try:
-            for i in range(0, len(tiles), 4096):
-                writer.write(make_request("delete", self.secret, tiles=tuple(tiles[i : i + 4096])))
-                _, payload = await asyncio.wait_for(self._response(reader), self.timeout_s)
-                resp = parse_response(payload)
-                if not resp.ok:
-                    raise DataPortError(str(resp.error))
-        except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError) as e:
-            raise DataPortError(f"data port {address}:{port}: {e or type(e).__name__}") from None
-        finally:
-            writer.close()
+    def read(self, tile: str) -> tuple[tuple[int, ...], str, memoryview] | None:
+        found = self.store.region(tile)
+        if found is None:
+            return None
+        t, data = found
+        return t.shape, t.dtype, data

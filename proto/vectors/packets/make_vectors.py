@@ -23,10 +23,11 @@ NOW = 1732212340.0
 TASKS: dict[str, pk.TaskPacket] = {
     "task_matmul": pk.TaskPacket(
         task="j42.t17.a0", op="matmul", inputs=("j42.x.0.1", "j42.w.1.0"), outputs=("j42.t17",),
-        deadline=1732212345.12, pull_from={"j42.w.1.0": "n2"}, attrs={}),
+        deadline=1732212345.12, pull_from={"j42.w.1.0": "n2"}, attrs={}, to="n1", t=1732212340.25),
     "task_creation_no_inputs": pk.TaskPacket(
         task="j42.t3.a2", op="normal", inputs=(), outputs=("j42.w.0.0", "j42.w.0.1"),
-        deadline=1732212400.0, attrs={"seed": 7, "std": 0.05, "shape": [784, 10], "dtype": "float32"}),
+        deadline=1732212400.0, attrs={"seed": 7, "std": 0.05, "shape": [784, 10], "dtype": "float32"},
+        to="n1", t=1732212340.0),
     "task_yaml_pitfalls": pk.TaskPacket(
         task="j-9f2c.fused_3.a1", op="fused:add+relu", inputs=("j-9f2c.a.0",), outputs=("j-9f2c.b.0",),
         deadline=1732212345.0,
@@ -41,7 +42,8 @@ TASKS: dict[str, pk.TaskPacket] = {
             "unicode": ["h\u00e9llo", "\u2603", "\U0001f600", "\u4e2d\u6587"],
             "nested": {"list": [[1, 2.5], {"k": []}], "empty": {}},
             " spaced key ": "  spaced value  ",
-        }),
+        },
+        to="host-1.example:n/1", t=1732212339.5),
 }
 REPLIES: dict[str, pk.Reply] = {
     "reply_ok": pk.Reply(
@@ -83,37 +85,44 @@ def main() -> None:
                       "message": wire(m)})
 
     base = pk.encode(TASKS["task_matmul"], secret)
-    msg = wire(TASKS["task_matmul"])
-    # Block style, as a person (or yaml.safe_dump) writes it: accepted, same meaning, and
-    # the signature is the one of the canonical form.
-    block = (b"# a task packet in block style\nv: 1\ntask: j42.t17.a0\nop: matmul\n"
+    body = base[:-74] + b"}"  # the signed bytes
+
+    def signed(b: bytes) -> bytes:  # passes the signature check: what follows it is tested
+        return b[:-1] + b',"sig":"' + pk.sign(b, secret).encode() + b'"}'
+
+    # Block style, as a person (or yaml.safe_dump) writes it: refused unread, since the
+    # signature is checked over the bytes before any parsing and this text has no
+    # trailing sig member (proto/packet.md, "Reading a packet").
+    block = (b"# a task packet in block style\nv: 2\ntask: j42.t17.a0\nop: matmul\n"
              b"in: [j42.x.0.1, j42.w.1.0]\nout:\n  - j42.t17\nfrom: {j42.w.1.0: n2}\nattrs: {}\n"
-             b"deadline: 1732212345.120\nsig: " + base[-66:-2] + b"\n")
+             b"deadline: 1732212345.120\nto: n1\nt: 1732212340.25\nsig: " + base[-66:-2] + b"\n")
+    stale = pk.encode(TASKS["task_matmul"]._replace(t=NOW - 31), secret)
     rejects = {
-        "accept_block_yaml": (block, "ok"),
+        "reject_block_yaml": (block, "unsigned"),
         "reject_bad_signature": (base.replace(b'"op":"matmul"', b'"op":"matadd"'), "bad_signature"),
+        "reject_other_node": (base.replace(b'"to":"n1"', b'"to":"n3"'), "bad_signature"),
         "reject_wrong_secret": (pk.encode(TASKS["task_matmul"], b"another-secret-of-enough-bytes"),
                                 "bad_signature"),
-        "reject_unsigned": (base[:-74] + b"}", "unsigned"),
-        "reject_version_2": (base.replace(b'"v":1', b'"v":2'), "version"),
-        "reject_duplicate_key": (base.replace(b'{"attrs":{}', b'{"op":"rm -rf","attrs":{}'), "malformed"),
-        "reject_unknown_field": (base.replace(b'{"attrs"', b'{"x":1,"attrs"'), "invalid"),
-        "reject_alias": (b"v: 1\ntask: j42.t17.a0\nop: &o matmul\nin: [*o]\n", "malformed"),
-        "reject_not_yaml": (b"\x00\xff{garbage", "malformed"),
+        "reject_unsigned": (body, "unsigned"),
+        "reject_version_1": (signed(body.replace(b'"v":2', b'"v":1')), "version"),
+        "reject_duplicate_key": (base.replace(b'{"attrs":{}', b'{"op":"rm -rf","attrs":{}'),
+                                 "bad_signature"),
+        "reject_unknown_field": (signed(body.replace(b'{"attrs"', b'{"x":1,"attrs"')), "invalid"),
+        "reject_signed_not_json": (signed(b'{"a":[1,2}'), "malformed"),
+        "reject_stale_sent": (stale, "stale"),
+        "reject_alias": (b"v: 2\ntask: j42.t17.a0\nop: &o matmul\nin: [*o]\n", "unsigned"),
+        "reject_not_yaml": (b"\x00\xff{garbage", "unsigned"),
         "reject_oversized_datagram": (b"{" + b" " * 1472 + b"}", "oversized"),
     }
     for name, (data, expect) in rejects.items():
         (HERE / f"{name}.packet").write_bytes(data)
-        case: dict[str, Any] = {"name": name, "kind": "task", "file": f"{name}.packet", "expect": expect}
-        if expect == "ok":
-            case["message"] = msg
-        cases.append(case)
+        cases.append({"name": name, "kind": "task", "file": f"{name}.packet", "expect": expect})
 
     index = {
         "about": "Golden task packets (proto/packet.md). Decode each file with the secret at time "
                  "'now' and max_bytes 1472: 'expect' is 'ok' (and 'message' the signed fields) or "
                  "the drop reason. Encoding each 'ok' message with the secret must give the file's "
-                 "bytes exactly, except accept_* cases, which are not canonical.",
+                 "bytes exactly.",
         "secret": SECRET,
         "secret_note": "TEST ONLY. The HMAC key is the UTF-8 bytes of 'secret'.",
         "now": NOW,

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from triplane.executor.dataport import DataClient, DataPortError
+from triplane.net.dataport import DataClient, DataPortError
 from triplane.proto.packet import (
     Control,
     Reply,
@@ -191,9 +191,9 @@ def sched() -> Iterator[Scheduler]:
 
 
 def task(task_id: str, op: str, ins: list[str], out: str, *, attrs: dict[str, Any] | None = None,
-         pull: dict[str, str] | None = None, deadline: float | None = None) -> bytes:
+         pull: dict[str, str] | None = None, deadline: float | None = None, to: str = "exa") -> bytes:
     p = TaskPacket(task_id, op, tuple(ins), (out,), deadline if deadline is not None else time.time() + 30,
-                   pull or {}, attrs or {})
+                   pull or {}, attrs or {}, to, time.time())
     return encode_task(p, SECRET)
 
 
@@ -248,7 +248,7 @@ def test_input_produced_on_a_is_pulled_by_b(cluster: Cluster, sched: Scheduler) 
                                   c.put("127.0.0.1", b_node.data_port, "j2.y", y)))
     r1, _ = sched.run(task("j2.n1.a0", "neg", ["j2.x"], "j2.n1"), a_node, "j2.n1.a0")
     assert r1.ok, r1.error
-    r2, _ = sched.run(task("j2.n2.a0", "matmul", ["j2.n1", "j2.y"], "j2.n2", pull={"j2.n1": "exa"}),
+    r2, _ = sched.run(task("j2.n2.a0", "matmul", ["j2.n1", "j2.y"], "j2.n2", pull={"j2.n1": "exa"}, to="exb"),
                       b_node, "j2.n2.a0")
     assert r2.ok, r2.error
     assert "j2.n2.a0" in sched.acks  # a task that pulls is acked before it runs
@@ -258,7 +258,7 @@ def test_input_produced_on_a_is_pulled_by_b(cluster: Cluster, sched: Scheduler) 
         data(lambda c: c.get("127.0.0.1", b_node.data_port, "j2.n1"))
     assert err.value.missing
     # A pull from a node that holds nothing is an infra error: the scheduler drifts it.
-    r3, _ = sched.run(task("j2.n3.a0", "neg", ["j2.gone"], "j2.n3", pull={"j2.gone": "exa"}),
+    r3, _ = sched.run(task("j2.n3.a0", "neg", ["j2.gone"], "j2.n3", pull={"j2.gone": "exa"}, to="exb"),
                       b_node, "j2.n3.a0")
     assert not r3.ok and r3.error.kind == "infra" and "no such tile: j2.gone" in r3.error.message
 
@@ -306,22 +306,23 @@ def test_duplicate_task_gets_the_cached_reply(cluster: Cluster, sched: Scheduler
 def test_bad_packets_are_dropped_and_counted_while_serving(cluster: Cluster, sched: Scheduler) -> None:
     b_node = nodes(cluster.url)["exb"]
     before = cluster.stats("exb") or {"drops": {}}
-    good = json.loads(task("j6.n0.a0", "full", [], "j6.n0", attrs={"value": 1, "shape": [1]}))
+    one = {"value": 1, "shape": [1]}
+    good = json.loads(task("j6.n0.a0", "full", [], "j6.n0", attrs=one, to="exb"))
     unsigned = dict(good)
     del unsigned["sig"]
-    stale = task("j6.n9.a0", "full", [], "j6.n9", attrs={"value": 1, "shape": [1]}, deadline=time.time() - 60)
-    forged = TaskPacket("j6.n8.a0", "full", (), ("j6.n8",), time.time() + 30, {}, {"value": 1, "shape": [1]})
+    stale = task("j6.n9.a0", "full", [], "j6.n9", attrs=one, deadline=time.time() - 60, to="exb")
+    forged = TaskPacket("j6.n8.a0", "full", (), ("j6.n8",), time.time() + 30, {}, one, "exb", time.time())
+    for_a = task("j6.n7.a0", "full", [], "j6.n7", attrs=one, to="exa")  # signed, for another node
     for raw in (b"\xff\xfe not yaml {{{", b"x" * 2000, json.dumps(unsigned).encode(),
-                encode_task(forged, b"some-other-secret-of-16+-bytes"), stale, b"[1, 2, 3]"):
+                encode_task(forged, b"some-other-secret-of-16+-bytes"), stale, b"[1, 2, 3]", for_a):
         sched.send_raw(raw, b_node)
-    reply, _ = sched.run(task("j6.n0.a0", "full", [], "j6.n0", attrs={"value": 1, "shape": [1]}),
-                         b_node, "j6.n0.a0")
+    reply, _ = sched.run(task("j6.n0.a0", "full", [], "j6.n0", attrs=one, to="exb"), b_node, "j6.n0.a0")
     assert reply.ok
     assert sched.receive(0.2) is None  # nothing answered the bad ones
 
     def counted() -> dict[str, int] | None:
         drops = (cluster.stats("exb") or {}).get("drops", {})
-        want = {"malformed": 2, "oversized": 1, "unsigned": 1, "bad_signature": 1, "stale": 1}
+        want = {"oversized": 1, "unsigned": 3, "bad_signature": 1, "stale": 1, "misaddressed": 1}
         ok = all(drops.get(k, 0) - before["drops"].get(k, 0) >= v for k, v in want.items())
         return drops if ok else None
 
@@ -358,7 +359,7 @@ def test_lossy_executor_answers_retransmitted_packets(cluster: Cluster, sched: S
     node = nodes(cluster.url)["exlossy"]
     for i in range(25):
         attrs = {"value": float(i), "shape": [3], "dtype": "float32"}
-        reply, _ = sched.run(task(f"j8.n{i}.a0", "full", [], f"j8.n{i}", attrs=attrs), node,
+        reply, _ = sched.run(task(f"j8.n{i}.a0", "full", [], f"j8.n{i}", attrs=attrs, to="exlossy"), node,
                              f"j8.n{i}.a0", timeout=15, retransmit_s=0.1)
         assert reply.ok
     got = data(lambda c: c.get("127.0.0.1", node.data_port, "j8.n24"))
@@ -388,7 +389,7 @@ def test_sigterm_deregisters_at_once_and_sigkill_by_lease_expiry(cluster: Cluste
 def test_round_trip_of_tiny_tasks(cluster: Cluster, sched: Scheduler,
                                   capsys: pytest.CaptureFixture[str]) -> None:
     node = nodes(cluster.url)["exb"]
-    packets = [task(f"j9.n{i}.a0", "full", [], f"j9.n{i}", attrs={"value": i, "shape": []})
+    packets = [task(f"j9.n{i}.a0", "full", [], f"j9.n{i}", attrs={"value": i, "shape": []}, to="exb")
                for i in range(300)]
     t0 = time.perf_counter()
     for i, p in enumerate(packets):

@@ -38,7 +38,7 @@ def make(capacity: int, peers: Peers) -> tuple[TaskRunner, HostMemoryEngine]:
 
 
 def task(tid: str, op: str, ins: tuple[str, ...], out: str, pull: dict[str, str]) -> TaskPacket:
-    return TaskPacket(tid, op, ins, (out,), time.time() + 30, pull, {})
+    return TaskPacket(tid, op, ins, (out,), time.time() + 30, pull, {}, "me", time.time())
 
 
 def run_all(runner: TaskRunner, *tasks: TaskPacket) -> list[Reply]:

@@ -46,7 +46,7 @@ def make(capacity: int = 1 << 20, peers: Peers | None = None, engine: Any = None
 
 def t(task_id: str, op: str, ins: tuple[str, ...], out: str = "o", pull: dict | None = None,
       attrs: dict | None = None) -> TaskPacket:
-    return TaskPacket(task_id, op, ins, (out,), time.time() + 30, pull or {}, attrs or {})
+    return TaskPacket(task_id, op, ins, (out,), time.time() + 30, pull or {}, attrs or {}, "me", time.time())
 
 
 def test_ok_result_is_stored_and_described() -> None:

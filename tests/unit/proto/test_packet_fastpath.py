@@ -18,7 +18,8 @@ from triplane.proto.packet import codec, schema
 SECRET = b"triplane-test-secret-NOT-FOR-PRODUCTION"
 GOOD_TASK = pk.TaskPacket("j0123.t7.a0", "full", ("j0123.t1", "j0123.t1", "u-ab@0:2"), ("j0123.t7",),
                           1795307742.1326063, {"u-ab@0:2": "scheduler"},
-                          {"value": 0.5, "shape": [2, 3], "dtype": "float32", "k": {"n": [None, True]}})
+                          {"value": 0.5, "shape": [2, 3], "dtype": "float32", "k": {"n": [None, True]}},
+                          "host-1:n7", 1795307712.125)
 GOOD_REPLY = pk.Reply("j0123.t7.a0", True, pk.Timings(1795307712.25, 1795307712.5, 1795307712.75),
                       (pk.TileInfo("j0123.t7", (2, 3), "float32", 24),))
 
@@ -65,7 +66,8 @@ def near_tasks(draw: st.DrawFn) -> pk.TaskPacket:
         draw(mostly("j1.t2.a0", "j1.t2.a01", "j1.t2", 5)), draw(any_ids), wrap(inputs),
         wrap(outputs), draw(numbers),
         draw(st.sampled_from([dict, MappingProxyType]))(pulled),  # type: ignore[operator]
-        draw(st.sampled_from([dict, MappingProxyType]))(attrs))  # type: ignore[operator]
+        draw(st.sampled_from([dict, MappingProxyType]))(attrs),  # type: ignore[operator]
+        draw(any_ids), draw(numbers))
 
 
 @st.composite
@@ -97,14 +99,14 @@ def test_common_messages_take_the_fast_path_with_the_general_bytes() -> None:
     assert body is not None and body == general_task(GOOD_TASK)
     body = codec._reply_body_checked(GOOD_REPLY)
     assert body is not None and body == general_reply(GOOD_REPLY)
-    assert pk.decode_task(pk.encode_task(GOOD_TASK, SECRET), SECRET, now=GOOD_TASK.deadline) == GOOD_TASK
+    assert pk.decode_task(pk.encode_task(GOOD_TASK, SECRET), SECRET, now=GOOD_TASK.t) == GOOD_TASK
     assert pk.decode_reply(pk.encode_reply(GOOD_REPLY, SECRET), SECRET) == GOOD_REPLY
 
 
 @pytest.mark.parametrize("change", [{"task": "j1.t2"}, {"inputs": ("bad id",)}, {"outputs": ("a", "a")},
                                     {"pull_from": {"elsewhere": "n1"}}, {"deadline": math.nan},
                                     {"attrs": {"x": math.inf}}, {"attrs": {"x": 2**63}},
-                                    {"attrs": {"k" * 129: 1}}])
+                                    {"attrs": {"k" * 129: 1}}, {"to": ""}, {"to": "a b"}, {"t": math.inf}])
 def test_invalid_tasks_are_left_to_the_explaining_path(change: dict[str, Any]) -> None:
     bad = GOOD_TASK._replace(**change)
     assert codec._task_body_checked(bad) is None

@@ -65,12 +65,12 @@ class FakeDataPort:
 
     async def open_tile(self, address: str, port: int,
                         tile: str) -> tuple[tuple[int, ...], str, int, AsyncIterator[bytes]]:
-        from triplane.executor.datawire import DataPortError
+        from triplane.proto.dataport import DataPortError
 
         node = NODES[port - 9000]
         task = tile.split(".", 1)[1]
         if self.held.get(task) != node:
-            raise DataPortError(f"no such tile: {tile}", missing=True)
+            raise DataPortError(f"no such tile: {tile}", kind="missing")
         self.reads.append((node, tile))
         part = np.ascontiguousarray(self.array[tuple(slice(a, b) for a, b in self.regions[task])])
 

@@ -15,11 +15,11 @@ they have one -- a subset of YAML that ``yaml.safe_load`` reads to the same valu
 ``"sig"`` appended as the last key. ``sig`` is the HMAC-SHA256 (lowercase hex) of the
 canonical form of every other field, keyed with the cluster secret.
 
-Decoding accepts any YAML mapping that passes the schema (JSON fast path via orjson or the
-stdlib, then the safe C YAML loader for block style). The signature is checked against the
-received bytes minus their trailing ``sig`` when they end that way (canonical senders: no
-re-encoding), else against the canonical re-encoding of what was parsed -- so a packet
-whose meaning differs between two parsers fails verification instead of being misread.
+Decoding checks the signature first, over the raw bytes: the packet must end with its
+``,"sig":"<hex>"}`` member and the HMAC of the bytes before it (plus ``}``) must match.
+Only then is it parsed (JSON fast path via orjson or the stdlib, then the safe C YAML
+loader) and checked against the schema. So unauthenticated bytes cost a length check and
+at most one HMAC, never a parse, and a packet is read exactly as its signer wrote it.
 Executors hold one ``ReplayGuard`` (drop duplicate task ids) and one ``DropCounters``.
 
 Errors. Every rejection of received bytes raises a ``PacketError`` and nothing else::
@@ -28,7 +28,7 @@ Errors. Every rejection of received bytes raises a ``PacketError`` and nothing e
     └── PacketError             reason = the DropCounters field it counts under
         ├── PacketTooLarge      "oversized": over the datagram or frame bound
         ├── PacketMalformed     "malformed": not UTF-8, not YAML/JSON, too deep, aliases,
-        │                        duplicate keys, not a mapping, bad frame
+        │                        duplicate keys, not a mapping, bad frame (after the signature)
         ├── PacketInvalid       "invalid": a field is missing, unknown or ill-typed (``.field``)
         ├── PacketVersionError  "version": ``v`` is not a version this codec speaks
         ├── PacketSignatureError "unsigned" or "bad_signature"

@@ -57,7 +57,6 @@ try:  # orjson is optional: about 3x faster than the stdlib on the decode fast p
 except ImportError:  # pragma: no cover - exercised where orjson is not installed
     _json_loads = None
 
-_SIG = re.compile(r"[0-9a-f]{64}")
 
 # --- canonical form ------------------------------------------------------------------
 
@@ -143,14 +142,14 @@ def _task_body(w: dict[str, Any]) -> bytes:
     """``canonical(w)`` for a validated task wire dict, written field by field: ids are
     charset-checked (nothing to escape), so only attrs go through the JSON encoder. The
     tests pin it equal to ``canonical``."""
-    attrs, src, op, task = w["attrs"], w["from"], w["op"], w["task"]
+    attrs, src, op, task, to = w["attrs"], w["from"], w["op"], w["task"], w["to"]
     attrs_text = canonical(attrs).decode() if attrs else "{}"
-    deadline = canonical(w["deadline"]).decode()
+    deadline, t = canonical(w["deadline"]).decode(), canonical(w["t"]).decode()
     pairs = ",".join([f'"{k}":"{src[k]}"' for k in sorted(src)])
     ins = ",".join([f'"{x}"' for x in w["in"]])
     outs = ",".join([f'"{x}"' for x in w["out"]])
     return (f'{{"attrs":{attrs_text},"deadline":{deadline},"from":{{{pairs}}},"in":[{ins}],'
-            f'"op":"{op}","out":[{outs}],"task":"{task}","v":{VERSION}}}').encode()
+            f'"op":"{op}","out":[{outs}],"t":{t},"task":"{task}","to":"{to}","v":{VERSION}}}').encode()
 
 
 # --- fast writers ----------------------------------------------------------------------
@@ -177,7 +176,7 @@ def _task_body_checked(p: TaskPacket) -> bytes | None:
     """``canonical(task_to_wire(p))`` if cheap checks prove ``task_from_wire`` accepts it,
     else None."""
     try:
-        task, op, inputs, outputs, deadline, src, attrs = p
+        task, op, inputs, outputs, deadline, src, attrs, to, t = p
         if type(src) is not dict:
             if type(src) is not MappingProxyType:
                 return None
@@ -190,7 +189,7 @@ def _task_body_checked(p: TaskPacket) -> bytes | None:
             return None
         if type(inputs) is not tuple or type(outputs) is not tuple:
             return None
-        ids = [op, *inputs, *outputs, *src.values()]
+        ids = [to, op, *inputs, *outputs, *src.values()]
         joined = " ".join(ids)  # one regex for every id, as task_from_wire's fast accept
         if joined.count(" ") != len(ids) - 1 or _ids_match(joined) is None:
             return None
@@ -199,8 +198,8 @@ def _task_body_checked(p: TaskPacket) -> bytes | None:
         for tile in src:
             if tile not in inputs:
                 return None
-        dl = _float_text(deadline)
-        if dl is None:
+        dl, tt = _float_text(deadline), _float_text(t)
+        if dl is None or tt is None:
             return None
         if attrs:
             _value(attrs, 0)
@@ -212,7 +211,8 @@ def _task_body_checked(p: TaskPacket) -> bytes | None:
     ins = '"' + '","'.join(inputs) + '"' if inputs else ""
     outs = '"' + '","'.join(outputs) + '"' if outputs else ""
     return ('{"attrs":' + attrs_text + ',"deadline":' + dl + ',"from":{' + pairs + '},"in":[' + ins
-            + '],"op":"' + op + '","out":[' + outs + '],"task":"' + task + '","v":' + _V + "}").encode()
+            + '],"op":"' + op + '","out":[' + outs + '],"t":' + tt + ',"task":"' + task + '","to":"' + to
+            + '","v":' + _V + "}").encode()
 
 
 def _reply_body_checked(r: Reply) -> bytes | None:
@@ -310,25 +310,6 @@ def _parse(data: bytes) -> tuple[Any, bool]:
     return _load_yaml(data), False
 
 
-def _json_duplicate(data: bytes) -> str | None:
-    """A key that occurs twice in one JSON object of ``data``, if any (the slow check, run
-    only for packets that are not in canonical form)."""
-    dups: list[str] = []
-
-    def hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-        d = dict(pairs)
-        if len(d) != len(pairs):
-            seen: set[str] = set()
-            dups.extend(k for k, _ in pairs if k in seen or seen.add(k))  # type: ignore[func-returns-value]
-        return d
-
-    try:
-        json.loads(data, object_pairs_hook=hook, parse_constant=_reject_constant)
-    except (ValueError, RecursionError):
-        return "<unparseable by the reference JSON parser>"
-    return dups[0] if dups else None
-
-
 # --- encode / decode -----------------------------------------------------------------
 
 
@@ -372,8 +353,26 @@ def encode(m: Message, secret: bytes) -> bytes:
     raise TypeError(f"cannot encode {type(m).__name__} as a packet")
 
 
-def _open(data: bytes, max_bytes: int) -> tuple[dict[str, Any], str, bool]:
-    """Size, parse, mapping, version and signature presence: (fields without sig, sig, json?)."""
+_SIG_HEAD = b',"sig":"'
+_SIG_BYTES = re.compile(rb"[0-9a-f]{64}")
+
+
+def _signature(data: bytes, secret: bytes) -> bytes:
+    """``sign(data[:-74] + b"}", secret)`` as ASCII bytes, without copying ``data``."""
+    inner_pad, outer_pad = _pads(secret)
+    inner = inner_pad.copy()
+    inner.update(memoryview(data)[:-74])
+    inner.update(b"}")
+    outer = outer_pad.copy()
+    outer.update(inner.digest())
+    return outer.hexdigest().encode("ascii")
+
+
+def _open(data: bytes, max_bytes: int, secret: bytes) -> dict[str, Any]:
+    """Size, signature, then parse, mapping and version: the fields without ``sig``.
+
+    The signature is checked over the raw bytes before anything is parsed, so what a
+    stranger sends costs a length check and at most one HMAC, never a parse."""
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise TypeError(f"packet data must be bytes, got {type(data).__name__}")
     if not 0 < max_bytes <= MAX_FRAME_BYTES:
@@ -383,7 +382,16 @@ def _open(data: bytes, max_bytes: int) -> tuple[dict[str, Any], str, bool]:
         raise PacketTooLarge(f"packet is {len(data)} bytes; the bound here is {max_bytes}")
     if not data:
         raise PacketMalformed("empty packet")
-    d, was_json = _parse(data)
+    if data[-74:-66] != _SIG_HEAD or data[-2:] != b'"}':
+        raise PacketSignatureError("packet is unsigned (it does not end with its 'sig' member)",
+                                   reason="unsigned")
+    sig = data[-66:-2]
+    if _SIG_BYTES.fullmatch(sig) is None:
+        raise PacketSignatureError("'sig' is not 64 lowercase hex digits", reason="bad_signature")
+    if not hmac.compare_digest(_signature(data, secret), sig):
+        raise PacketSignatureError("signature does not match (wrong secret or altered packet)",
+                                   reason="bad_signature")
+    d, _ = _parse(data)  # authenticated bytes: only a holder of the secret gets here
     if type(d) is not dict:
         raise PacketMalformed(f"packet is not a mapping but {type(d).__name__}")
     if "v" not in d:
@@ -393,72 +401,43 @@ def _open(data: bytes, max_bytes: int) -> tuple[dict[str, Any], str, bool]:
         invalid_field("v", f"expected an integer version, got {v!r:.40}")
     if v != VERSION:
         raise PacketVersionError(f"packet version {v} is not supported (this codec speaks {VERSION})")
-    sig = d.pop("sig", None)
-    if sig is None:
-        raise PacketSignatureError("packet is unsigned (no 'sig')", reason="unsigned")
-    if type(sig) is not str or _SIG.fullmatch(sig) is None:
-        raise PacketSignatureError("'sig' is not 64 lowercase hex digits", reason="bad_signature")
-    return d, sig, was_json
+    if d.pop("sig", None) != sig.decode("ascii"):
+        raise PacketMalformed("'sig' is not the packet's last member")
+    return d
 
 
-_SIG_HEAD = b',"sig":"'
-
-
-def _verify(data: bytes, d: dict[str, Any], sig: str, secret: bytes, was_json: bool) -> None:
-    """Check ``sig`` against the received bytes without their trailing ``sig`` member (the
-    canonical form, when the sender wrote it: no re-encoding needed), else against the
-    canonical re-encoding of what was parsed (block YAML, other emitters)."""
-    data = bytes(data)
-    if (was_json and data[-74:-66] == _SIG_HEAD and data[-2:] == b'"}'
-            and data[-66:-2] == sig.encode("ascii")
-            and hmac.compare_digest(sign(data[:-74] + b"}", secret), sig)):
-        return  # these exact bytes were signed with the secret
-    body = canonical(d)
-    if not hmac.compare_digest(sign(body, secret), sig):
-        raise PacketSignatureError("signature does not match (wrong secret or altered packet)",
-                                   reason="bad_signature")
-    # Only a non-canonical JSON text gets here: make sure no parser can read it differently
-    # (a second value under a duplicate key) from the value just verified.
-    if was_json:
-        dup = _json_duplicate(data)
-        if dup is not None:
-            raise PacketMalformed(f"duplicate key {dup!r}")
-
-
-def decode_task(data: bytes, secret: bytes, *, now: float | None = None,
-                max_bytes: int = MAX_DATAGRAM_BYTES, grace: float = DEFAULT_GRACE,
-                max_ahead: float = DEFAULT_MAX_AHEAD) -> TaskPacket:
-    """Check and decode a task packet (order: size, syntax, version, signature presence,
-    schema, signature, time). Stale means ``now > deadline + grace`` or ``deadline > now +
-    max_ahead``; ``now`` defaults to ``time.time()``. Raises only ``PacketError`` for bad
-    bytes (``TypeError``/``ValueError`` for bad arguments)."""
-    d, sig, was_json = _open(data, max_bytes)
-    p = task_from_wire(d)
-    _verify(data, d, sig, secret, was_json)
-    now = time.time() if now is None else now
+def _check_task_time(p: TaskPacket, now: float, grace: float, max_ahead: float, max_age: float) -> None:
     if now > p.deadline + grace:
         raise PacketStale(f"task {p.task} is {now - p.deadline:.3f} s past its deadline")
     if p.deadline > now + max_ahead:
         raise PacketStale(f"task {p.task} has a deadline {p.deadline - now:.0f} s ahead "
                           f"(at most {max_ahead:.0f} s allowed)")
+    if abs(now - p.t) > max_age:
+        raise PacketStale(f"task {p.task} was sent {now - p.t:.3f} s from now (bound {max_age} s)")
+
+
+def decode_task(data: bytes, secret: bytes, *, now: float | None = None,
+                max_bytes: int = MAX_DATAGRAM_BYTES, grace: float = DEFAULT_GRACE,
+                max_ahead: float = DEFAULT_MAX_AHEAD, max_age: float = DEFAULT_MAX_AGE) -> TaskPacket:
+    """Check and decode a task packet (order: size, signature, syntax, version, schema,
+    time). Stale means ``now > deadline + grace``, ``deadline > now + max_ahead`` or
+    ``|now - t| > max_age``; ``now`` defaults to ``time.time()``. Raises only
+    ``PacketError`` for bad bytes (``TypeError``/``ValueError`` for bad arguments)."""
+    p = task_from_wire(_open(data, max_bytes, secret))
+    _check_task_time(p, time.time() if now is None else now, grace, max_ahead, max_age)
     return p
 
 
 def decode_reply(data: bytes, secret: bytes, *, max_bytes: int = MAX_DATAGRAM_BYTES) -> Reply:
     """Check and decode a reply. Replies carry no staleness window: the scheduler records a
     task's result once (dedup by task id) and ignores replies for settled attempts."""
-    d, sig, was_json = _open(data, max_bytes)
-    r = reply_from_wire(d)
-    _verify(data, d, sig, secret, was_json)
-    return r
+    return reply_from_wire(_open(data, max_bytes, secret))
 
 
 def decode_control(data: bytes, secret: bytes, *, now: float | None = None,
                    max_bytes: int = MAX_DATAGRAM_BYTES, max_age: float = DEFAULT_MAX_AGE) -> Control:
     """Check and decode a control message; stale when ``|now - t| > max_age``."""
-    d, sig, was_json = _open(data, max_bytes)
-    c = control_from_wire(d)
-    _verify(data, d, sig, secret, was_json)
+    c = control_from_wire(_open(data, max_bytes, secret))
     now = time.time() if now is None else now
     if abs(now - c.t) > max_age:
         raise PacketStale(f"{c.kind} {c.id} sent {now - c.t:.3f} s from now (bound {max_age} s)")
@@ -469,21 +448,15 @@ def decode(data: bytes, secret: bytes, *, now: float | None = None,
            max_bytes: int = MAX_DATAGRAM_BYTES, grace: float = DEFAULT_GRACE,
            max_ahead: float = DEFAULT_MAX_AHEAD, max_age: float = DEFAULT_MAX_AGE) -> Message:
     """Decode any message: a control message has ``kind``, a reply has ``ok``, else a task."""
-    d, sig, was_json = _open(data, max_bytes)
+    d = _open(data, max_bytes, secret)
     now = time.time() if now is None else now
     if "kind" in d:
         c = control_from_wire(d)
-        _verify(data, d, sig, secret, was_json)
         if abs(now - c.t) > max_age:
             raise PacketStale(f"{c.kind} {c.id} sent {now - c.t:.3f} s from now (bound {max_age} s)")
         return c
     if "ok" in d:
-        r = reply_from_wire(d)
-        _verify(data, d, sig, secret, was_json)
-        return r
+        return reply_from_wire(d)
     p = task_from_wire(d)
-    _verify(data, d, sig, secret, was_json)
-    if now > p.deadline + grace or p.deadline > now + max_ahead:
-        raise PacketStale(f"task {p.task} is outside its time window (deadline {p.deadline})")
+    _check_task_time(p, now, grace, max_ahead, max_age)
     return p
-

@@ -11,7 +11,7 @@ from typing import Any, Literal, NamedTuple, NoReturn
 from triplane.proto.limits import MAX_RANK
 from triplane.proto.packet.errors import invalid_field
 
-VERSION = 1
+VERSION = 2
 MAX_DATAGRAM_BYTES = 1472  # 1500-byte Ethernet MTU - 20 (IPv4) - 8 (UDP)
 MAX_FRAME_BYTES = 65536    # TCP frame payload bound
 MAX_DEPTH = 32             # nesting of attrs; also guards the C YAML composer, which recurses
@@ -19,7 +19,7 @@ MAX_ID_CHARS = 128         # keeps every key under YAML's 1024-character simple-
 MIN_SECRET_BYTES = 16
 DEFAULT_GRACE = 10.0       # seconds a task may arrive after its deadline (clock skew)
 DEFAULT_MAX_AHEAD = 86400.0  # a deadline further ahead is refused: it would outlive replay memory
-DEFAULT_MAX_AGE = 30.0     # control messages: |now - t| bound
+DEFAULT_MAX_AGE = 30.0     # control messages and tasks: |now - t| bound
 
 _ID = re.compile(r"[A-Za-z0-9_.:/@+=,~-]{1,128}")
 _TASK_ID = re.compile(r"([A-Za-z0-9_-]{1,48})\.([A-Za-z0-9_-]{1,48})\.a(0|[1-9][0-9]{0,5})")
@@ -36,7 +36,10 @@ _INT64 = (-(2**63), 2**63 - 1)
 class TaskPacket(NamedTuple):
     """One task for one executor. ``task`` is ``<job>.<task>.a<attempt>``; ``pull_from`` maps
     each input tile the executor lacks to the node to pull it from (keys are a subset of
-    ``inputs``); ``attrs`` holds JSON-like values; ``deadline`` is unix seconds."""
+    ``inputs``); ``attrs`` holds JSON-like values; ``deadline`` is unix seconds. ``to`` is
+    the node the task is for (an executor refuses a packet for another node) and ``t`` the
+    sender's unix time when it wrote the packet (a packet is refused ``DEFAULT_MAX_AGE``
+    after it, and by an executor that started after it): both must be given to encode."""
 
     task: str
     op: str
@@ -45,6 +48,8 @@ class TaskPacket(NamedTuple):
     deadline: float
     pull_from: Mapping[str, str] = MappingProxyType({})
     attrs: Mapping[str, Any] = MappingProxyType({})
+    to: str = ""
+    t: float = 0.0
 
 
 class TileInfo(NamedTuple):
@@ -202,7 +207,7 @@ def _attrs(v: Any) -> dict[str, Any]:
     return v
 
 
-_TASK_KEYS = frozenset({"v", "task", "op", "in", "out", "from", "attrs", "deadline"})
+_TASK_KEYS = frozenset({"v", "task", "op", "in", "out", "from", "attrs", "deadline", "to", "t"})
 _REPLY_KEYS = frozenset({"v", "task", "ok", "error", "outputs", "timings"})
 _CONTROL_KEYS = frozenset({"v", "kind", "id", "t"})
 _TILE_KEYS = frozenset({"tile", "shape", "dtype", "bytes"})
@@ -215,18 +220,19 @@ _ACK_SINCE_KEYS = _CONTROL_KEYS | {"since"}
 def task_from_wire(d: dict[str, Any]) -> TaskPacket:
     """The ``TaskPacket`` of wire dict ``d`` (without ``sig``), or ``PacketInvalid``."""
     _keys(d, _TASK_KEYS, "")
-    task, op, inputs, outputs, src = d["task"], d["op"], d["in"], d["out"], d["from"]
+    task, op, inputs, outputs, src, to = d["task"], d["op"], d["in"], d["out"], d["from"], d["to"]
     # Fast accept: every id of the packet checked by one regex over their space-joined text
     # (ids hold no spaces, so the count of separators proves none was split); a failure is
     # explained field by field below.
     try:
-        ids = [op, *inputs, *outputs, *src.values()]
+        ids = [to, op, *inputs, *outputs, *src.values()]
         joined = " ".join(ids)
         fast = (type(inputs) is list and type(outputs) is list and type(src) is dict
                 and joined.count(" ") == len(ids) - 1 and _ids_match(joined) is not None)
     except (TypeError, AttributeError):
         fast = False
     if not fast:
+        _id(to, "to")
         _id(op, "op")
         _ids(inputs, "in")
         _ids(outputs, "out")
@@ -242,7 +248,7 @@ def task_from_wire(d: dict[str, Any]) -> TaskPacket:
         if tile not in inputs:
             invalid_field(f"from.{tile}", "names a tile that is not among the inputs ('in')")
     return TaskPacket(task, op, tuple(inputs), tuple(outputs), _time(d["deadline"], "deadline"),
-                      src, _attrs(d["attrs"]))
+                      src, _attrs(d["attrs"]), to, _time(d["t"], "t"))
 
 
 def _tile_from_wire(d: Any, i: int) -> TileInfo:
@@ -321,7 +327,7 @@ def control_from_wire(d: dict[str, Any]) -> Control:
 def task_to_wire(p: TaskPacket) -> dict[str, Any]:
     return {"v": VERSION, "task": p.task, "op": p.op, "in": list(p.inputs), "out": list(p.outputs),
             "from": dict(p.pull_from), "attrs": p.attrs if type(p.attrs) is dict else dict(p.attrs),
-            "deadline": p.deadline}
+            "deadline": p.deadline, "to": p.to, "t": p.t}
 
 
 def reply_to_wire(r: Reply) -> dict[str, Any]:

@@ -83,7 +83,8 @@ async def read_frame(reader: asyncio.StreamReader, max_bytes: int = MAX_FRAME_BY
 @dataclass
 class DropCounters:
     """Packets dropped, by reason (the executor exposes these as metrics). ``count`` takes a
-    ``PacketError``; ``duplicate`` is bumped by the caller when ``ReplayGuard.admit`` refuses."""
+    ``PacketError``; ``duplicate`` is bumped by the caller when ``ReplayGuard.admit`` refuses,
+    ``misaddressed`` when a task names another node."""
 
     oversized: int = 0
     malformed: int = 0
@@ -93,6 +94,7 @@ class DropCounters:
     bad_signature: int = 0
     stale: int = 0
     duplicate: int = 0
+    misaddressed: int = 0
 
     def count(self, err: PacketError) -> None:
         """Count one drop under ``err.reason``."""

@@ -30,6 +30,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from triplane.net.guard import ConnectionGuard, next_frame
 from triplane.proto.packet import (
     MAX_DATAGRAM_BYTES,
     MAX_FRAME_BYTES,
@@ -120,6 +121,7 @@ class DispatchShell:
         self.nodes: dict[str, NodeInfo] = {}
         self._suspects: dict[str, NodeInfo] = {}  # down for us, still registered: probed
         self.stats = ShellStats()
+        self.tcp_guard = ConnectionGuard()
         self.port = 0
         self._udp: asyncio.DatagramTransport | None = None
         self._tcp: asyncio.base_events.Server | None = None
@@ -261,9 +263,12 @@ class DispatchShell:
 
     async def _serve_tcp(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername") or ("?", 0)
+        if not self.tcp_guard.admit():  # limits as on every port (triplane.net.guard)
+            writer.close()
+            return
         try:
             while True:
-                payload = await read_frame(reader, MAX_FRAME_BYTES)
+                payload = await next_frame(reader, self.tcp_guard, MAX_FRAME_BYTES)
                 if payload is None:
                     return
                 self.received(payload, peer, MAX_FRAME_BYTES)
@@ -272,6 +277,7 @@ class DispatchShell:
         except (ConnectionError, OSError):
             pass
         finally:
+            self.tcp_guard.leave()
             writer.close()
 
     async def _tick_loop(self) -> None:
@@ -326,6 +332,8 @@ class DispatchShell:
             s.deadline,
             pull,
             tpl.attrs,
+            s.node,
+            time.time(),
         )
         return encode_task(p, self.secret)
 
