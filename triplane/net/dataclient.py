@@ -32,6 +32,7 @@ from triplane.net.sockio import (
 from triplane.proto import dtypes as dt
 from triplane.proto.dataport import (
     CHUNK_BYTES,
+    CHUNK_TAG_BYTES,
     LENGTH,
     MAX_DELETE_TILES,
     MAX_RESPONSE_HEADER,
@@ -98,7 +99,7 @@ class DataClient:
             mac = ChunkMac(self.secret, "get", nonce)
             done = False
             try:
-                tag = bytearray(TAG_BYTES)
+                tag = bytearray(CHUNK_TAG_BYTES)
                 for i, pos in enumerate(range(0, resp.bytes, CHUNK_BYTES)):
                     buf = bytearray(min(CHUNK_BYTES, resp.bytes - pos))
                     try:

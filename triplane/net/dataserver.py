@@ -26,6 +26,7 @@ from triplane.net.guard import DEFAULT_LIMITS, ConnectionGuard, Limits
 from triplane.net.sockio import Closed, np_dtype, recv, recv_chunks, recv_into, send_chunks
 from triplane.proto.dataport import (
     CHUNK_BYTES,
+    CHUNK_TAG_BYTES,
     LENGTH,
     MAX_REQUEST_HEADER,
     TAG_BYTES,
@@ -271,7 +272,7 @@ class DataServer:
 
     async def _drain(self, loop: asyncio.AbstractEventLoop, conn: socket.socket, n: int) -> None:
         """Read and discard the tagged chunks of ``n`` data bytes."""
-        n += TAG_BYTES * -(-n // CHUNK_BYTES)
+        n += CHUNK_TAG_BYTES * -(-n // CHUNK_BYTES)
         buf = memoryview(bytearray(min(n, CHUNK_BYTES) or 1))
         while n > 0:
             k = await loop.sock_recv_into(conn, buf[:min(n, len(buf))])

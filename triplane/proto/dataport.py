@@ -7,9 +7,11 @@ the tag is checked over the raw bytes *before* anything is parsed:
   (canonical JSON). A request's tag covers its header; a response's tag covers the
   request's nonce and its header, so a recorded response answers no other request;
 * **data** (a ``get``'s tile, a ``put``'s bytes) follows its header in chunks of
-  ``CHUNK_BYTES`` (the last one shorter), each followed by its own tag over the nonce, the
-  chunk's index and its bytes: a reader hands out a chunk only once its tag matched, and
-  the header's ``bytes`` (authenticated) fixes how many chunks there are;
+  ``CHUNK_BYTES`` (the last one shorter), each followed by its own 16-byte Poly1305 tag
+  under a one-time key derived from the secret, the nonce and the chunk's index
+  (HMAC-SHA256; Poly1305 runs at ~10 GB/s where HMAC-SHA256 over the bytes ran at ~1.7):
+  a reader hands out a chunk only once its tag matched, and the header's ``bytes``
+  (authenticated) fixes how many chunks there are;
 * every request carries a fresh 16-byte ``nonce`` and its sender's time ``t``; a server
   accepts a nonce once (``NonceGuard``) and only within ``FRESHNESS_S`` of its clock.
 
@@ -30,14 +32,18 @@ import struct
 from collections import OrderedDict
 from typing import Any, Literal, NamedTuple
 
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.poly1305 import Poly1305
+
 from triplane.proto import dtypes as dt
 from triplane.proto.errors import TriplaneError
 from triplane.proto.limits import MAX_RANK
 from triplane.proto.packet import canonical
 
 __all__ = [
-    "CHUNK_BYTES", "FRESHNESS_S", "KINDS", "LENGTH", "MAX_DELETE_TILES", "MAX_REQUEST_HEADER",
-    "MAX_RESPONSE_HEADER", "NONCE_BYTES", "TAG_BYTES", "VERSION", "ChunkMac", "DataPortError",
+    "CHUNK_BYTES", "CHUNK_TAG_BYTES", "FRESHNESS_S", "KINDS", "LENGTH", "MAX_DELETE_TILES",
+    "MAX_REQUEST_HEADER", "MAX_RESPONSE_HEADER", "NONCE_BYTES", "TAG_BYTES", "VERSION", "ChunkMac",
+    "DataPortError",
     "NonceGuard", "Request", "Response", "array_bytes", "chunk_count", "encode_request",
     "encode_response", "parse_request", "parse_response", "refusal", "unverified_error",
     "verify_request", "verify_response",
@@ -45,7 +51,8 @@ __all__ = [
 
 VERSION = 1
 LENGTH = struct.Struct(">I")
-TAG_BYTES = 32
+TAG_BYTES = 32  # a frame's tag: HMAC-SHA256
+CHUNK_TAG_BYTES = 16  # a data chunk's tag: Poly1305
 NONCE_BYTES = 16
 CHUNK_BYTES = 1 << 20
 MAX_REQUEST_HEADER = 64 * 1024
@@ -142,22 +149,31 @@ def _tag(secret: bytes, domain: bytes, *parts: bytes | memoryview) -> bytes:
 
 
 class ChunkMac:
-    """Tags of the data chunks of one message: ``tag(i, chunk)`` = HMAC(secret, domain ||
-    nonce || i as 8 bytes || chunk). ``op`` is ``get`` (a tile sent by a server) or ``put``
-    (bytes sent by a client)."""
+    """Tags of the data chunks of one message: ``tag(i, chunk)`` = Poly1305(key_i, chunk)
+    with the one-time key ``key_i`` = HMAC-SHA256(secret, domain || nonce || i as 8 bytes).
+    ``op`` is ``get`` (a tile sent by a server) or ``put`` (bytes sent by a client). A key is
+    never used twice: the nonce is fresh per request (and single-use at the server), the
+    domain separates the two directions, the index the chunks. Both calls release the GIL
+    while they hash, so a big chunk may be tagged in a worker thread."""
 
     def __init__(self, secret: bytes, op: Literal["get", "put"], nonce: bytes) -> None:
         self._h = _base(secret, _BODY[op]).copy()
         self._h.update(nonce)
 
-    def tag(self, index: int, chunk: bytes | memoryview) -> bytes:
+    def _key(self, index: int) -> bytes:
         h = self._h.copy()
         h.update(_INDEX.pack(index))
-        h.update(chunk)
         return h.digest()
 
-    def check(self, index: int, chunk: bytes | memoryview, tag: bytes | memoryview) -> bool:
-        return hmac.compare_digest(self.tag(index, chunk), bytes(tag))
+    def tag(self, index: int, chunk: bytes | memoryview | bytearray) -> bytes:
+        return Poly1305.generate_tag(self._key(index), chunk)
+
+    def check(self, index: int, chunk: bytes | memoryview | bytearray, tag: bytes | memoryview) -> bool:
+        try:
+            Poly1305.verify_tag(self._key(index), chunk, bytes(tag))
+        except InvalidSignature:
+            return False
+        return True
 
 
 def chunk_count(nbytes: int) -> int:

@@ -17,7 +17,7 @@ from triplane.engines.memory.host import HostMemoryEngine
 from triplane.executor.dataport import EngineTiles
 from triplane.net.dataport import DataClient, DataPortError, DataServer
 from triplane.net.guard import Limits
-from triplane.proto.dataport import LENGTH, TAG_BYTES, encode_request, parse_response
+from triplane.proto.dataport import CHUNK_TAG_BYTES, LENGTH, TAG_BYTES, encode_request, parse_response
 from triplane.proto.packet import canonical
 
 SECRET = b"dataport-loopback-secret"
@@ -222,7 +222,8 @@ async def fake_server(answer: Callable[[bytes], bytes]) -> tuple[asyncio.base_ev
 def plausible_tile(tag: bytes = bytes(TAG_BYTES)) -> bytes:
     """What a stranger without the secret would answer to a get: a float32[4] of 8s."""
     header = canonical({"v": 1, "ok": True, "shape": [4], "dtype": "float32", "bytes": 16})
-    return LENGTH.pack(len(header)) + tag + header + np.full(4, 8, np.float32).tobytes() + bytes(TAG_BYTES)
+    data = np.full(4, 8, np.float32).tobytes()
+    return LENGTH.pack(len(header)) + tag + header + data + bytes(CHUNK_TAG_BYTES)
 
 
 async def flip_one_byte(r: asyncio.StreamReader, w: asyncio.StreamWriter, real_port: int) -> None:
@@ -234,7 +235,7 @@ async def flip_one_byte(r: asyncio.StreamReader, w: asyncio.StreamWriter, real_p
         rr, rw = await asyncio.open_connection(HOST, real_port)
         rw.write(request)
         (m,) = LENGTH.unpack(await rr.readexactly(4))
-        answer = bytearray(LENGTH.pack(m) + await rr.readexactly(TAG_BYTES + m + 16 + TAG_BYTES))
+        answer = bytearray(LENGTH.pack(m) + await rr.readexactly(TAG_BYTES + m + 16 + CHUNK_TAG_BYTES))
         rw.close()
         answer[4 + TAG_BYTES + m] ^= 0x01
         w.write(bytes(answer))
