@@ -1,3 +1,4 @@
 """Transport shared by the scheduler and the executor: the data port's one server and one
-client (``dataport``) and the limits every TCP port holds to (``guard``). Imports
+client (``dataport``), the limits every TCP port holds to (``guard``), and the guarded HTTP
+serving of the scheduler's API and the served registry (``http``). Imports
 ``triplane.proto`` and ``triplane.engines`` only."""

@@ -436,6 +436,7 @@ def main(argv: list[str] | None = None) -> int:
     import uvicorn
     from fastapi import FastAPI
 
+    from triplane.net.http import guarded_config
     from triplane.registry.memory import MemoryBackend
 
     ap = argparse.ArgumentParser(prog="python -m triplane.registry.http", description=main.__doc__)
@@ -472,7 +473,7 @@ def main(argv: list[str] | None = None) -> int:
     server_state = RegistryServer(MemoryBackend(), token)
     app = FastAPI(title="triplane registry")
     app.include_router(server_state.router)
-    config = uvicorn.Config(app, log_level="warning", lifespan="off", timeout_graceful_shutdown=1)
+    config = guarded_config(app, log_level="warning", lifespan="off", timeout_graceful_shutdown=1)
     host = f"[{args.host}]" if ":" in args.host else args.host
     print(json.dumps({"url": f"http://{host}:{sock.getsockname()[1]}"}), flush=True)
     asyncio.run(uvicorn.Server(config).serve(sockets=[sock]))

@@ -75,6 +75,7 @@ async def _serve(
     import uvicorn
 
     from triplane import metadb as mdb
+    from triplane.net.http import guarded_config
     from triplane.registry import connect_registry
     from triplane.scheduler.api.app import create_app
     from triplane.scheduler.service import Scheduler
@@ -104,7 +105,9 @@ async def _serve(
         sock.bind((host, port))
     except OSError as e:
         raise _Usage(f"cannot listen on {host}:{port}: {e.strerror}") from None
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off"))
+    # The REST API (and the registry it may serve) with a deadline on each request's head
+    # and a connection cap: no half-open connection holds the port (docs/security.md).
+    server = uvicorn.Server(guarded_config(app, log_level="warning", access_log=False, lifespan="off"))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
