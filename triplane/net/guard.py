@@ -19,15 +19,14 @@ those bytes are untrusted, so what they may cost is bounded here:
 from __future__ import annotations
 
 import asyncio
-import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from triplane.proto.packet import PacketMalformed, PacketTooLarge
+from triplane.proto.packet import PacketMalformed
+from triplane.proto.packet.transport import frame_length
 
 __all__ = ["DEFAULT_LIMITS", "ConnectionGuard", "Limits", "next_frame"]
 
-_LEN = struct.Struct(">I")
 
 
 @dataclass(frozen=True)
@@ -116,11 +115,7 @@ async def next_frame(reader: asyncio.StreamReader, guard: ConnectionGuard, max_b
             if e.partial:
                 raise PacketMalformed("stream ended inside a frame header") from None
             return None
-    (n,) = _LEN.unpack(head)
-    if n == 0:
-        raise PacketMalformed("empty frame")
-    if n > max_bytes:
-        raise PacketTooLarge(f"frame announces {n} bytes; the bound is {max_bytes}")
+    n = frame_length(head, max_bytes)
     if not guard.take(n):
         return None
     try:

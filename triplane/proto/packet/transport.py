@@ -57,6 +57,17 @@ class FrameBuffer:
         return len(self._buf)
 
 
+def frame_length(head: bytes, max_bytes: int = MAX_FRAME_BYTES) -> int:
+    """The payload length a 4-byte frame header announces; ``PacketMalformed`` for 0,
+    ``PacketTooLarge`` past ``max_bytes`` (either way the stream has lost sync)."""
+    (n,) = _LEN.unpack(head)
+    if n == 0:
+        raise PacketMalformed("empty frame")
+    if n > max_bytes:
+        raise PacketTooLarge(f"frame announces {n} bytes; the bound is {max_bytes}")
+    return n
+
+
 async def read_frame(reader: asyncio.StreamReader, max_bytes: int = MAX_FRAME_BYTES) -> bytes | None:
     """The next frame payload from ``reader``; ``None`` at a clean end of stream. A stream that
     ends inside a frame raises ``PacketMalformed``; a bad header as in ``FrameBuffer``."""
@@ -66,11 +77,7 @@ async def read_frame(reader: asyncio.StreamReader, max_bytes: int = MAX_FRAME_BY
         if e.partial:
             raise PacketMalformed("stream ended inside a frame header") from None
         return None
-    (n,) = _LEN.unpack(head)
-    if n == 0:
-        raise PacketMalformed("empty frame")
-    if n > max_bytes:
-        raise PacketTooLarge(f"frame announces {n} bytes; the bound is {max_bytes}")
+    n = frame_length(head, max_bytes)
     try:
         return await reader.readexactly(n)
     except asyncio.IncompleteReadError:
