@@ -466,3 +466,12 @@ def test_integer_pow_with_negative_exponent_is_a_user_kernel_error() -> None:
 def test_float_division_by_zero_follows_ieee() -> None:
     got = run_op("div", [np.array([1.0, -1.0, 0.0]), np.array([0.0, 0.0, 0.0])])
     assert got[0] == np.inf and got[1] == -np.inf and np.isnan(got[2])
+
+
+def test_a_fused_step_reads_its_operand_rounded_to_the_operands_dtype() -> None:
+    # Regression (found by test_differential.py): gelu of float16 computes in float64; in a
+    # fused chain the next step read that float64 value instead of the float16 the graph says.
+    x = np.array([1.712890625, -0.3, 2.5], np.float16)
+    chain = (tp.gelu(tp.tensor(x)).astype("float64") * 6).numpy()
+    step_by_step = tp.gelu(tp.tensor(x)).numpy().astype(np.float64) * 6
+    np.testing.assert_array_equal(chain, step_by_step)
