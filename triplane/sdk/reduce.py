@@ -26,23 +26,11 @@ from triplane.proto.errors import GraphError
 from triplane.proto.opdef import normalise_axes, normalise_axis
 from triplane.sdk.elementwise import as_float, cast
 from triplane.sdk.tensor import UNSET as _UNSET
-from triplane.sdk.tensor import Tensor, apply, as_tensor
+from triplane.sdk.tensor import Tensor, apply, as_tensor, spelling
 
 __all__ = ["argmax", "argmin", "logsumexp", "max", "mean", "min", "prod", "sum", "var"]
 
 Axis = int | Sequence[int] | None
-
-
-def spelling(op: str, numpy_name: str, numpy_value: Any, torch_name: str, torch_value: Any,
-             default: Any) -> Any:
-    """The value of an argument that has a numpy and a PyTorch spelling (``axis``/``dim``,
-    ``keepdims``/``keepdim``): whichever was given; TypeError when both were."""
-    if numpy_value is not _UNSET and torch_value is not _UNSET:
-        raise TypeError(f"{op}() got both {numpy_name}= and {torch_name}= (the same argument, "
-                        f"numpy's and PyTorch's spellings); give one")
-    if numpy_value is not _UNSET:
-        return numpy_value
-    return default if torch_value is _UNSET else torch_value
 
 
 def _args(op: str, axis: Any, keepdims: Any, dim: Any, keepdim: Any) -> tuple[Any, bool]:

@@ -38,6 +38,19 @@ class _Unset:
 
 
 UNSET: Any = _Unset()
+
+
+def spelling(op: str, numpy_name: str, numpy_value: Any, torch_name: str, torch_value: Any,
+             default: Any) -> Any:
+    """The value of an argument that has a numpy and a PyTorch spelling (``axis``/``dim``,
+    ``keepdims``/``keepdim``): whichever was given (``default`` when neither was);
+    TypeError when both were."""
+    if numpy_value is not UNSET and torch_value is not UNSET:
+        raise TypeError(f"{op}() got both {numpy_name}= and {torch_name}= (the same argument, "
+                        f"numpy's and PyTorch's spellings); give one")
+    if numpy_value is not UNSET:
+        return numpy_value
+    return default if torch_value is UNSET else torch_value
 _PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -360,17 +373,17 @@ class Tensor:
     def broadcast_to(self, shape: Sequence[int]) -> Tensor:
         return _sh.broadcast_to(self, shape)
 
-    def squeeze(self, axis: Any = None) -> Tensor:
-        return _sh.squeeze(self, axis)
+    def squeeze(self, axis: Any = UNSET, *, dim: Any = UNSET) -> Tensor:
+        return _sh.squeeze(self, axis, dim=dim)
 
-    def unsqueeze(self, axis: int) -> Tensor:
-        return _sh.unsqueeze(self, axis)
+    def unsqueeze(self, axis: Any = UNSET, *, dim: Any = UNSET) -> Tensor:
+        return _sh.unsqueeze(self, axis, dim=dim)
 
     def flatten(self) -> Tensor:
         return _sh.reshape(self, (self.size,))
 
-    def flip(self, axis: Any = None) -> Tensor:
-        return _sh.flip(self, axis)
+    def flip(self, axis: Any = UNSET, *, dims: Any = UNSET) -> Tensor:
+        return _sh.flip(self, axis, dims=dims)
 
     def exp(self) -> Tensor:
         return _ew.exp(self)

@@ -28,8 +28,7 @@ from triplane.sdk.elementwise import (  # re-exported (torch's F.relu)
     silu,
     tanh,
 )
-from triplane.sdk.reduce import spelling
-from triplane.sdk.tensor import UNSET, Tensor, apply, as_tensor
+from triplane.sdk.tensor import UNSET, Tensor, apply, as_tensor, spelling
 
 __all__ = [
     "avg_pool2d", "batch_norm", "conv2d", "cross_entropy", "dropout", "embedding", "gelu",
