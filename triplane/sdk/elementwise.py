@@ -27,6 +27,12 @@ __all__ = [
 ]
 
 
+def coerce(*xs: Any) -> list[Any]:
+    """Python scalars as they are (weak), everything else as a Tensor: made once, so that
+    an array operand becomes one input node however many times it is looked at."""
+    return [x if is_weak(x) else as_tensor(x) for x in xs]
+
+
 def result_dtype(*xs: Any) -> dt.DType:
     """The dtype tensors, arrays and Python scalars meet at (NEP 50)."""
     return dt.result_type(*(type(x) if is_weak(x) else as_tensor(x).dtype for x in xs))
@@ -48,6 +54,7 @@ def _unary(op: str, x: Any) -> Tensor:
 def _bool_as(op: str, bool_op: str | None, x: Any, y: Any) -> Tensor:
     """``op`` of x and y, or ``bool_op`` when they meet at bool (numpy computes ``+`` of
     bools as or, ``*`` as and); ``bool_op`` None: bools are refused, as numpy's ``-``."""
+    x, y = coerce(x, y)
     d = result_dtype(x, y)
     if d != dt.bool_:
         return apply(op, operands(x, y, dtype=d))
@@ -59,6 +66,7 @@ def _bool_as(op: str, bool_op: str | None, x: Any, y: Any) -> Tensor:
 
 def _int8_for_bools(op: str, x: Any, y: Any) -> Tensor:
     """``op`` of x and y, counted in int8 when both are bools (numpy's loop for //, %, **)."""
+    x, y = coerce(x, y)
     d = result_dtype(x, y)
     return apply(op, operands(x, y, dtype=dt.int8 if d == dt.bool_ else d))
 
@@ -104,6 +112,7 @@ def mul(x: Any, y: Any) -> Tensor:
 def div(x: Any, y: Any) -> Tensor:
     """x / y, true division: integers and bools give float64 (``tp.tensor(np.arange(6)) / 4``
     is ``[0., 0.25, ...]``), floats keep their dtype (``float32 / 2`` is float32)."""
+    x, y = coerce(x, y)
     d = dt.true_divide_type(result_dtype(x, y))
     return apply("div", operands(x, y, dtype=d))
 
@@ -140,6 +149,7 @@ def minimum(x: Any, y: Any) -> Tensor:
 def _compare(op: str, x: Any, y: Any) -> Tensor:
     """A comparison, exact for a Python int out of the tensor's range (``uint8 == -1`` is
     all False, as in numpy 2, rather than an OverflowError)."""
+    x, y = coerce(x, y)
     d = result_dtype(x, y)
     if d.kind in ("int", "uint") and any(type(v) is int and not dt.fits(v, d) for v in (x, y)):
         big = next(v for v in (x, y) if type(v) is int and not dt.fits(v, d))
