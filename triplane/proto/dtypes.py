@@ -10,7 +10,8 @@ Binary ops of the IR take operands of one dtype: promotion is the SDK's job (it 
 The rules are numpy 2's (NEP 50), so a program gives numpy's result dtypes:
 
 * :func:`promote`: two tensors meet at ``numpy.promote_types`` (int8 with uint8 is
-  int16; an integer with a float is at least that float: int32 with float32 is float64).
+  int16; an integer with a float is at least that float: int32 with float32 is float64);
+  bfloat16 goes as float16 would.
 * :func:`result_type`: a Python ``int`` or ``float`` beside tensors is *weak*: it takes
   the tensors' dtype when that is of its kind or higher (``int8 + 1`` is int8,
   ``float16 * 2.5`` is float16) and the default of its kind otherwise (``int8 + 0.5`` is
@@ -120,15 +121,18 @@ def dtype(x: DType | str | np.dtype | type) -> DType:
 
 
 def promote(a: DType, b: DType) -> DType:
-    """The dtype two operands meet at: numpy's rules, with bfloat16 treated like float16
-    (bfloat16 with float16 goes to float32)."""
+    """The dtype two operands meet at: numpy's rules, with bfloat16 (which numpy lacks)
+    treated like float16: with bool, int8, uint8 it stays bfloat16, with int16 it is
+    float32, with int32 and int64 float64; bfloat16 with float16 is float32 (neither holds
+    the other)."""
     if a == b:
         return a
-    if {a.name, b.name} == {"bfloat16", "float16"}:
-        return float32
     if a.name == "bfloat16" or b.name == "bfloat16":
         other = b if a.name == "bfloat16" else a
-        return bfloat16 if other.kind != "float" else other
+        if other.kind == "float":
+            return other if other.itemsize > 2 else float32
+        like_half = promote(float16, other)
+        return bfloat16 if like_half == float16 else like_half
     return dtype(np.promote_types(a.np, b.np))
 
 

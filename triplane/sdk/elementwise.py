@@ -4,7 +4,7 @@ Binary functions broadcast and promote dtypes as numpy 2 does (NEP 50, see
 :mod:`triplane.proto.dtypes`): tensors promote with ``numpy.promote_types``; a Python
 scalar is weak (``int8 + 1`` is int8, ``int8 + 0.5`` float64, ``float16 * 2.5`` float16).
 Then, as numpy: ``/`` of integers gives float64; ``+``, ``*``, maximum and minimum of
-bools are or, and, or, and (bool); ``-`` of bools and of a bool raise DTypeError; ``//``,
+bools are or, and, or, and (bool); ``x - y`` and ``-x`` of bools raise DTypeError; ``//``,
 ``%`` and ``**`` of two bools count in int8; float functions (exp, sqrt, sigmoid, ...) of
 integers compute in :func:`~triplane.proto.dtypes.float_of` (float16 for int8, float64
 for int64). Which dtypes each op of the IR accepts, and the gradient conventions (ties,
