@@ -71,6 +71,8 @@ CASES: list[Case] = [
     *[_c(op, ("p", (3, 4))) for op in _UNARY_POS],
     *[_c(op, ("f", (3, 4)), ("f", (1, 4))) for op in _BINARY],
     _c("div", ("f", (3, 4)), ("p", (3, 1))),
+    _c("floor_divide", ("f", (3, 4)), ("p", (3, 1))),
+    _c("remainder", ("f", (3, 4)), ("p", (3, 1))),
     _c("pow", ("p", (3, 4)), ("f", (3, 4))),
     _c("cast", ("f", (3, 4)), dtype="float64"),
     _c("where", ("b", (3, 4)), ("f", (3, 4)), ("f", (3, 1))),

@@ -1,8 +1,13 @@
 """Creation functions: ``tp.tensor``, ``tp.zeros``, ``tp.arange``, ``tp.randn``, ...
 
-Shapes are an int or a sequence of ints. Everything but :func:`tensor` records a source
-node (no host data travels); random tensors are counter-based (element i is a function of
-the seed and i alone), so they are the same on every engine and for every tiling.
+Shapes are an int or a sequence of ints; ``zeros``, ``ones``, ``rand`` and ``randn`` also
+take them as separate ints, as PyTorch's do (``tp.zeros(3, 3)``, ``tp.ones(2, 3,
+dtype="int8")``), and ``zeros``/``ones`` numpy's positional dtype (``tp.zeros((2, 3),
+"int8")``). Floats default to float32 (PyTorch's default, not numpy's float64).
+
+Everything but :func:`tensor` records a source node (no host data travels); random
+tensors are counter-based (element i is a function of the seed and i alone), so they are
+the same on every engine and for every tiling.
 
 Seeds: a random function called with ``seed=None`` takes the next seed of a process-wide
 stream; :func:`manual_seed` restarts that stream, so a program that calls it first makes
@@ -42,7 +47,7 @@ def _shape(shape: Shape) -> tuple[int, ...]:
 
 def _dtype_of_value(value: Any) -> dt.DType:
     if isinstance(value, (bool, int, float)):
-        return dt.scalar_dtype(value, None)
+        return dt.scalar_dtype(value)
     raise DTypeError(f"fill value {value!r} is not a number or a boolean")
 
 
@@ -64,12 +69,41 @@ def full(shape: Shape, value: bool | int | float, dtype: Any = None) -> Tensor:
     return apply("full", [], value=value, shape=shape, dtype=d.name)
 
 
-def zeros(shape: Shape, dtype: Any = "float32") -> Tensor:
-    return full(shape, 0, dtype)
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
-def ones(shape: Shape, dtype: Any = "float32") -> Tensor:
-    return full(shape, 1, dtype)
+def shape_args(op: str, args: tuple[Any, ...], dtype: Any = None) -> tuple[tuple[int, ...], Any]:
+    """The shape and dtype of ``op(*args, dtype=dtype)``: separate ints (``zeros(2, 3)``) or
+    one int or sequence (``zeros((2, 3))``), then optionally a dtype (numpy's
+    ``zeros((2, 3), "int8")``)."""
+    n = 0
+    while n < len(args) and _is_int(args[n]):
+        n += 1
+    if n:
+        shape: tuple[int, ...] = tuple(args[:n])
+    elif args:
+        shape, n = _shape(args[0]), 1
+    else:
+        raise TypeError(f"{op}() needs a shape: {op}(2, 3) or {op}((2, 3))")
+    rest = args[n:]
+    if len(rest) > 1 or (rest and dtype is not None):
+        raise TypeError(f"{op}() takes a shape (ints, or one sequence) and one dtype; got "
+                        f"{', '.join(map(repr, args))}{f' and dtype={dtype!r}' if dtype is not None else ''}")
+    return shape, rest[0] if rest else dtype
+
+
+def zeros(*shape: Any, dtype: Any = None) -> Tensor:
+    """A tensor of zeros: ``zeros(2, 3)``, ``zeros((2, 3))``, ``zeros(2, 3, dtype="int8")``;
+    float32 unless ``dtype`` says otherwise."""
+    s, d = shape_args("zeros", shape, dtype)
+    return full(s, 0, d if d is not None else dt.DEFAULT_FLOAT)
+
+
+def ones(*shape: Any, dtype: Any = None) -> Tensor:
+    """A tensor of ones, with the shape and dtype conventions of :func:`zeros`."""
+    s, d = shape_args("ones", shape, dtype)
+    return full(s, 1, d if d is not None else dt.DEFAULT_FLOAT)
 
 
 def full_like(x: Any, value: bool | int | float, dtype: Any = None) -> Tensor:
@@ -152,15 +186,18 @@ def normal(shape: Shape, mean: float = 0.0, std: float = 1.0, seed: int | None =
                  dtype=dt.dtype(dtype).name)
 
 
-def _varargs_shape(shape: tuple[Any, ...]) -> Shape:
-    return shape[0] if len(shape) == 1 and not isinstance(shape[0], int) else shape
+def _varargs_shape(op: str, shape: tuple[Any, ...]) -> tuple[int, ...]:
+    s, extra = shape_args(op, shape)
+    if extra is not None:
+        raise TypeError(f"{op}() takes a shape (ints, or one sequence); pass dtype= by name")
+    return s
 
 
-def rand(*shape: Any, seed: int | None = None) -> Tensor:
-    """float32 uniform in [0, 1): ``rand(2, 3)`` or ``rand((2, 3))``."""
-    return uniform(_varargs_shape(shape), seed=seed)
+def rand(*shape: Any, seed: int | None = None, dtype: Any = "float32") -> Tensor:
+    """Uniform in [0, 1): ``rand(2, 3)`` or ``rand((2, 3))``; float32 by default."""
+    return uniform(_varargs_shape("rand", shape), seed=seed, dtype=dtype)
 
 
-def randn(*shape: Any, seed: int | None = None) -> Tensor:
-    """float32 standard normal: ``randn(2, 3)`` or ``randn((2, 3))``."""
-    return normal(_varargs_shape(shape), seed=seed)
+def randn(*shape: Any, seed: int | None = None, dtype: Any = "float32") -> Tensor:
+    """Standard normal: ``randn(2, 3)`` or ``randn((2, 3))``; float32 by default."""
+    return normal(_varargs_shape("randn", shape), seed=seed, dtype=dtype)

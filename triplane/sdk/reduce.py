@@ -4,9 +4,15 @@
 end. The recorded node names its axes sorted and non-negative, so ``x.sum(-1)`` and
 ``x.sum(x.ndim - 1)`` are the same node.
 
-Dtypes follow numpy except where noted: ``sum``/``prod`` of bools count in int64;
-``mean``, ``var`` and ``logsumexp`` of integers or bools compute in float32 (numpy gives
-float64; float32 is triplane's default float). Over an empty axis: sum = 0, prod = 1,
+PyTorch's spellings are accepted too: ``dim=`` for ``axis=`` and ``keepdim=`` for
+``keepdims=`` (``x.sum(dim=1, keepdim=True)``); giving both spellings raises TypeError.
+``x.max(dim=1)`` gives the values only (torch's gives values and indices: see argmax).
+
+Dtypes follow numpy 2: ``sum``/``prod`` of bools and integers count in int64 (numpy's
+uint8 sum is uint64, which triplane does not have), of floats in their dtype; ``mean``
+and ``var`` of integers or bools give float64; ``logsumexp`` computes integers in the
+float ``exp`` would (:func:`triplane.proto.dtypes.float_of`); ``max``/``min`` keep the
+dtype; ``argmax``/``argmin`` give int64. Over an empty axis: sum = 0, prod = 1,
 mean = nan, logsumexp = -inf; max, min, argmax and argmin raise ShapeError.
 """
 
@@ -18,12 +24,18 @@ from typing import Any
 from triplane.proto import dtypes as dt
 from triplane.proto.errors import GraphError
 from triplane.proto.opdef import normalise_axes, normalise_axis
-from triplane.sdk.elementwise import cast
-from triplane.sdk.tensor import Tensor, apply, as_tensor
+from triplane.sdk.elementwise import as_float, cast
+from triplane.sdk.tensor import UNSET as _UNSET
+from triplane.sdk.tensor import Tensor, apply, as_tensor, spelling
 
 __all__ = ["argmax", "argmin", "logsumexp", "max", "mean", "min", "prod", "sum", "var"]
 
 Axis = int | Sequence[int] | None
+
+
+def _args(op: str, axis: Any, keepdims: Any, dim: Any, keepdim: Any) -> tuple[Any, bool]:
+    return (spelling(op, "axis", axis, "dim", dim, None),
+            spelling(op, "keepdims", keepdims, "keepdim", keepdim, False))
 
 
 def _axes(x: Tensor, axis: Axis) -> list[int] | None:
@@ -43,49 +55,59 @@ def _reduce(op: str, x: Any, axis: Axis, keepdims: bool, **attrs: Any) -> Tensor
     return apply(op, [x], axes=axes, keepdims=keepdims, **attrs)
 
 
-def _as_float(x: Any) -> Tensor:
+def _as_mean(x: Any) -> Tensor:
     x = as_tensor(x)
-    return x if x.dtype.is_float else cast(x, dt.DEFAULT_FLOAT)
+    return cast(x, dt.true_divide_type(x.dtype))
 
 
 def _as_countable(x: Any) -> Tensor:
     x = as_tensor(x)
-    return cast(x, dt.int64) if x.dtype.kind == "bool" else x
+    return cast(x, dt.sum_type(x.dtype))
 
 
-def sum(x: Any, axis: Axis = None, keepdims: bool = False) -> Tensor:
-    """Sum over ``axis`` (every axis when None); bools count as int64."""
-    return _reduce("sum", _as_countable(x), axis, keepdims)
+def sum(x: Any, axis: Axis = _UNSET, keepdims: bool = _UNSET, *, dim: Axis = _UNSET,
+        keepdim: bool = _UNSET) -> Tensor:
+    """Sum over ``axis`` (every axis when None); bools and integers count in int64."""
+    return _reduce("sum", _as_countable(x), *_args("sum", axis, keepdims, dim, keepdim))
 
 
-def prod(x: Any, axis: Axis = None, keepdims: bool = False) -> Tensor:
-    """Product over ``axis``; the gradient is exact with zeros present."""
-    return _reduce("prod", _as_countable(x), axis, keepdims)
+def prod(x: Any, axis: Axis = _UNSET, keepdims: bool = _UNSET, *, dim: Axis = _UNSET,
+         keepdim: bool = _UNSET) -> Tensor:
+    """Product over ``axis`` (bools and integers in int64); the gradient is exact with
+    zeros present."""
+    return _reduce("prod", _as_countable(x), *_args("prod", axis, keepdims, dim, keepdim))
 
 
-def max(x: Any, axis: Axis = None, keepdims: bool = False) -> Tensor:
+def max(x: Any, axis: Axis = _UNSET, keepdims: bool = _UNSET, *, dim: Axis = _UNSET,
+        keepdim: bool = _UNSET) -> Tensor:
     """Maximum over ``axis``; tied maxima share the gradient equally."""
-    return _reduce("max", x, axis, keepdims)
+    return _reduce("max", x, *_args("max", axis, keepdims, dim, keepdim))
 
 
-def min(x: Any, axis: Axis = None, keepdims: bool = False) -> Tensor:
+def min(x: Any, axis: Axis = _UNSET, keepdims: bool = _UNSET, *, dim: Axis = _UNSET,
+        keepdim: bool = _UNSET) -> Tensor:
     """Minimum over ``axis``; tied minima share the gradient equally."""
-    return _reduce("min", x, axis, keepdims)
+    return _reduce("min", x, *_args("min", axis, keepdims, dim, keepdim))
 
 
-def mean(x: Any, axis: Axis = None, keepdims: bool = False) -> Tensor:
-    """Arithmetic mean over ``axis`` (nan over an empty axis, as numpy)."""
-    return _reduce("mean", _as_float(x), axis, keepdims)
+def mean(x: Any, axis: Axis = _UNSET, keepdims: bool = _UNSET, *, dim: Axis = _UNSET,
+         keepdim: bool = _UNSET) -> Tensor:
+    """Arithmetic mean over ``axis`` (nan over an empty axis, as numpy); integers and
+    bools give float64."""
+    return _reduce("mean", _as_mean(x), *_args("mean", axis, keepdims, dim, keepdim))
 
 
-def var(x: Any, axis: Axis = None, keepdims: bool = False, ddof: int = 0) -> Tensor:
-    """Variance ``sum((x - mean)**2) / (N - ddof)``; ShapeError when ``N - ddof <= 0``."""
-    return _reduce("var", _as_float(x), axis, keepdims, ddof=ddof)
+def var(x: Any, axis: Axis = _UNSET, keepdims: bool = _UNSET, ddof: int = 0, *, dim: Axis = _UNSET,
+        keepdim: bool = _UNSET) -> Tensor:
+    """Variance ``sum((x - mean)**2) / (N - ddof)`` (integers and bools give float64);
+    ShapeError when ``N - ddof <= 0``."""
+    return _reduce("var", _as_mean(x), *_args("var", axis, keepdims, dim, keepdim), ddof=ddof)
 
 
-def logsumexp(x: Any, axis: Axis = None, keepdims: bool = False) -> Tensor:
+def logsumexp(x: Any, axis: Axis = _UNSET, keepdims: bool = _UNSET, *, dim: Axis = _UNSET,
+              keepdim: bool = _UNSET) -> Tensor:
     """``log(sum(exp(x)))`` over ``axis``, without overflow for large ``x``."""
-    return _reduce("logsumexp", _as_float(x), axis, keepdims)
+    return _reduce("logsumexp", as_float(x), *_args("logsumexp", axis, keepdims, dim, keepdim))
 
 
 def _arg(op: str, x: Any, axis: int | None, keepdims: bool) -> Tensor:
@@ -98,12 +120,14 @@ def _arg(op: str, x: Any, axis: int | None, keepdims: bool) -> Tensor:
     return apply(op, [x], axis=axis, keepdims=keepdims)
 
 
-def argmax(x: Any, axis: int | None = None, keepdims: bool = False) -> Tensor:
+def argmax(x: Any, axis: int | None = _UNSET, keepdims: bool = _UNSET, *, dim: int | None = _UNSET,
+           keepdim: bool = _UNSET) -> Tensor:
     """int64 index of the (first) maximum along ``axis``, or in the flattened tensor."""
-    return _arg("argmax", x, axis, keepdims)
+    return _arg("argmax", x, *_args("argmax", axis, keepdims, dim, keepdim))
 
 
-def argmin(x: Any, axis: int | None = None, keepdims: bool = False) -> Tensor:
+def argmin(x: Any, axis: int | None = _UNSET, keepdims: bool = _UNSET, *, dim: int | None = _UNSET,
+           keepdim: bool = _UNSET) -> Tensor:
     """int64 index of the (first) minimum along ``axis``, or in the flattened tensor."""
-    return _arg("argmin", x, axis, keepdims)
+    return _arg("argmin", x, *_args("argmin", axis, keepdims, dim, keepdim))
 

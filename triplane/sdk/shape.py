@@ -5,6 +5,10 @@ start/stop and positive steps (a negative step is a slice followed by ``flip``),
 indices as a size-1 slice plus a reshape, ``None`` as a reshape. Out-of-range axes and
 indices raise at the line that wrote them (a :class:`TensorIndexError`, which is both a
 ShapeError and an IndexError, so ``for row in t`` stops at the end as for a list).
+
+PyTorch's spellings are accepted beside numpy's: ``dim=`` for ``axis=`` (squeeze,
+unsqueeze, concat, stack, split) and ``dims=`` for flip's ``axis=``; both at once is a
+TypeError.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import numpy as np
 
 from triplane.proto.errors import DTypeError, ShapeError
 from triplane.sdk.elementwise import operands
-from triplane.sdk.tensor import Tensor, apply, as_tensor
+from triplane.sdk.tensor import UNSET, Tensor, apply, as_tensor, spelling
 
 __all__ = [
     "TensorIndexError", "broadcast_to", "concat", "concatenate", "expand_dims", "flip", "gather",
@@ -98,19 +102,24 @@ def broadcast_to(x: Any, shape: Sequence[int]) -> Tensor:
     return x if tuple(shape) == x.shape else apply("broadcast_to", [x], shape=tuple(shape))
 
 
-def squeeze(x: Any, axis: int | Sequence[int] | None = None) -> Tensor:
+def squeeze(x: Any, axis: int | Sequence[int] | None = UNSET, *, dim: int | Sequence[int] | None = UNSET
+            ) -> Tensor:
     """Remove axes of size 1 (every such axis when ``axis`` is None); ShapeError if a
     named axis is not of size 1."""
     x = as_tensor(x)
+    axis = spelling("squeeze", "axis", axis, "dim", dim, None)
     axes = _axes(x, axis, "squeeze") if x.ndim else None
     if axes == [] or (axes is None and 1 not in x.shape):
         return x
     return apply("squeeze", [x], axes=axes)
 
 
-def unsqueeze(x: Any, axis: int | Sequence[int]) -> Tensor:
+def unsqueeze(x: Any, axis: int | Sequence[int] = UNSET, *, dim: int | Sequence[int] = UNSET) -> Tensor:
     """Insert axes of size 1; ``axis`` are positions in the result (negative from its end)."""
     x = as_tensor(x)
+    axis = spelling("unsqueeze", "axis", axis, "dim", dim, UNSET)
+    if axis is UNSET:
+        raise TypeError("unsqueeze() needs the position of the new axis: axis= (or dim=)")
     n = 1 if isinstance(axis, (int, np.integer)) else len(list(axis))
     return apply("unsqueeze", [x], axes=_axes(x, axis, "unsqueeze", x.ndim + n))
 
@@ -127,8 +136,9 @@ def _many(tensors: Sequence[Any], op: str) -> list[Tensor]:
     return operands(*tensors)
 
 
-def concat(tensors: Sequence[Any], axis: int = 0) -> Tensor:
-    """Join tensors along an existing axis (dtypes promoted as for arithmetic)."""
+def concat(tensors: Sequence[Any], axis: int = UNSET, *, dim: int = UNSET) -> Tensor:
+    """Join tensors along an existing axis (default 0; dtypes promoted as for arithmetic)."""
+    axis = spelling("concat", "axis", axis, "dim", dim, 0)
     ts = _many(tensors, "concat")
     if ts[0].ndim and -ts[0].ndim <= axis < ts[0].ndim:
         axis %= ts[0].ndim
@@ -138,8 +148,10 @@ def concat(tensors: Sequence[Any], axis: int = 0) -> Tensor:
 concatenate = concat
 
 
-def stack(tensors: Sequence[Any], axis: int = 0) -> Tensor:
-    """Join tensors of one shape along a new axis at position ``axis`` of the result."""
+def stack(tensors: Sequence[Any], axis: int = UNSET, *, dim: int = UNSET) -> Tensor:
+    """Join tensors of one shape along a new axis at position ``axis`` of the result
+    (default 0; dtypes promoted as for arithmetic)."""
+    axis = spelling("stack", "axis", axis, "dim", dim, 0)
     ts = _many(tensors, "stack")
     nd = ts[0].ndim + 1
     if -nd <= axis < nd:
@@ -147,23 +159,25 @@ def stack(tensors: Sequence[Any], axis: int = 0) -> Tensor:
     return apply("stack", ts, axis=axis)
 
 
-def split(x: Any, sections_or_sizes: int | Sequence[int], axis: int = 0) -> list[Tensor]:
-    """Cut ``x`` along ``axis``: an int ``n`` gives n equal pieces (the dimension must
-    divide evenly, as numpy.split); a list gives pieces of those sizes (summing to the
-    dimension, as torch.split). Each piece is a ``slice`` node."""
+def split(x: Any, sections_or_sizes: int | Sequence[int], axis: int = UNSET, *, dim: int = UNSET
+          ) -> list[Tensor]:
+    """Cut ``x`` along ``axis`` (default 0): an int ``n`` gives n equal pieces (the
+    dimension must divide evenly, as numpy.split); a list gives pieces of those sizes
+    (summing to the dimension, as torch.split). Each piece is a ``slice`` node."""
+    axis = spelling("split", "axis", axis, "dim", dim, 0)
     x = as_tensor(x)
     ax = _axis(x, axis, "split")
-    dim = x.shape[ax]
+    length = x.shape[ax]
     if isinstance(sections_or_sizes, (int, np.integer)):
         n = int(sections_or_sizes)
-        if n <= 0 or dim % n:
+        if n <= 0 or length % n:
             raise ShapeError(f"cannot split axis {ax} of shape {x.shape} into {n} equal pieces",
                              op="split")
-        sizes = [dim // n] * n
+        sizes = [length // n] * n
     else:
         sizes = [int(s) for s in sections_or_sizes]
-        if any(s < 0 for s in sizes) or builtins.sum(sizes) != dim:
-            raise ShapeError(f"sizes {sizes} do not add up to {dim}, axis {ax} of shape {x.shape}",
+        if any(s < 0 for s in sizes) or builtins.sum(sizes) != length:
+            raise ShapeError(f"sizes {sizes} do not add up to {length}, axis {ax} of shape {x.shape}",
                              op="split")
     pieces, start = [], 0
     for s in sizes:
@@ -356,8 +370,10 @@ def pad(x: Any, pad_width: int | Sequence[int] | Sequence[Sequence[int]], value:
     return apply("pad", [x], pads=pads, value=value)
 
 
-def flip(x: Any, axis: int | Sequence[int] | None = None) -> Tensor:
-    """Reverse the order of elements along ``axis`` (every axis when None)."""
+def flip(x: Any, axis: int | Sequence[int] | None = UNSET, *, dims: int | Sequence[int] = UNSET) -> Tensor:
+    """Reverse the order of elements along ``axis`` (every axis when None; torch's
+    ``dims=`` too)."""
+    axis = spelling("flip", "axis", axis, "dims", dims, None)
     x = as_tensor(x)
     axes = _axes(x, axis, "flip") if x.ndim else None
     return apply("flip", [x], axes=axes)

@@ -27,6 +27,30 @@ from triplane.proto.ir import Attrs, Graph, Node, TensorType
 from triplane.proto.limits import MAX_RANK
 
 _ids = itertools.count()
+
+
+class _Unset:
+    """The default of an argument with two spellings (``axis``/``dim``): tells "not given"
+    apart from None."""
+
+    def __repr__(self) -> str:
+        return "<unset>"
+
+
+UNSET: Any = _Unset()
+
+
+def spelling(op: str, numpy_name: str, numpy_value: Any, torch_name: str, torch_value: Any,
+             default: Any) -> Any:
+    """The value of an argument that has a numpy and a PyTorch spelling (``axis``/``dim``,
+    ``keepdims``/``keepdim``): whichever was given (``default`` when neither was);
+    TypeError when both were."""
+    if numpy_value is not UNSET and torch_value is not UNSET:
+        raise TypeError(f"{op}() got both {numpy_name}= and {torch_name}= (the same argument, "
+                        f"numpy's and PyTorch's spellings); give one")
+    if numpy_value is not UNSET:
+        return numpy_value
+    return default if torch_value is UNSET else torch_value
 _PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -45,8 +69,9 @@ class Tensor:
     """A lazily computed n-dimensional array.
 
     Build them with :func:`triplane.tensor`, the creation functions and ops; read them
-    with :meth:`numpy` / :meth:`item`. Arithmetic follows numpy (broadcasting, dtype
-    promotion; Python scalars take the tensor's dtype).
+    with :meth:`numpy` / :meth:`item` (or ``float(t)``, ``int(t)``, ``bool(t)`` of one
+    element). Arithmetic follows numpy 2 (broadcasting, NEP 50 dtype promotion: Python
+    scalars are weak; ``/`` is true division, ``//`` and ``%`` round down).
     """
 
     __slots__ = ("__weakref__", "_attrs", "_id", "_inputs", "_op", "_type", "_value", "_where",
@@ -96,6 +121,7 @@ class Tensor:
         return not self._inputs
 
     def __len__(self) -> int:
+        """The size of the first dimension (numpy's and PyTorch's len); TypeError for 0-d."""
         if not self.shape:
             raise TypeError("len() of a 0-d tensor")
         return self.shape[0]
@@ -111,6 +137,18 @@ class Tensor:
         if self.size != 1:
             raise ValueError(f"the truth value of a tensor of shape {list(self.shape)} is ambiguous")
         return bool(self.numpy())
+
+    def _one(self, to: str) -> Any:
+        if self.size != 1:
+            raise TypeError(f"only a tensor of one element converts to a Python {to}, this one "
+                            f"has shape {list(self.shape)}")
+        return self.numpy().reshape(()).item()
+
+    def __float__(self) -> float:
+        return float(self._one("float"))
+
+    def __int__(self) -> int:
+        return int(self._one("int"))
 
     # --- computing --------------------------------------------------------------------
 
@@ -157,7 +195,7 @@ class Tensor:
         arr = np.asarray(value)
         if dtype is not None:
             arr = arr.astype(dt.dtype(dtype).np, copy=False)
-        elif arr.dtype == np.float64 and not isinstance(value, np.ndarray):
+        elif arr.dtype == np.float64 and not isinstance(value, (np.ndarray, np.generic)):
             arr = arr.astype(np.float32)  # Python floats default to float32, as in torch
         elif arr.dtype.kind in "UO":
             raise TypeError(f"cannot make a tensor from {arr.dtype} data")
@@ -206,6 +244,18 @@ class Tensor:
     def __rtruediv__(self, o: Any) -> Tensor:
         return _ew.div(o, self)
 
+    def __floordiv__(self, o: Any) -> Tensor:
+        return _ew.floor_divide(self, o)
+
+    def __rfloordiv__(self, o: Any) -> Tensor:
+        return _ew.floor_divide(o, self)
+
+    def __mod__(self, o: Any) -> Tensor:
+        return _ew.remainder(self, o)
+
+    def __rmod__(self, o: Any) -> Tensor:
+        return _ew.remainder(o, self)
+
     def __pow__(self, o: Any) -> Tensor:
         return _ew.pow(self, o)
 
@@ -242,14 +292,23 @@ class Tensor:
     def __ge__(self, o: Any) -> Tensor:
         return _ew.ge(self, o)
 
+    def __pos__(self) -> Tensor:
+        return self
+
     def __and__(self, o: Any) -> Tensor:
-        return _ew.logical_and(self, o)
+        return _ew.bool_operator("logical_and", self, o)
+
+    def __rand__(self, o: Any) -> Tensor:
+        return _ew.bool_operator("logical_and", o, self)
 
     def __or__(self, o: Any) -> Tensor:
-        return _ew.logical_or(self, o)
+        return _ew.bool_operator("logical_or", self, o)
+
+    def __ror__(self, o: Any) -> Tensor:
+        return _ew.bool_operator("logical_or", o, self)
 
     def __invert__(self) -> Tensor:
-        return _ew.logical_not(self)
+        return _ew.bool_operator("logical_not", self)
 
     def __getitem__(self, index: Any) -> Tensor:
         return _sh.getitem(self, index)
@@ -261,32 +320,41 @@ class Tensor:
 
     cast = astype
 
-    def sum(self, axis: Any = None, keepdims: bool = False) -> Tensor:
-        return _rd.sum(self, axis, keepdims)
+    def sum(self, axis: Any = UNSET, keepdims: Any = UNSET, *, dim: Any = UNSET,
+            keepdim: Any = UNSET) -> Tensor:
+        return _rd.sum(self, axis, keepdims, dim=dim, keepdim=keepdim)
 
-    def mean(self, axis: Any = None, keepdims: bool = False) -> Tensor:
-        return _rd.mean(self, axis, keepdims)
+    def mean(self, axis: Any = UNSET, keepdims: Any = UNSET, *, dim: Any = UNSET,
+             keepdim: Any = UNSET) -> Tensor:
+        return _rd.mean(self, axis, keepdims, dim=dim, keepdim=keepdim)
 
-    def max(self, axis: Any = None, keepdims: bool = False) -> Tensor:
-        return _rd.max(self, axis, keepdims)
+    def max(self, axis: Any = UNSET, keepdims: Any = UNSET, *, dim: Any = UNSET,
+            keepdim: Any = UNSET) -> Tensor:
+        return _rd.max(self, axis, keepdims, dim=dim, keepdim=keepdim)
 
-    def min(self, axis: Any = None, keepdims: bool = False) -> Tensor:
-        return _rd.min(self, axis, keepdims)
+    def min(self, axis: Any = UNSET, keepdims: Any = UNSET, *, dim: Any = UNSET,
+            keepdim: Any = UNSET) -> Tensor:
+        return _rd.min(self, axis, keepdims, dim=dim, keepdim=keepdim)
 
-    def prod(self, axis: Any = None, keepdims: bool = False) -> Tensor:
-        return _rd.prod(self, axis, keepdims)
+    def prod(self, axis: Any = UNSET, keepdims: Any = UNSET, *, dim: Any = UNSET,
+             keepdim: Any = UNSET) -> Tensor:
+        return _rd.prod(self, axis, keepdims, dim=dim, keepdim=keepdim)
 
-    def var(self, axis: Any = None, keepdims: bool = False, ddof: int = 0) -> Tensor:
-        return _rd.var(self, axis, keepdims, ddof=ddof)
+    def var(self, axis: Any = UNSET, keepdims: Any = UNSET, ddof: int = 0, *, dim: Any = UNSET,
+            keepdim: Any = UNSET) -> Tensor:
+        return _rd.var(self, axis, keepdims, ddof, dim=dim, keepdim=keepdim)
 
-    def logsumexp(self, axis: Any = None, keepdims: bool = False) -> Tensor:
-        return _rd.logsumexp(self, axis, keepdims)
+    def logsumexp(self, axis: Any = UNSET, keepdims: Any = UNSET, *, dim: Any = UNSET,
+                  keepdim: Any = UNSET) -> Tensor:
+        return _rd.logsumexp(self, axis, keepdims, dim=dim, keepdim=keepdim)
 
-    def argmax(self, axis: int | None = None, keepdims: bool = False) -> Tensor:
-        return _rd.argmax(self, axis, keepdims)
+    def argmax(self, axis: Any = UNSET, keepdims: Any = UNSET, *, dim: Any = UNSET,
+               keepdim: Any = UNSET) -> Tensor:
+        return _rd.argmax(self, axis, keepdims, dim=dim, keepdim=keepdim)
 
-    def argmin(self, axis: int | None = None, keepdims: bool = False) -> Tensor:
-        return _rd.argmin(self, axis, keepdims)
+    def argmin(self, axis: Any = UNSET, keepdims: Any = UNSET, *, dim: Any = UNSET,
+               keepdim: Any = UNSET) -> Tensor:
+        return _rd.argmin(self, axis, keepdims, dim=dim, keepdim=keepdim)
 
     def reshape(self, *shape: Any) -> Tensor:
         return _sh.reshape(self, shape[0] if len(shape) == 1 and not isinstance(shape[0], int) else shape)
@@ -305,17 +373,17 @@ class Tensor:
     def broadcast_to(self, shape: Sequence[int]) -> Tensor:
         return _sh.broadcast_to(self, shape)
 
-    def squeeze(self, axis: Any = None) -> Tensor:
-        return _sh.squeeze(self, axis)
+    def squeeze(self, axis: Any = UNSET, *, dim: Any = UNSET) -> Tensor:
+        return _sh.squeeze(self, axis, dim=dim)
 
-    def unsqueeze(self, axis: int) -> Tensor:
-        return _sh.unsqueeze(self, axis)
+    def unsqueeze(self, axis: Any = UNSET, *, dim: Any = UNSET) -> Tensor:
+        return _sh.unsqueeze(self, axis, dim=dim)
 
     def flatten(self) -> Tensor:
         return _sh.reshape(self, (self.size,))
 
-    def flip(self, axis: Any = None) -> Tensor:
-        return _sh.flip(self, axis)
+    def flip(self, axis: Any = UNSET, *, dims: Any = UNSET) -> Tensor:
+        return _sh.flip(self, axis, dims=dims)
 
     def exp(self) -> Tensor:
         return _ew.exp(self)
@@ -338,15 +406,15 @@ class Tensor:
     def tanh(self) -> Tensor:
         return _ew.tanh(self)
 
-    def softmax(self, axis: int = -1) -> Tensor:
+    def softmax(self, axis: Any = UNSET, *, dim: Any = UNSET) -> Tensor:
         from triplane.sdk.nn import functional as F
 
-        return F.softmax(self, axis)
+        return F.softmax(self, axis, dim=dim)
 
-    def log_softmax(self, axis: int = -1) -> Tensor:
+    def log_softmax(self, axis: Any = UNSET, *, dim: Any = UNSET) -> Tensor:
         from triplane.sdk.nn import functional as F
 
-        return F.log_softmax(self, axis)
+        return F.log_softmax(self, axis, dim=dim)
 
 
 # --- making nodes -----------------------------------------------------------------------
@@ -376,17 +444,32 @@ def apply(op: str, inputs: Sequence[Tensor], **attrs: Any) -> Tensor:
 record_hooks: list[Callable[[Tensor], None]] = []
 
 
+def is_weak(x: Any) -> bool:
+    """Whether ``x`` is a Python scalar, which NEP 50 types weakly (numpy scalars such as
+    ``np.float64(1)``, a float subclass, are strong: they keep their dtype)."""
+    return type(x) in (bool, int, float)
+
+
 def as_tensor(x: Any, like: Tensor | None = None) -> Tensor:
-    """A Tensor as is; a Python scalar as a 0-d constant of ``like``'s dtype (weak typing);
-    anything array-like as host data."""
+    """A Tensor as is; a Python scalar as a 0-d constant, weakly typed beside ``like``
+    (``dtypes.result_type``) or of its own default dtype without it; anything array-like
+    as host data."""
     if isinstance(x, Tensor):
         return x
-    if isinstance(x, (bool, int, float)):
-        d = dt.scalar_dtype(x, like.dtype if like is not None else None)
-        if isinstance(x, float) and not _ir.fits_json(x):  # NaN, inf, -0.0: as inline bytes
-            return apply("constant", [], data=_ir.encode_data(np.array(x, d.np)), shape=(), dtype=d.name)
-        return apply("full", [], value=x, shape=(), dtype=d.name)
+    if is_weak(x):
+        return scalar(x, dt.result_type(like.dtype, type(x)) if like is not None else dt.scalar_dtype(x))
     return Tensor.from_array(x)
+
+
+def scalar(x: bool | int | float, d: dt.DType) -> Tensor:
+    """The Python scalar ``x`` as a 0-d tensor of dtype ``d``. An int that ``d`` cannot
+    hold raises OverflowError, as numpy 2 does for ``int8_array + 300``."""
+    if d.kind in ("int", "uint") and not dt.fits(int(x), d):
+        raise OverflowError(f"Python integer {x} out of bounds for {d.name}")
+    value: bool | int | float = float(x) if d.is_float else bool(x) if d.kind == "bool" else int(x)
+    if isinstance(value, float) and not _ir.fits_json(value):  # NaN, inf, -0.0: as inline bytes
+        return apply("constant", [], data=_ir.encode_data(np.array(value, d.np)), shape=(), dtype=d.name)
+    return apply("full", [], value=value, shape=(), dtype=d.name)
 
 
 # --- graphs and evaluation ----------------------------------------------------------------

@@ -89,6 +89,22 @@ def test_full_and_friends(dtype: str) -> None:
     assert tp.zeros(4).shape == (4,) and tp.zeros(4).dtype == tp.float32
 
 
+def test_shapes_as_separate_ints() -> None:
+    assert tp.zeros(3, 3).shape == (3, 3) and tp.zeros(3, 3).dtype == tp.float32
+    o = tp.ones(2, 3, dtype="int8")
+    assert o.shape == (2, 3) and o.dtype == tp.int8 and (o.numpy() == 1).all()
+    assert tp.zeros([2, 3], tp.int32).dtype == tp.int32  # numpy's positional dtype
+    assert tp.zeros(4, "uint8").shape == (4,)
+    assert tp.ones((), dtype=bool).shape == ()
+    assert tp.randn(4, 5).shape == (4, 5) and tp.rand(2, 3, dtype="float64").dtype == tp.float64
+    with pytest.raises(TypeError, match="one dtype"):
+        tp.zeros((2, 3), "int8", dtype="int8")
+    with pytest.raises(TypeError, match="needs a shape"):
+        tp.ones()
+    with pytest.raises(TypeError, match="dtype= by name"):
+        tp.randn((2, 3), "float64")
+
+
 def test_full_value_sets_the_default_dtype() -> None:
     assert tp.full(2, 1.5).dtype == tp.float32
     assert tp.full(2, 3).dtype == tp.int64

@@ -366,3 +366,16 @@ def test_normalisation_shape_errors() -> None:
         F.batch_norm(x, T(np.zeros(4, np.float32)), T(np.ones(3, np.float32)))
     with pytest.raises(AttrError, match=r"softmax: attribute 'axis'=3 is out of range .*\(2, 3, 4\)"):
         F.softmax(x, 3)
+
+
+def test_softmax_takes_dim_and_computes_integers_in_float64() -> None:
+    x = np.arange(6).reshape(2, 3)
+    t = Tensor.from_array(x)
+    for fn in (F.softmax, F.log_softmax):
+        by_dim, by_axis = fn(t, dim=0), fn(t, axis=0)
+        assert by_dim.dtype == dt.float64  # as np.exp(int64)
+        np.testing.assert_array_equal(by_dim.numpy(), by_axis.numpy())
+        with pytest.raises(TypeError, match="both axis= and dim="):
+            fn(t, 0, dim=0)
+    np.testing.assert_allclose(t.softmax(dim=1).numpy().sum(axis=1), [1.0, 1.0])
+    np.testing.assert_allclose(t.log_softmax(dim=1).numpy(), t.log_softmax(-1).numpy())

@@ -48,8 +48,9 @@ EMPTY_CASES: list[tuple[tuple[int, ...], object]] = [((0,), None), ((2, 0, 3), 1
 
 
 def _int_ref(op: str, x: np.ndarray, ax: object, kd: bool, dtype: str) -> np.ndarray:
-    # fixed-width integer sums/products wrap: compute exactly in int64, then wrap to dtype
-    return REFERENCE[op](x.astype(np.int64), ax, kd).astype(dtype)
+    # the SDK sums and multiplies integers in int64, as numpy does (uint8: numpy's uint64)
+    return REFERENCE[op](x.astype(np.int64), ax, kd) if op in ("sum", "prod") \
+        else REFERENCE[op](x, ax, kd)
 
 
 @pytest.mark.parametrize("op", list(REFERENCE))
@@ -69,7 +70,9 @@ def test_reduction_matches_numpy(op: str, shape: tuple[int, ...], axis: object, 
         elif dtype == "bool":
             assert_close(got, REFERENCE[op](x, axis, keepdims), what=what)
         else:
-            assert_close(got, _int_ref(op, x, axis, keepdims, dtype), what=what)
+            want = _int_ref(op, x, axis, keepdims, dtype)
+            assert got.dtype == want.dtype, what
+            assert_close(got, want, what=what)
 
 
 @pytest.mark.parametrize("shape,axis", EMPTY_CASES)
@@ -116,13 +119,33 @@ def test_var_with_ddof(ddof: int, rng: np.random.Generator, seed: int) -> None:
         tp.var(Tensor.from_array(x), 1, ddof=5)
 
 
-def test_integer_means_compute_in_default_float(rng: np.random.Generator) -> None:
-    x = rng.integers(-5, 6, (3, 4))
-    m = tp.mean(Tensor.from_array(x), 0)
-    assert m.dtype == tp.float32
-    assert_close(m.numpy(), x.mean(0), "float32")
+def test_integer_reductions_take_numpys_dtypes(rng: np.random.Generator) -> None:
+    x = rng.integers(-5, 6, (3, 4)).astype(np.int8)
+    for op in ("mean", "var"):
+        m = getattr(tp, op)(Tensor.from_array(x), 0)
+        assert m.dtype == tp.float64
+        assert_close(m.numpy(), getattr(x, op)(0), "float64")
     s = tp.sum(Tensor.from_array(x > 0))
     assert s.dtype == tp.int64 and s.item() == int((x > 0).sum())
+    big = Tensor.from_array(np.full(300, 100, np.int8))
+    assert tp.sum(big).dtype == tp.int64 and tp.sum(big).item() == 30000  # no int8 wrap
+    assert tp.logsumexp(Tensor.from_array(x)).dtype == tp.float16  # as np.exp(int8)
+
+
+def test_reductions_take_torch_spellings() -> None:
+    x = np.arange(24.0).reshape(2, 3, 4)
+    t = Tensor.from_array(x)
+    np.testing.assert_array_equal(t.sum(dim=1).numpy(), x.sum(axis=1))
+    np.testing.assert_array_equal(tp.mean(t, dim=(0, 2), keepdim=True).numpy(),
+                                  x.mean(axis=(0, 2), keepdims=True))
+    np.testing.assert_array_equal(t.max(dim=-1, keepdims=True).numpy(), x.max(-1, keepdims=True))
+    np.testing.assert_array_equal(t.argmax(dim=2).numpy(), x.argmax(2))
+    np.testing.assert_array_equal(t.var(dim=0, ddof=1).numpy(), x.var(0, ddof=1))
+    assert t.sum(1, True).shape == (2, 1, 4)  # positional: numpy's order
+    with pytest.raises(TypeError, match=r"sum\(\) got both axis= and dim="):
+        t.sum(axis=1, dim=1)
+    with pytest.raises(TypeError, match=r"both keepdims= and keepdim="):
+        tp.prod(t, keepdims=True, keepdim=True)
 
 
 @pytest.mark.parametrize("op", ["argmax", "argmin"])

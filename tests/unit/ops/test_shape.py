@@ -289,3 +289,19 @@ def test_getitem_agrees_with_numpy(shape: tuple[int, ...], index: tuple[Any, ...
     got = T(data)[index]
     assert got.shape == want.shape
     np.testing.assert_array_equal(got.numpy(), want)
+
+
+def test_shape_functions_take_torch_spellings() -> None:
+    x = np.arange(24.0).reshape(2, 1, 3, 4)
+    t = tp.tensor(x)
+    np.testing.assert_array_equal(t.squeeze(dim=1).numpy(), x.squeeze(1))
+    np.testing.assert_array_equal(tp.unsqueeze(t, dim=0).numpy(), x[None])
+    np.testing.assert_array_equal(t.unsqueeze(dim=-1).numpy(), x[..., None])
+    np.testing.assert_array_equal(tp.concat([t, t], dim=2).numpy(), np.concatenate([x, x], axis=2))
+    np.testing.assert_array_equal(tp.stack([t, t], dim=1).numpy(), np.stack([x, x], axis=1))
+    np.testing.assert_array_equal(tp.split(t, 2, dim=3)[1].numpy(), np.split(x, 2, axis=3)[1])
+    np.testing.assert_array_equal(t.flip(dims=(0, 3)).numpy(), np.flip(x, (0, 3)))
+    with pytest.raises(TypeError, match=r"concat\(\) got both axis= and dim="):
+        tp.concat([t, t], axis=0, dim=0)
+    with pytest.raises(TypeError, match="position of the new axis"):
+        tp.unsqueeze(t)

@@ -84,9 +84,44 @@ def test_scalars_are_weakly_typed() -> None:
     assert (x + 0.5).dtype == tp.float16
     i = Tensor.from_array(np.ones(2, dtype=np.int32))
     assert (i * 2).dtype == tp.int32
-    assert (i * 0.5).dtype == tp.float32
+    assert (i * 0.5).dtype == tp.float64  # NEP 50: as numpy 2
     np.testing.assert_array_equal((i * 0.5).numpy(), [0.5, 0.5])
     assert (i + Tensor.from_array(np.ones(2, dtype=np.float64))).dtype == tp.float64
+    assert (i * np.float32(2)).dtype == tp.float64  # a numpy scalar is strong: int32 with float32
+    b = Tensor.from_array(np.ones(2, dtype=bool))
+    assert (b + 1).dtype == tp.int64 and (b + True).dtype == tp.bool_
+    u = Tensor.from_array(np.ones(2, dtype=np.uint8))
+    with pytest.raises(OverflowError, match="Python integer 300 out of bounds for uint8"):
+        u + 300
+    assert not (u == -1).numpy().any()  # comparisons stay exact, as numpy 2's
+
+
+def test_true_floor_division_and_remainder() -> None:
+    x = Tensor.from_array(np.arange(6))
+    q = x / 4
+    assert q.dtype == tp.float64
+    np.testing.assert_array_equal(q.numpy(), np.arange(6) / 4)
+    images = Tensor.from_array(np.array([0, 128, 255], np.uint8))
+    np.testing.assert_allclose((images / 255).numpy(), [0.0, 128 / 255, 1.0])
+    a = np.array([-7, -1, 0, 5, 7])
+    t = Tensor.from_array(a)
+    for got, want in [(t // 2, a // 2), (t % 3, a % 3), (t % -3, a % -3),
+                      (20 // (t + 8), 20 // (a + 8)), (20 % (t + 8), 20 % (a + 8)),
+                      (2 / (t + 8), 2 / (a + 8)), (2.5 // (t + 8), 2.5 // (a + 8))]:
+        assert got.dtype.name == want.dtype.name
+        np.testing.assert_array_equal(got.numpy(), want)
+
+
+def test_python_scalar_conversions() -> None:
+    s = Tensor.from_array(np.array([[2.75]], np.float32))
+    assert float(s) == 2.75 and isinstance(float(s), float)
+    assert int(s) == 2 and isinstance(int(s), int)
+    assert bool(s) is True
+    assert len(Tensor.from_array(np.zeros((3, 2)))) == 3
+    with pytest.raises(TypeError, match="one element"):
+        float(Tensor.from_array(np.zeros(2)))
+    with pytest.raises(TypeError, match="len"):
+        len(Tensor.from_array(np.float32(1)))
 
 
 def test_backward_accumulates_into_leaf_grads() -> None:
@@ -111,8 +146,8 @@ def test_backward_after_reading_the_value() -> None:
 def test_kernel_errors_name_the_node_and_the_users_line() -> None:
     a = Tensor.from_array(np.array([1, 2], dtype=np.int64))
     b = Tensor.from_array(np.array([1, 0], dtype=np.int64))
-    q = a / b
-    with pytest.raises(KernelError, match=r"\(div\): .*division by zero.*made at .*test_tensor.py:"):
+    q = a // b
+    with pytest.raises(KernelError, match=r"\(floor_divide\): .*division by zero.*made at .*test_tensor.py:"):
         q.numpy()
 
 

@@ -6,17 +6,21 @@ with mixed dtypes is rejected with a DTypeError naming both).
 Dtype policy (the ``dtypes`` of each op):
 
 * numeric (ints and floats): neg, abs, sign, square, relu, floor, ceil, add, sub, mul,
-  div, pow, maximum, minimum. floor and ceil are the identity on integers (torch's
-  convention, not numpy's, which would return float64). Integer ``div`` is floor division
-  and integer ``pow`` rejects negative exponents; both raise KernelError (kind user) at
-  run time on bad data.
-* floats only: exp, log, sqrt, rsqrt, reciprocal, sin, cos, tan, tanh, sigmoid, gelu,
+  floor_divide, remainder, pow, maximum, minimum. floor and ceil are the identity on
+  integers (as numpy 2's). Integer ``floor_divide`` and ``remainder`` by zero and integer
+  ``pow`` with a negative exponent raise KernelError (kind user) at run time (numpy gives
+  0 with a warning for the first two, and raises for the third).
+* floats only: div (true division; the SDK casts integers to float64 first, as numpy's
+  ``/`` does), exp, log, sqrt, rsqrt, reciprocal, sin, cos, tan, tanh, sigmoid, gelu,
   silu, erf.
+* ``floor_divide`` and ``remainder`` are numpy's (Python's ``//`` and ``%``): the quotient
+  rounded down, and ``x - floor(x / y) * y`` with the sign of the divisor.
 * comparisons eq, ne, lt, le, gt, ge: any dtype (both the same), result bool.
 * logical_and, logical_or, logical_not: bool only.
 * where(cond, x, y): cond bool; x and y of one (any) dtype.
 
-Gradient conventions (torch's): sign, floor and ceil have a zero gradient; abs and relu
+Gradient conventions (torch's): sign, floor, ceil and floor_divide have a zero gradient;
+remainder's is 1 in x and ``-floor(x / y)`` in y; abs and relu
 take the subgradient 0 at 0; maximum/minimum split the gradient 50/50 between the
 operands where they tie; comparisons and logic carry none (their results are bool).
 """
@@ -115,6 +119,17 @@ def _g_div(b: Builder, n: GradCtx, g: Ref) -> list[Ref | None]:
     return [b.unbroadcast(gx, x.shape), b.unbroadcast(-(gx * n.out), y.shape)]
 
 
+def _g_floor_divide(b: Builder, n: GradCtx, g: Ref) -> list[Ref | None]:
+    x, y = n.inputs
+    return [b.zeros_like(x), b.zeros_like(y)]
+
+
+def _g_remainder(b: Builder, n: GradCtx, g: Ref) -> list[Ref | None]:
+    # x % y = x - floor(x / y) * y, with floor's derivative taken as 0.
+    x, y = n.inputs
+    return [b.unbroadcast(g, x.shape), b.unbroadcast(-(g * b.op("floor_divide", x, y)), y.shape)]
+
+
 def _g_pow(b: Builder, n: GradCtx, g: Ref) -> list[Ref | None]:
     x, y = n.inputs
     gx = g * y * b.op("pow", x, y - 1.0)
@@ -205,7 +220,11 @@ unary("logical_not", None, dtypes=BOOL, doc="not x (bool only)")
 binary("add", _g_add)
 binary("sub", _g_sub)
 binary("mul", _g_mul)
-binary("div", _g_div, doc="true division for floats; floor division for integers (by 0: KernelError)")
+binary("div", _g_div, dtypes=dt.FLOATS, doc="x / y (true division; floats only: the SDK casts integers)")
+binary("floor_divide", _g_floor_divide,
+       doc="x // y rounded down (numpy.floor_divide); integers by 0: KernelError; zero gradient")
+binary("remainder", _g_remainder,
+       doc="x % y with the sign of y (numpy.remainder); integers by 0: KernelError")
 binary("pow", _g_pow, flops=10,
        doc="x ** y; integers need y >= 0 (else KernelError); gradient in y taken 0 where x == 0")
 binary("maximum", _g_extremum("gt"), doc="larger of two (nan propagates); ties split the gradient")

@@ -19,8 +19,16 @@ from triplane.proto import dtypes as dt
 from triplane.proto import optable
 from triplane.proto.errors import GraphError, ShapeError
 from triplane.sdk import creation as _creation
-from triplane.sdk.elementwise import gelu, operands, relu, sigmoid, silu, tanh  # re-exported (torch's F.relu)
-from triplane.sdk.tensor import Tensor, apply, as_tensor
+from triplane.sdk.elementwise import (  # re-exported (torch's F.relu)
+    as_float,
+    gelu,
+    operands,
+    relu,
+    sigmoid,
+    silu,
+    tanh,
+)
+from triplane.sdk.tensor import UNSET, Tensor, apply, as_tensor, spelling
 
 __all__ = [
     "avg_pool2d", "batch_norm", "conv2d", "cross_entropy", "dropout", "embedding", "gelu",
@@ -51,14 +59,16 @@ def _full(value: float, shape: Sequence[int], dtype: dt.DType) -> Tensor:
 # --- activations over an axis, losses ----------------------------------------------------------
 
 
-def softmax(x: Any, axis: int = -1) -> Tensor:
-    """exp(x) / sum(exp(x)) along ``axis`` (computed stably)."""
-    return apply("softmax", [as_tensor(x)], axis=axis)
+def softmax(x: Any, axis: int = UNSET, *, dim: int = UNSET) -> Tensor:
+    """exp(x) / sum(exp(x)) along ``axis`` (or torch's ``dim``; default -1), computed
+    stably; integers are computed in the float ``tp.exp`` would give them."""
+    return apply("softmax", [as_float(x)], axis=spelling("softmax", "axis", axis, "dim", dim, -1))
 
 
-def log_softmax(x: Any, axis: int = -1) -> Tensor:
-    """x - logsumexp(x) along ``axis`` (computed stably)."""
-    return apply("log_softmax", [as_tensor(x)], axis=axis)
+def log_softmax(x: Any, axis: int = UNSET, *, dim: int = UNSET) -> Tensor:
+    """x - logsumexp(x) along ``axis`` (or torch's ``dim``; default -1), computed stably."""
+    return apply("log_softmax", [as_float(x)],
+                 axis=spelling("log_softmax", "axis", axis, "dim", dim, -1))
 
 
 def cross_entropy(logits: Any, labels: Any, reduction: str = "mean", ignore_index: int | None = None,

@@ -73,7 +73,8 @@ def _ints(shape: tuple[int, ...], high: int) -> np.ndarray:
 
 UNARY_POSITIVE = ["exp", "log", "sqrt", "rsqrt", "reciprocal", "sin", "cos", "tan", "tanh", "sigmoid",
                   "gelu", "silu", "erf", "neg", "abs", "sign", "square", "relu", "floor", "ceil"]
-BINARY = ["add", "sub", "mul", "div", "maximum", "minimum", "eq", "ne", "lt", "le", "gt", "ge"]
+BINARY = ["add", "sub", "mul", "div", "floor_divide", "remainder", "maximum", "minimum", "eq", "ne", "lt",
+          "le", "gt", "ge"]
 
 CASES: list[Case] = [
     *[Case(op, _f(7, 5, lo=0.5, hi=2.0)) for op in UNARY_POSITIVE],

@@ -64,20 +64,36 @@ def _rsqrt(ins, a, out):
 
 @kernel("div")
 def _div(ins, a, out):
+    return np.true_divide(ins[0], ins[1])
+
+
+def _int_divisor(y, op: str) -> None:
+    # numpy gives 0 (with a warning) for an integer divided by zero; the IR makes it a
+    # user error, so that no engine returns a made-up number.
+    if np.any(y == 0):
+        raise ZeroDivisionError(f"integer {op} by zero")
+
+
+@kernel("floor_divide")
+def _floor_divide(ins, a, out):
     x, y = ins
-    if out.dtype.is_int:
-        # C-style truncating division would differ by engine; the IR means floor division
-        # for integers, and division by zero is a user error.
-        if np.any(y == 0):
-            raise ZeroDivisionError("integer division by zero")
-        return np.floor_divide(x, y)
-    return np.true_divide(x, y)
+    if out.dtype.is_int and out.size:
+        _int_divisor(y, "division")
+    return np.floor_divide(x, y)
+
+
+@kernel("remainder")
+def _remainder(ins, a, out):
+    x, y = ins
+    if out.dtype.is_int and out.size:
+        _int_divisor(y, "remainder")
+    return np.remainder(x, y)
 
 
 @kernel("pow")
 def _pow(ins, a, out):
     x, y = ins
-    if out.dtype.is_int and np.any(y < 0):
+    if out.dtype.is_int and out.size and np.any(y < 0):  # (no element computed: no error, as numpy)
         bad = y[y < 0].reshape(-1)[0]
         raise ValueError(f"integer pow with a negative exponent ({bad}); cast to a float dtype first")
     return np.power(x, y)

@@ -211,7 +211,7 @@ class _Steps:
                 if buf is not None and all(getattr(x, "dtype", None) == t.dtype.np for x in operands):
                     v = ufunc(*operands, out=self._buffer(buf, size, t.dtype.np).reshape(shape))
                 else:
-                    v = fn(operands, attrs, out_t)
+                    v = _rounded(fn(operands, attrs, out_t), out_t)
                 if self.constant[k]:
                     self.const_values[k] = v
             vals.append(v)
@@ -235,10 +235,18 @@ class _Steps:
     def _run_general(self, values, shape, asarray):
         vals = list(values)
         for (fn, args, attrs, _, drop), out_t in zip(self.steps, self._types(shape)):
-            vals.append(asarray(fn([vals[i] for i in args], attrs, out_t)))
+            vals.append(_rounded(asarray(fn([vals[i] for i in args], attrs, out_t)), out_t))
             for i in drop:
                 vals[i] = None
         return vals[-1]
+
+
+def _rounded(v, t: TensorType):
+    """A step's value in its own dtype. Kernels may return a wider one (sigmoid of float16
+    computes in float64) and leave the rounding to the engine; inside a program the next
+    step must read what the graph says this one is, as it would unfused."""
+    want = t.dtype.np
+    return v if getattr(v, "dtype", want) == want else v.astype(want)
 
 
 def _dt(x):
