@@ -329,11 +329,8 @@ def test_random_programs_agree_with_numpy() -> None:
     _run(0, DEFAULT_PROGRAMS)
 
 
-@pytest.mark.slow
-def test_many_random_programs_agree_with_numpy(request: pytest.FixtureRequest) -> None:
-    # About 75 s on one core: run when slow tests are asked for, not in every suite run.
-    if "slow" not in (request.config.getoption("markexpr") or ""):
-        pytest.skip("20,000 programs: run with -m slow")
+@pytest.mark.slow  # 26-75 s on one core; CI runs slow tests too (deselect with -m "not slow")
+def test_many_random_programs_agree_with_numpy() -> None:
     _run(1_000_000, 20_000)
 
 
