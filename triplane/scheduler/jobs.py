@@ -164,6 +164,8 @@ class Jobs:
         cluster, engines, factors = await self.cluster.snapshot()
         plan = await asyncio.to_thread(self.compile, graph_doc, fetch, cluster)
         bindings = bindings_of(plan)
+        if deadline_s is not None:
+            bindings["deadline_s"] = deadline_s  # a resumed job keeps its deadline
         if len(json.dumps(bindings)) > 60_000:
             raise LimitError(f"{len(plan.args)} uploaded inputs and {len(fetch)} fetched names "
                              "do not fit one job's record; submit fewer at once")
@@ -284,7 +286,10 @@ class Jobs:
                 continue
             done = tuple((t.task_id, t.node) for t in tasks
                          if t.state == "done" and t.node in live_nodes and t.task_id in plan.templates)
-            self._dispatch(plan, info.created_at, done)
+            deadline_s = bindings.get("deadline_s")  # from submit's time, as the first process had it
+            if type(deadline_s) not in (int, float):
+                deadline_s = None
+            self._dispatch(plan, info.created_at, done, None, deadline_s)
             log.info("resumed job %s (%d of %d tasks already done)", info.id, len(done), len(plan.specs))
 
     def _set_failed(self, job: str, error: str) -> None:

@@ -92,3 +92,20 @@ def test_resume_does_not_wait_when_every_named_executor_is_there(tmp_path: Path)
     assert asyncio.run(resume()) < 5.0
     tasks = {tid: t.state for tid, t in second.state.jobs[job].tasks.items()}
     assert tasks == {a: "done", b: "done", c: "ready"}
+
+
+def test_a_resumed_job_keeps_the_deadline_it_was_submitted_with(tmp_path: Path) -> None:
+    db = mdb.open_db(f"sqlite:///{tmp_path / 'meta.sqlite3'}")
+    first = Scheduler(registry=MemoryBackend(), db=db, run_dir=tmp_path, secret=b"s" * 32)
+    plan = first.jobs.compile(chain(), ["c2"], ClusterSnapshot())
+    submitted = time.time() - 5.0
+    bindings = {"args": list(plan.args), "fetch": dict(plan.fetch), "deadline_s": 60.0}
+    first.jobs.store_job(plan, ["c2"], bindings, submitted)
+    second = Scheduler(registry=MemoryBackend(), db=db, run_dir=tmp_path, secret=b"s" * 32)
+
+    async def resume() -> float | None:
+        await second.jobs.resume(await asyncio.to_thread(second.jobs.load_resumable), set())
+        return second.state.jobs[plan.job].deadline
+
+    deadline = asyncio.run(resume())
+    assert deadline is not None and abs(deadline - (submitted + 60.0)) < 1e-3  # from submit, not resume
