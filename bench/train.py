@@ -39,8 +39,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS_DIR, machine_facts, markdown_table, write_results  # noqa: E402
-from train_systems import (  # noqa: E402
+from _common import RESULTS_DIR, machine_facts, markdown_table, write_results
+from train_systems import (
     Model,
     NumpyByHand,
     Torch,
@@ -132,7 +132,8 @@ def report(results: dict[str, dict[str, dict[str, Any]]], models: dict[str, Mode
                 verdicts.append(f"{models[mk].key} {NAMES[tk]} <= {limit:g}x PyTorch: not measured "
                                 "(no PyTorch row)")
             elif not row["ms"] or row["status"] != "ok":
-                verdicts.append(f"{models[mk].key} {NAMES[tk]} <= {limit:g}x PyTorch: NOT met ({row['status']})")
+                verdicts.append(f"{models[mk].key} {NAMES[tk]} <= {limit:g}x PyTorch: "
+                                f"NOT met ({row['status']})")
             else:
                 ratio = min(row["ms"]) / torch_best
                 verdicts.append(f"{models[mk].key} {NAMES[tk]} <= {limit:g}x PyTorch: "

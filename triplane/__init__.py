@@ -38,6 +38,7 @@ from triplane.sdk.autograd import (
     is_grad_enabled,
     no_grad,
 )
+from triplane.sdk.compile import compile
 from triplane.sdk.creation import (
     arange,
     eye,
@@ -159,8 +160,9 @@ del _sys, _name, _mod
 __all__ = [
     "DType", "DTypeError", "GraphError", "KernelError", "NotDifferentiableError", "ShapeError",
     "Tensor", "TensorIndexError", "TriplaneError", "__version__", "abs", "add", "arange", "argmax",
-    "argmin", "backward", "bfloat16", "bool_", "broadcast_to", "cast", "ceil", "concat", "concatenate",
-    "connect", "cos", "data", "div", "eq", "erf", "exp", "expand_dims", "eye", "flip", "float16",
+    "argmin", "backward", "bfloat16", "bool_", "broadcast_to", "cast", "ceil", "compile", "concat",
+    "concatenate", "connect", "cos", "data", "div", "eq", "erf", "exp", "expand_dims", "eye", "flip",
+    "float16",
     "float32", "float64", "floor", "full", "full_like", "gather", "ge", "gelu", "getitem", "grad", "gt",
     "index_select", "int16", "int32", "int64", "int8", "is_grad_enabled", "le", "load", "log",
     "logical_and", "logical_not", "logical_or", "logsumexp", "lt", "manual_seed", "matmul", "max",
