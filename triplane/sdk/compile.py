@@ -100,6 +100,10 @@ class TraceCache(Generic[V]):
             while len(self._items) > self.capacity:
                 self._items.popitem(last=False)
 
+    def drop(self, key: Any) -> None:
+        with self._lock:
+            self._items.pop(key, None)
+
     def __len__(self) -> int:
         return len(self._items)
 
