@@ -13,15 +13,17 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from triplane.engines.registry import get_op_engine
-from triplane.executor.local import run_plan
+from triplane.executor.local import KernelList
 from triplane.proto.errors import KernelError
-from triplane.scheduler.compiler.pipeline import CompileOptions, PlanCache
+from triplane.scheduler.compiler.pipeline import CompileOptions, Plan, PlanCache
 from triplane.sdk import remote, session
+from triplane.sdk.compile import TraceCache, signature
 
 if TYPE_CHECKING:
     from triplane.sdk.tensor import Tensor
@@ -29,30 +31,67 @@ if TYPE_CHECKING:
 __all__ = ["EmbeddedSession", "install", "local_cluster"]
 
 
+@dataclass(frozen=True)
+class CompiledStep:
+    """What the embedded session keeps per graph structure (``sdk.compile.signature``):
+    the plan's kernel list, which walked input binds each ``argN`` (``args[N]`` is its
+    position among the walk's inputs), the plan node of each output, and the walk
+    position of each plan node (to name the user's line when a kernel fails)."""
+
+    plan: Plan
+    kernels: KernelList
+    args: tuple[int, ...]
+    outputs: tuple[str, ...]
+    walk_of: dict[str, int]
+
+
 class EmbeddedSession:
-    """Compiles and runs graphs in this process (the default session)."""
+    """Compiles and runs graphs in this process (the default session).
+
+    A graph whose structure was run before replays that compiled step: its kernel list
+    with the new input values, without building, canonicalising, hashing, validating or
+    planning a graph (``counters()`` shows the trace and plan caches' hits and misses)."""
 
     def __init__(self, engine: str = "numpy", options: CompileOptions | None = None) -> None:
         self.engine = get_op_engine(engine)
         self.options = options or CompileOptions()
         self.plans = PlanCache()
+        self.traces: TraceCache[CompiledStep] = TraceCache()
         self.last_stats: dict[str, Any] = {}
 
     def evaluate(self, outputs: Sequence[Tensor]) -> list[np.ndarray]:
-        from triplane.sdk.tensor import build_graph
-
-        graph, tensors, bindings = build_graph(outputs)
-        cgraph, rename, args = graph.canonical()
-        plan = self.plans.get_or_compile(cgraph, self.options)
+        key, walk, inputs = signature(outputs)
+        step = self.traces.get(key)
+        if step is None:
+            step = self._compile(outputs, walk, inputs)
+            self.traces.put(key, step)
+        bindings = {f"arg{i}": inputs[p]._value for i, p in enumerate(step.args)}
         stats: dict[str, Any] = {}
         try:
-            results = run_plan(plan, {f"arg{i}": bindings[a] for i, a in enumerate(args)},
-                               self.engine, stats)
+            results = step.kernels.run(bindings, stats)
         except KernelError as e:
-            raise session.locate_kernel_error(e, rename, tensors) from None
-        stats.update(planned_peak_bytes=plan.memory.peak_bytes, nodes=len(plan.graph))
+            rename = {walk[p]._id: nid for nid, p in step.walk_of.items()}
+            raise session.locate_kernel_error(e, rename, {t._id: t for t in walk}) from None
+        stats.update(planned_peak_bytes=step.plan.memory.peak_bytes, nodes=len(step.plan.graph))
         self.last_stats = stats
-        return [np.asarray(results[rename[t._id]]) for t in outputs]
+        return [np.asarray(results[o]) for o in step.outputs]
+
+    def _compile(self, outputs: Sequence[Tensor], walk: list[Tensor], inputs: list[Tensor]) -> CompiledStep:
+        from triplane.sdk.tensor import build_graph
+
+        graph, _, _ = build_graph(outputs)
+        cgraph, rename, args = graph.canonical()
+        plan = self.plans.get_or_compile(cgraph, self.options)
+        at_input = {t._id: i for i, t in enumerate(inputs)}
+        return CompiledStep(plan, KernelList(plan, self.engine), tuple(at_input[a] for a in args),
+                            tuple(rename[t._id] for t in outputs),
+                            {rename[t._id]: i for i, t in enumerate(walk)})
+
+    def counters(self) -> dict[str, int]:
+        """Compiled steps replayed (``trace_hits``) and compiled (``trace_misses``); plans
+        found by canonical hash (``plan_hits``) and planned (``plan_misses``)."""
+        return {"trace_hits": self.traces.hits, "trace_misses": self.traces.misses,
+                "plan_hits": self.plans.hits, "plan_misses": self.plans.misses}
 
 
 def local_cluster(home: str | os.PathLike[str] | None = None) -> remote.LocalCluster:

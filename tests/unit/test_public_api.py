@@ -27,6 +27,7 @@ PUBLIC = [
     "broadcast_to",
     "cast",
     "ceil",
+    "compile",
     "concat",
     "concatenate",
     "connect",

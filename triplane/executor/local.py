@@ -39,34 +39,56 @@ def run_plan(plan: RunnablePlan, bindings: Mapping[str, np.ndarray], engine: Any
     """Execute ``plan`` on ``engine``; ``bindings`` maps input tensor ids to arrays.
     Returns the graph's outputs by node id. ``stats`` (if given) receives ``peak_bytes``
     actually held, counted the way the memory plan counts."""
-    graph = plan.graph
-    values: dict[str, np.ndarray] = {}
-    live = peak = 0
-    for step in plan.memory.steps:
-        node = graph.nodes[step.node]
-        if node.op == "input":
-            key = node.attrs["tensor"]
-            if key not in bindings:
-                raise KernelError(f"no data bound for input tensor {key!r}", node=step.node, op="input",
-                                  kind="infra")
-            arr = np.asarray(bindings[key])
-            if arr.shape != tuple(node.shape) or arr.dtype != node.type.dtype.np:
-                raise KernelError(f"bound data is {arr.dtype}{list(arr.shape)}, the graph declares "
-                                  f"{node.dtype}{list(node.shape)}", node=step.node, op="input")
-            values[step.node] = arr
-        else:
-            try:
-                values[step.node] = engine.run(node.op, [values[i] for i in node.inputs],
-                                               node.attrs, node.type)
-            except KernelError as e:
-                if e.node is None:
-                    raise KernelError(str(e), node=step.node, op=node.op, kind=e.kind) from e
-                raise
-        live += node.type.nbytes
-        peak = max(peak, live)
-        for dead in step.free:
-            live -= graph.nodes[dead].type.nbytes
-            del values[dead]
-    if stats is not None:
-        stats["peak_bytes"] = peak
-    return {o: values[o] for o in graph.outputs}
+    return KernelList(plan, engine).run(bindings, stats)
+
+
+class KernelList:
+    """A plan flattened once into the list of kernels it runs, to be replayed with new
+    input bindings (the embedded session's compiled steps): per step the op, its input
+    slots, attributes and output type, and the values it frees, so a replay reads no
+    graph and builds no node or type objects. ``run`` checks each bound array's shape
+    and dtype against the graph, as ``run_plan`` always did."""
+
+    def __init__(self, plan: RunnablePlan, engine: Any) -> None:
+        graph = plan.graph
+        self.engine = engine
+        self.outputs = tuple(graph.outputs)
+        self.steps: list[tuple[str, str, tuple[str, ...], Any, Any, int, tuple[tuple[str, int], ...]]] = []
+        for step in plan.memory.steps:
+            node = graph.nodes[step.node]
+            ty = node.type
+            key = node.attrs["tensor"] if node.op == "input" else ""
+            self.steps.append((step.node, node.op, tuple(node.inputs), key or node.attrs, ty,
+                               ty.nbytes, tuple((d, graph.nodes[d].type.nbytes) for d in step.free)))
+
+    def run(self, bindings: Mapping[str, np.ndarray],
+            stats: dict[str, int] | None = None) -> dict[str, np.ndarray]:
+        """Run every kernel; the outputs by node id. Raises KernelError naming the node."""
+        run = self.engine.run
+        values: dict[str, np.ndarray] = {}
+        live = peak = 0
+        for nid, op, inputs, attrs, ty, nbytes, free in self.steps:
+            if op == "input":
+                if attrs not in bindings:
+                    raise KernelError(f"no data bound for input tensor {attrs!r}", node=nid, op="input",
+                                      kind="infra")
+                arr = np.asarray(bindings[attrs])
+                if arr.shape != ty.shape or arr.dtype != ty.dtype.np:
+                    raise KernelError(f"bound data is {arr.dtype}{list(arr.shape)}, the graph declares "
+                                      f"{ty.dtype.name}{list(ty.shape)}", node=nid, op="input")
+                values[nid] = arr
+            else:
+                try:
+                    values[nid] = run(op, [values[i] for i in inputs], attrs, ty)
+                except KernelError as e:
+                    if e.node is None:
+                        raise KernelError(str(e), node=nid, op=op, kind=e.kind) from e
+                    raise
+            live += nbytes
+            peak = max(peak, live)
+            for dead, size in free:
+                live -= size
+                del values[dead]
+        if stats is not None:
+            stats["peak_bytes"] = peak
+        return {o: values[o] for o in self.outputs}

@@ -30,7 +30,7 @@ import contextlib
 import json
 import logging
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -50,7 +50,7 @@ from triplane.scheduler.compiler.planview import plan_document
 from triplane.scheduler.dispatch.shell import DispatchShell
 from triplane.scheduler.dispatch.state import CancelJob, JobFinished, SubmitJob
 from triplane.scheduler.earlier import BINDINGS, REBUILD_ERRORS, plan_again
-from triplane.scheduler.errors import BadRequest, NotFound, Unavailable
+from triplane.scheduler.errors import BadRequest, Conflict, NotFound, Unavailable
 from triplane.scheduler.journal import FAILED, Journal
 from triplane.scheduler.store import TensorStore
 
@@ -150,12 +150,17 @@ class Jobs:
         # or on taking the lead): a long-poll or cancel of such a job waits for it.
         self.resumed = asyncio.Event()
         self.resumed.set()
+        # canonical graph hash -> (canonical graph, fetched name -> plan node, fetch list) of
+        # the structures submitted lately, for submit_bound (an LRU as long as the plan cache)
+        self.structures: OrderedDict[str, tuple[Graph, dict[str, str], tuple[str, ...]]] = OrderedDict()
 
     # --- submit ----------------------------------------------------------------------------
 
     async def submit(self, graph_doc: Any, fetch: Any, deadline_s: float | None = None, *,
                      owner: str | None = None) -> dict[str, Any]:
-        """Validate, compile, store and dispatch a job; its status body (see the module doc).
+        """Validate, compile, store and dispatch a job; its status body (see the module doc)
+        with ``plan`` (the canonical graph's hash) and ``args`` (the uploads bound to
+        ``arg0, arg1, ...``), for :meth:`submit_bound` to run the same structure again.
         ``deadline_s``: the job fails (kind "deadline") if not ended that long after submit;
         ``owner``: the name of the token that submitted it (a submit token sees only its own)."""
         await self.require_leader()
@@ -163,6 +168,39 @@ class Jobs:
             raise BadRequest(f"'fetch' must be a list of at most {MAX_FETCH} node ids")
         cluster, engines, factors = await self.cluster.snapshot()
         plan = await asyncio.to_thread(self.compile, graph_doc, fetch, cluster)
+        assert plan.graph is not None
+        key = plan.graph.hash()  # computed (and kept on the graph) by the plan cache already
+        self.structures[key] = (plan.graph, dict(plan.fetch), tuple(fetch))
+        self.structures.move_to_end(key)
+        while len(self.structures) > self.plans.capacity:
+            self.structures.popitem(last=False)
+        body = await self._start(plan, fetch, deadline_s, owner, engines, factors)
+        return {**body, "plan": key, "args": list(plan.args)}
+
+    async def submit_bound(self, plan_hash: str, args: list[str], fetch: list[str],
+                           deadline_s: float | None = None, *, owner: str | None = None) -> dict[str, Any]:
+        """A job of a structure submitted before: its canonical graph (known by ``plan_hash``)
+        with the uploads ``args`` bound to ``arg0, arg1, ...`` and the same ``fetch`` list.
+        Skips parsing, canonicalising, hashing and the passes (the plan cache holds the
+        plan); laid out, stored and dispatched as :meth:`submit`. ``Conflict`` of kind
+        ``unknown_plan`` when this process does not know the structure (never submitted,
+        evicted, or a restart): the client sends the graph instead."""
+        await self.require_leader()
+        known = self.structures.get(plan_hash)
+        if known is None or known[2] != tuple(fetch):
+            raise Conflict(f"unknown plan {plan_hash[:16]!r} for this fetch list: submit the graph",
+                           kind="unknown_plan")
+        cgraph, fetch_map, _ = known
+        nargs = sum(1 for n in cgraph.nodes.values() if n.op == "input")
+        if len(args) != nargs:
+            raise BadRequest(f"plan {plan_hash[:16]} binds {nargs} inputs, the request gives {len(args)}")
+        cluster, engines, factors = await self.cluster.snapshot()
+        plan = await asyncio.to_thread(compile_job, cgraph, fetch_map, cluster, cache=self.plans, args=args)
+        return await self._start(plan, fetch, deadline_s, owner, engines, factors)
+
+    async def _start(self, plan: JobPlan, fetch: list[str], deadline_s: float | None, owner: str | None,
+                     engines: Any, factors: Factors) -> dict[str, Any]:
+        """Check, store and dispatch a compiled job; its status body."""
         bindings = bindings_of(plan)
         if deadline_s is not None:
             bindings["deadline_s"] = deadline_s  # a resumed job keeps its deadline

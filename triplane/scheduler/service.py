@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +40,7 @@ from triplane.scheduler.compiler.pipeline import PlanCache
 from triplane.scheduler.dispatch.shell import DispatchShell, Hooks
 from triplane.scheduler.dispatch.state import DispatchState, Policy
 from triplane.scheduler.earlier import EarlierJobs
-from triplane.scheduler.errors import Standby
+from triplane.scheduler.errors import Conflict, Standby
 from triplane.scheduler.jobs import RETAIN_FINISHED, Jobs, LiveJob
 from triplane.scheduler.journal import Journal
 from triplane.scheduler.leading import Leading
@@ -170,6 +171,18 @@ class Scheduler(Leading):
     async def submit(self, graph_doc: Any, fetch: Any, deadline_s: float | None = None, *,
                      owner: str | None = None) -> dict[str, Any]:
         return await self.jobs.submit(graph_doc, fetch, deadline_s, owner=owner)
+
+    async def submit_bound(self, plan_hash: str, args: Sequence[str | tuple[bytes, tuple[int, ...], str]],
+                           fetch: list[str], deadline_s: float | None = None, *,
+                           owner: str | None = None) -> dict[str, Any]:
+        """A compiled step (``Jobs.submit_bound``); inline arguments (raw bytes, shape,
+        dtype) are stored as uploads first, once the plan is known to exist."""
+        known = self.jobs.structures.get(plan_hash)
+        if known is None or known[2] != tuple(fetch):
+            raise Conflict(f"unknown plan {plan_hash[:16]!r} for this fetch list: submit the graph",
+                           kind="unknown_plan")
+        ids = [a if isinstance(a, str) else self.store.put(*a).id for a in args]
+        return await self.jobs.submit_bound(plan_hash, ids, fetch, deadline_s, owner=owner)
 
     def status(self, job: str) -> dict[str, Any]:
         return self.jobs.status(job)

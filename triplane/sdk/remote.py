@@ -36,6 +36,7 @@ import numpy as np
 from triplane.proto import dtypes as dt
 from triplane.proto import errors as E
 from triplane.proto.canonjson import canonical_json
+from triplane.sdk.remote_steps import BoundSteps
 
 if TYPE_CHECKING:
     import httpx
@@ -125,6 +126,8 @@ class RemoteSession:
         self._client = httpx.Client(base_url=self.url, headers=headers, transport=transport,
                                     timeout=httpx.Timeout(timeout_s, connect=min(5.0, timeout_s)))
         self._uploads = _Uploads()
+        self.steps = BoundSteps()  # compiled steps: structures the scheduler planned before
+        self.last_submit: dict[str, Any] = {}
         self.last_job: str | None = None
         self.last_stats: dict[str, Any] = {}
 
@@ -134,11 +137,17 @@ class RemoteSession:
         """Compute ``outputs`` on the cluster; same values as the embedded session."""
         from triplane.sdk.tensor import build_graph
 
+        t0 = time.perf_counter()
+        done, pending = self.steps.run(self, outputs)  # a compiled step: one small request
+        if done is not None:
+            self.last_stats = {"job": self.last_job, "compiled": True, "seconds": time.perf_counter() - t0}
+            return done
         graph, tensors, bindings = build_graph(outputs)
         cgraph, rename, args = graph.canonical()
         doc = json.loads(cgraph.to_json())  # the wire form (constants encoded as the IR says)
         uploaded = 0
         local: dict[str, np.ndarray] = {}  # canonical id -> host value of input nodes
+        upload_of: dict[str, str] = {}  # argN -> its upload
         for nid, node in doc["nodes"].items():
             if node["op"] != "input":
                 continue
@@ -148,14 +157,15 @@ class RemoteSession:
                 upload_id = self.upload(arr)
                 self._uploads.put(arr, upload_id)
                 uploaded += 1
+            upload_of[node["attrs"]["tensor"]] = upload_id
             node["attrs"]["tensor"] = upload_id
             local[nid] = arr
         # An output that is itself host data needs no trip; the rest is fetched once each.
         fetch = list(dict.fromkeys(o for o in cgraph.outputs if o not in local))
-        t0 = time.perf_counter()
         values: dict[str, np.ndarray] = dict(local)
         if fetch:
             job = self.submit(doc, fetch)
+            self.steps.learn(pending, self.last_submit, upload_of, args, rename, outputs, fetch)
             try:
                 self.wait(job)
             except E.KernelError as e:
@@ -184,8 +194,26 @@ class RemoteSession:
         body = canonical_json({"graph": graph_doc, "fetch": fetch})
         r = self._call("POST", "/v1/jobs", content=body, headers={"Content-Type": "application/json"},
                        retry_sent=False)
+        self.last_submit = r.json()
+        self.last_job = str(self.last_submit["id"])
+        return self.last_job
+
+    def submit_bound(self, plan: str, args: list[Any], fetch: list[str]) -> str:
+        """``POST /v1/jobs`` of a compiled step (``remote_steps.py``); the job id. A 409
+        ``unknown plan`` RemoteError when the scheduler does not know ``plan``."""
+        body = canonical_json({"plan": plan, "args": args, "fetch": fetch})
+        r = self._call("POST", "/v1/jobs", content=body, headers={"Content-Type": "application/json"},
+                       retry_sent=False)
         self.last_job = str(r.json()["id"])
         return self.last_job
+
+    def upload_once(self, arr: np.ndarray) -> str:
+        """The upload id of ``arr``, uploading it unless this session did before."""
+        upload_id = self._uploads.get(arr)
+        if upload_id is None:
+            upload_id = self.upload(arr)
+            self._uploads.put(arr, upload_id)
+        return upload_id
 
     def wait(self, job: str) -> dict[str, Any]:
         """Long-poll until ``job`` ends; its status body when done, else the mapped error."""
@@ -227,6 +255,12 @@ class RemoteSession:
         arr = arr.reshape(shape)
         arr.flags.writeable = False
         return arr
+
+    def counters(self) -> dict[str, int]:
+        """Compiled steps sent as one small request (``trace_hits``), structures sent as a
+        graph (``trace_misses``), and compiled steps the scheduler had forgotten."""
+        c = self.steps.cache
+        return {"trace_hits": c.hits, "trace_misses": c.misses, "unknown_plan": self.steps.fallbacks}
 
     def health(self) -> dict[str, Any]:
         return dict(self._call("GET", "/v1/health", retry_sent=True).json())

@@ -74,4 +74,4 @@ def test_sdk_second_step_is_a_cache_hit() -> None:
             w = Tensor.from_array(rng.standard_normal((3, 2)).astype(np.float32))
             y = ((x @ w) * 2.0 + 1.0).exp().numpy()
             np.testing.assert_allclose(y, np.exp((x.numpy() @ w.numpy()) * 2 + 1), rtol=1e-5)
-            assert (sess.plans.hits, sess.plans.misses) == (step, 1)
+            assert (sess.traces.hits, sess.traces.misses, sess.plans.misses) == (step, 1, 1)

@@ -92,6 +92,7 @@ ROUTES: list[tuple[str, str, set[str] | None]] = [
     ("GET", "/v1/whoami", READERS),
     ("POST", "/v1/tensors", CHANGERS),
     ("POST", "/v1/jobs", CHANGERS),
+    ("POST", "/v1/jobs#compiled-step", CHANGERS),  # {"plan", "args", "fetch"}: as a submit
     ("GET", "/v1/jobs", READERS),
     ("GET", "/v1/jobs/{job}", READERS),
     ("GET", "/v1/jobs/{job}/wait?timeout=0", READERS),
@@ -118,6 +119,11 @@ def _request(c: Cluster, who: str, method: str, path: str, job: str) -> httpx.Re
                                                               "X-Triplane-Dtype": "float32"})
     if path == "/v1/jobs" and method == "POST":
         return c.client.post(url, json=job_body(c.upload()), headers=headers)
+    if path == "/v1/jobs#compiled-step":
+        first = c.client.post("/v1/jobs", json=job_body(c.upload()), headers=c.headers("admin")).json()
+        inline = {"shape": [2, 2], "dtype": "float32", "data": base64.b64encode(bytes(16)).decode()}
+        return c.client.post("/v1/jobs", json={"plan": first["plan"], "args": [inline], "fetch": ["y"]},
+                             headers=headers)
     if path.startswith("/v1/registry/"):
         body = {"put": {"key": "scheduler/data", "value": base64.b64encode(b"{}").decode()},
                 "get": {"key": "scheduler/data"}, "get_prefix": {"prefix": ""},

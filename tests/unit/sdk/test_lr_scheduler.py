@@ -102,9 +102,9 @@ def test_the_step_uses_the_scheduled_rate_without_recompiling() -> None:
     hits = []
     for _ in range(4):
         p.grad = Tensor.from_array(np.ones(1))
-        before = sess.plans.hits
+        before = sess.traces.hits
         opt.step()
-        hits.append(sess.plans.hits - before)
+        hits.append(sess.traces.hits - before)
         sched.step()
     assert p.numpy()[0] == pytest.approx(-(1 + 0.5 + 0.25 + 0.125))
     assert hits[1:] == [1, 1, 1]

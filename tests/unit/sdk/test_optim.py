@@ -95,14 +95,14 @@ def test_step_is_one_graph_run_and_reuses_the_plan(monkeypatch: pytest.MonkeyPat
         opt.zero_grad()
         loss.backward()
         calls.clear()
-        before = sess.plans.hits
+        before = sess.traces.hits
         opt.step()
-        hits.append(sess.plans.hits - before)
+        hits.append(sess.traces.hits - before)
         assert len(calls) == 1, f"step() ran {len(calls)} graphs"
         # the loss backward() ran on, two gradients, two new parameters, their m and v
         assert calls[0] == 1 + 2 + 2 + 2 * 2
     # from step 2 on (when m and v exist) every step has the same graph, because the
-    # step-dependent bias corrections are inputs: steps 3 and 4 hit the plan cache
+    # step-dependent bias corrections are inputs: steps 3 and 4 replay the compiled step
     assert hits[2:] == [1, 1]
 
 

@@ -167,5 +167,5 @@ def test_training_loop_compiles_once() -> None:
             realize(loss, new_w)
             losses.append(loss.item())
             w.assign(new_w)
-        assert s.plans.misses == 1 and s.plans.hits == 4
+        assert s.traces.misses == 1 and s.traces.hits == 4  # compiled once, replayed
         assert losses == sorted(losses, reverse=True)

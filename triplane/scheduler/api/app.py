@@ -31,6 +31,7 @@ from triplane.registry import MemoryBackend
 from triplane.registry.credential import node_credential
 from triplane.scheduler.api import errors
 from triplane.scheduler.api.auth import ANYONE, CHANGERS, Authenticator, Principal
+from triplane.scheduler.api.bound import BoundRequest, parse_bound_request
 from triplane.scheduler.errors import BadRequest, Forbidden, TooLarge
 from triplane.scheduler.service import VERSION, Scheduler
 from triplane.scheduler.store import UploadError, expected_bytes, parse_dtype, parse_shape
@@ -55,17 +56,20 @@ async def read_body(request: Request, limit: int, what: str) -> bytearray:
     return body
 
 
-def parse_job_request(body: bytes | bytearray) -> tuple[Any, Any, float | None]:
+def parse_job_request(body: bytes | bytearray) -> tuple[Any, Any, float | None] | BoundRequest:
     """(graph document, fetch list, deadline_s) of a ``POST /v1/jobs`` body, checked at the
     front door: strict JSON (a duplicate key anywhere is a 400), the known fields, the ids
     and declared ranks of ``check_submission`` (400 naming the node or field), and
-    ``deadline_s`` (the job fails with kind "deadline" if not ended by then)."""
+    ``deadline_s`` (the job fails with kind "deadline" if not ended by then). A body with
+    ``plan`` instead of ``graph`` is a compiled step: a :class:`BoundRequest`."""
     try:
         doc = loads_json(body)
     except GraphError as e:  # a duplicate key, NaN or Infinity
         raise BadRequest(f"the body is not strict JSON: {e}") from None
     except (ValueError, RecursionError) as e:
         raise BadRequest(f"the body is not JSON: {e}") from None
+    if isinstance(doc, dict) and "plan" in doc and "graph" not in doc:
+        return parse_bound_request(doc)
     if not isinstance(doc, dict) or "graph" not in doc:
         raise BadRequest('expected {"graph": <graph document>, "fetch": [node ids]}')
     unknown = set(doc) - {"graph", "fetch", "deadline_s"}
@@ -175,11 +179,16 @@ def create_app(
     async def submit(request: Request, p: Principal = changer) -> dict[str, Any]:
         body = await read_body(request, max_graph_bytes, "job request")
         if len(body) > 65536:
-            graph, fetch, deadline_s = await asyncio.to_thread(parse_job_request, body)
+            parsed = await asyncio.to_thread(parse_job_request, body)
         else:
-            graph, fetch, deadline_s = parse_job_request(body)
+            parsed = parse_job_request(body)
+        if isinstance(parsed, BoundRequest):  # a compiled step: new inputs for a known plan
+            body_out = await scheduler.submit_bound(*parsed, owner=p.name)
+            return {"id": body_out["id"], "state": body_out["state"]}
+        graph, fetch, deadline_s = parsed
         body_out = await scheduler.submit(graph, fetch, deadline_s, owner=p.name)
-        return {"id": body_out["id"], "state": body_out["state"]}
+        return {"id": body_out["id"], "state": body_out["state"], "plan": body_out["plan"],
+                "args": body_out["args"]}
 
     @api.get("/jobs")
     async def jobs(limit: int = 50, p: Principal = anyone) -> list[dict[str, Any]]:

@@ -43,9 +43,25 @@ _UFUNCS = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "maximum": np.
 _MERGE = {"add": np.add, "mul": np.multiply, "maximum": np.maximum, "minimum": np.minimum}
 
 
+# (program attrs, input types) -> step types: a compiled step runs the same program on the
+# same types every time, and checking it again cost a fifth of a small MLP's kernels.
+_STEP_TYPES: dict[Any, list[TensorType]] = {}
+
+
+def _step_types(ins: Sequence[Any], a: Attrs) -> list[TensorType]:
+    key = (a, tuple(TensorType(x.shape, _dt(x)) for x in ins))
+    found = _STEP_TYPES.get(key)
+    if found is None:
+        found = program_types(list(key[1]), a)
+        if len(_STEP_TYPES) >= 4096:
+            _STEP_TYPES.clear()
+        _STEP_TYPES[key] = found
+    return found
+
+
 @kernel("fused")
 def _fused(ins, a, out):
-    step_types = program_types([TensorType(x.shape, _dt(x)) for x in ins], a)
+    step_types = _step_types(ins, a)
     if reduce_step(a) is not None:
         return _fused_reduce(ins, a, step_types, out)
     program = a["program"]

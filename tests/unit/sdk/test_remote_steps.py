@@ -1,0 +1,126 @@
+"""Compiled steps on a cluster (``triplane/sdk/remote_steps.py``), against the fake
+scheduler of test_remote_session.py taught the compiled-step request: a structure sent
+once as a graph is then sent as ``{"plan", "args", "fetch"}`` with small inputs inline,
+values equal the embedded session's, and a scheduler that forgot the plan (409
+``unknown_plan``) gets the graph again."""
+
+from __future__ import annotations
+
+import base64
+import copy
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+from test_remote_session import TOKEN, URL, FakeScheduler
+
+import triplane as tp
+from triplane.embedded import EmbeddedSession
+from triplane.proto import dtypes as dt
+from triplane.proto.ir import Graph
+from triplane.sdk import nn, optim
+from triplane.sdk.nn import functional as F
+from triplane.sdk.remote import RemoteSession
+from triplane.sdk.session import use_session
+
+
+class CompilingFake(FakeScheduler):
+    """Answers a graph submit with ``plan`` and ``args`` and runs compiled-step requests."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.plans: dict[str, tuple[dict[str, Any], list[str]]] = {}
+        self.bound: list[dict[str, Any]] = []
+        self.made = 0
+
+    def _submit(self, body: dict[str, Any]) -> httpx.Response:
+        if "plan" in body:
+            self.bound.append(body)
+            if body["plan"] not in self.plans:
+                return httpx.Response(409, json={"error": {"kind": "unknown_plan",
+                                                           "message": "unknown plan: submit the graph"}})
+            doc, arg_nodes = self.plans[body["plan"]]
+            doc = copy.deepcopy(doc)
+            for nid, a in zip(arg_nodes, body["args"], strict=True):
+                doc["nodes"][nid]["attrs"]["tensor"] = a if isinstance(a, str) else self._inline(a)
+            return super()._submit({"graph": doc, "fetch": body["fetch"]})
+        r = super()._submit(body)
+        _, _, args = Graph.from_dict(body["graph"]).canonical()
+        by_tensor = {n["attrs"]["tensor"]: nid for nid, n in body["graph"]["nodes"].items()
+                     if n["op"] == "input"}
+        key, self.made = f"p{self.made}", self.made + 1
+        self.plans[key] = (body["graph"], [by_tensor[a] for a in args])
+        return httpx.Response(201, json={**r.json(), "plan": key, "args": args})
+
+    def _inline(self, a: dict[str, Any]) -> str:
+        d = dt.dtype(a["dtype"])
+        tid = f"u-{len(self.tensors):032x}"
+        self.tensors[tid] = np.frombuffer(base64.b64decode(a["data"]), dtype=d.np).reshape(a["shape"])
+        return tid
+
+
+@pytest.fixture
+def fake() -> CompilingFake:
+    return CompilingFake()
+
+
+def _train(session: Any, steps: int) -> tuple[list[float], list[np.ndarray]]:
+    rng = np.random.default_rng(0)
+    xs = rng.standard_normal((steps, 16, 4)).astype(np.float32)
+    ys = rng.integers(0, 3, (steps, 16))
+    tp.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
+    opt = optim.Adam(model.parameters(), lr=1e-2)
+    losses = []
+    with use_session(session):
+        for i in range(steps):
+            loss = F.cross_entropy(model(tp.tensor(xs[i])), tp.tensor(ys[i]))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        return losses, [np.array(p.numpy()) for p in model.parameters()]
+
+
+def test_a_known_structure_is_one_small_request_with_inline_inputs(fake: CompilingFake) -> None:
+    remote = RemoteSession(URL, TOKEN, httpx.MockTransport(fake), reconnect_s=1.0, poll_s=0.01)
+    got_losses, got_params = _train(remote, 5)
+    want_losses, want_params = _train(EmbeddedSession(), 5)
+    np.testing.assert_allclose(got_losses, want_losses, rtol=1e-6)
+    for g, w in zip(got_params, want_params):
+        np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-7)
+    # Adam's first step differs from the others: two graphs, then three compiled steps
+    assert remote.counters() == {"trace_hits": 3, "trace_misses": 2, "unknown_plan": 0}
+    assert len(fake.bound) == 3
+    uploads_after_graphs = fake.calls["POST /v1/tensors"]
+    assert all(isinstance(a, dict) for b in fake.bound for a in b["args"])  # all small: inline
+    _train(remote, 0)
+    assert fake.calls["POST /v1/tensors"] == uploads_after_graphs
+    remote.close()
+
+
+def test_a_forgotten_plan_falls_back_to_the_graph(fake: CompilingFake) -> None:
+    remote = RemoteSession(URL, TOKEN, httpx.MockTransport(fake), reconnect_s=1.0, poll_s=0.01)
+    w = tp.tensor(np.ones((3, 2), np.float32))
+    with use_session(remote):
+        for i in range(2):
+            np.testing.assert_array_equal((tp.tensor(np.full((4, 3), i, np.float32)) @ w).numpy(), 3 * i)
+        fake.plans.clear()  # a restarted scheduler
+        np.testing.assert_array_equal((tp.tensor(np.full((4, 3), 5, np.float32)) @ w).numpy(), 15)
+        np.testing.assert_array_equal((tp.tensor(np.full((4, 3), 6, np.float32)) @ w).numpy(), 18)
+    assert remote.counters() == {"trace_hits": 3, "trace_misses": 1, "unknown_plan": 1}
+    assert [b["plan"] for b in fake.bound] == ["p0", "p0", "p1"]
+    remote.close()
+
+
+def test_big_inputs_are_uploaded_once_not_inlined(fake: CompilingFake) -> None:
+    remote = RemoteSession(URL, TOKEN, httpx.MockTransport(fake), reconnect_s=1.0, poll_s=0.01)
+    big = tp.tensor(np.ones((200, 100), np.float32))  # 80 KB: over the inline limit
+    with use_session(remote):
+        for i in range(3):
+            (big * tp.tensor(np.float32(i))).sum().numpy()
+    assert remote.counters()["trace_hits"] == 2
+    assert all(isinstance(b["args"][0], str) or isinstance(b["args"][1], str) for b in fake.bound)
+    assert fake.calls["POST /v1/tensors"] == 2  # the big one once, the first scalar once
+    remote.close()

@@ -1,0 +1,81 @@
+"""The compiled-step request: ``POST /v1/jobs`` with ``{"plan": <hash>, "args": [...],
+"fetch": [...]}`` instead of a graph (docs/runtime.md, "Compiled steps").
+
+``plan`` is the hash a full submit of the same structure answered with; ``args`` binds
+``arg0, arg1, ...`` in order, each an uploaded tensor id (``"u-..."``) or a small tensor
+inline, ``{"shape": [...], "dtype": "float32", "data": <base64 of its raw little-endian
+C-order bytes>}`` of at most :data:`INLINE_MAX_BYTES`; ``fetch`` is the list the full
+submit gave. Checked here at the front door (400 naming the field); the scheduler answers
+409 ``unknown_plan`` for a structure it does not know, and the client sends the graph.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from typing import Any, NamedTuple
+
+from triplane.proto.limits import MAX_RANK
+from triplane.scheduler.errors import BadRequest
+from triplane.scheduler.store import UploadError, expected_bytes, parse_dtype
+
+INLINE_MAX_BYTES = 64 * 1024
+MAX_ARGS = 10_000
+
+# one argument: an upload id, or (raw bytes, shape, dtype) to store
+Arg = str | tuple[bytes, tuple[int, ...], str]
+
+
+class BoundRequest(NamedTuple):
+    plan: str
+    args: list[Arg]
+    fetch: list[str]
+    deadline_s: float | None
+
+
+def parse_bound_request(doc: dict[str, Any]) -> BoundRequest:
+    """The fields of a parsed compiled-step request; BadRequest naming a bad one."""
+    unknown = set(doc) - {"plan", "args", "fetch", "deadline_s"}
+    if unknown:
+        raise BadRequest(f"unknown field(s) {sorted(unknown)} "
+                         "(known: ['args', 'deadline_s', 'fetch', 'plan'])")
+    plan = doc.get("plan")
+    if not isinstance(plan, str) or not 1 <= len(plan) <= 128 or not plan.isalnum():
+        raise BadRequest("'plan' must be the hash a submit of the graph answered with")
+    fetch, args = doc.get("fetch"), doc.get("args")
+    if not isinstance(fetch, list) or len(fetch) > 10_000 or not all(type(f) is str for f in fetch):
+        raise BadRequest("'fetch' must be a list of at most 10000 node ids")
+    if not isinstance(args, list) or len(args) > MAX_ARGS:
+        raise BadRequest(f"'args' must be a list of at most {MAX_ARGS} uploads or inline tensors")
+    deadline_s = doc.get("deadline_s")
+    if deadline_s is not None and (type(deadline_s) not in (int, float) or not 0 < deadline_s <= 604800):
+        raise BadRequest(f"'deadline_s' must be seconds in (0, 604800], got {deadline_s!r:.40}")
+    return BoundRequest(plan, [_arg(i, a) for i, a in enumerate(args)], fetch, deadline_s)
+
+
+def _arg(i: int, a: Any) -> Arg:
+    if isinstance(a, str):
+        if not a.startswith("u-") or len(a) > 64:
+            raise BadRequest(f"args[{i}]: {a[:40]!r} is not an uploaded tensor id")
+        return a
+    if not isinstance(a, dict) or set(a) != {"shape", "dtype", "data"}:
+        raise BadRequest(f"args[{i}]: an upload id or {{'shape', 'dtype', 'data'}}")
+    shape = a["shape"]
+    if not isinstance(shape, list) or len(shape) > MAX_RANK or \
+            not all(type(d) is int and d >= 0 for d in shape):
+        raise BadRequest(f"args[{i}]: 'shape' must be a list of at most {MAX_RANK} sizes >= 0")
+    try:
+        dtype = parse_dtype(a["dtype"]) if isinstance(a["dtype"], str) else ""
+        if not dtype:
+            raise UploadError("'dtype' must be a dtype name")
+        need = expected_bytes(tuple(shape), dtype)
+        if need > INLINE_MAX_BYTES:
+            raise UploadError(f"{need} bytes inline, over {INLINE_MAX_BYTES}: upload it")
+        if not isinstance(a["data"], str) or len(a["data"]) > 4 * (INLINE_MAX_BYTES // 3 + 1):
+            raise UploadError("'data' must be base64 text of at most the inline limit")
+        data = base64.b64decode(a["data"], validate=True)
+    except (UploadError, binascii.Error, ValueError) as e:
+        raise BadRequest(f"args[{i}]: {e}") from None
+    if len(data) != need:
+        raise BadRequest(f"args[{i}]: {dtype}{shape} is {need} bytes, 'data' has {len(data)}")
+    return data, tuple(shape), dtype

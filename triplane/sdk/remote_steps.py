@@ -1,0 +1,105 @@
+"""Compiled steps on a cluster: a graph whose structure the scheduler compiled before is
+sent as one small request binding new inputs to that plan (``POST /v1/jobs`` with
+``{"plan", "args", "fetch"}``, docs/runtime.md "Compiled steps") instead of the graph.
+
+The first run of a structure goes the full way (``RemoteSession.evaluate``: canonical
+graph, uploads, submit); the scheduler answers with its plan's hash and which upload it
+bound to each ``argN``, and :meth:`BoundSteps.learn` keeps, under the structure's
+:func:`~triplane.sdk.compile.signature`, which walked input feeds each ``argN``. A later
+run with the same signature skips building, canonicalising and serialising the graph:
+inputs of at most ``INLINE_MAX_BYTES`` travel inside the request (base64), bigger ones are
+uploaded (once per array, as before). If the scheduler no longer knows the plan (409
+``unknown_plan``: restarted, evicted) the entry is dropped and the step goes the full way.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from triplane.proto import dtypes as dt
+from triplane.sdk.compile import TraceCache, signature
+
+if TYPE_CHECKING:
+    from triplane.sdk.remote import RemoteSession
+    from triplane.sdk.tensor import Tensor
+
+INLINE_MAX_BYTES = 64 * 1024  # the scheduler's limit (scheduler/api/bound.py)
+
+
+@dataclass(frozen=True)
+class BoundStep:
+    plan: str  # the scheduler's hash of the canonical graph
+    args: tuple[int, ...]  # argN <- the walk's input at this position
+    fetch: tuple[str, ...]  # the names the first submit fetched, in its order
+    outputs: tuple[tuple[bool, Any], ...]  # per output: (True, fetched name) or (False, input position)
+
+
+class BoundSteps:
+    """The remote session's compiled steps (``hits`` / ``misses`` as every trace cache)."""
+
+    def __init__(self) -> None:
+        self.cache: TraceCache[BoundStep] = TraceCache()
+        self.fallbacks = 0  # steps the scheduler did not know any more
+
+    def run(self, session: RemoteSession, outputs: Sequence[Tensor]) -> tuple[list[np.ndarray] | None, Any]:
+        """The outputs' values if the structure is known (one small request), else None;
+        and what :meth:`learn` needs after the full path."""
+        from triplane.sdk.remote import RemoteError
+
+        key, _, inputs = signature(outputs)
+        step = self.cache.get(key)
+        if step is None:
+            return None, (key, inputs)
+        args = [self._arg(session, inputs[p]._value) for p in step.args]
+        try:
+            job = session.submit_bound(step.plan, args, list(step.fetch))
+        except RemoteError as e:
+            if e.status != 409 or "unknown plan" not in str(e):
+                raise
+            self.fallbacks += 1
+            self.cache.drop(key)  # learn() refills it after the full path
+            return None, (key, inputs)
+        session.wait(job)
+        got = {name: session.fetch(job, name) for name in step.fetch}
+        return [got[v] if fetched else inputs[v]._value for fetched, v in step.outputs], None
+
+    def learn(self, pending: Any, answer: dict[str, Any], upload_of: dict[str, str], args: list[str],
+              rename: dict[str, str], outputs: Sequence[Tensor], fetch: list[str]) -> None:
+        """Remember the structure a full submit compiled. ``upload_of``: client
+        argument name (``argN``) -> upload id; ``args``: the client's bound tensor ids (canonical order);
+        ``answer``: the submit's response (``plan``, ``args``). Ambiguous bindings (one
+        upload bound twice) are not learnt: those steps keep going the full way."""
+        plan, server_args = answer.get("plan"), answer.get("args")
+        if pending is None or not isinstance(plan, str) or not isinstance(server_args, list):
+            return
+        key, inputs = pending
+        at = {t._id: i for i, t in enumerate(inputs)}
+        pos_of: dict[str, int] = {}
+        for i, tid in enumerate(args):
+            upload = upload_of.get(f"arg{i}")
+            if upload is None:
+                continue
+            if upload in pos_of:
+                return
+            pos_of[upload] = at[tid]
+        if any(u not in pos_of for u in server_args):
+            return
+        out: list[tuple[bool, Any]] = []
+        for t in outputs:
+            cid = rename[t._id]
+            out.append((True, cid) if cid in fetch else (False, at[t._id]))
+        self.cache.put(key, BoundStep(plan, tuple(pos_of[u] for u in server_args), tuple(fetch), tuple(out)))
+
+    @staticmethod
+    def _arg(session: RemoteSession, arr: np.ndarray | None) -> Any:
+        assert arr is not None
+        if arr.nbytes <= INLINE_MAX_BYTES:
+            d = dt.dtype(arr.dtype)
+            data = np.ascontiguousarray(arr, dtype=d.np.newbyteorder("<")).tobytes()
+            return {"shape": list(arr.shape), "dtype": d.name, "data": base64.b64encode(data).decode()}
+        return session.upload_once(arr)
