@@ -1,5 +1,5 @@
 """What jobs produced: their fetched tensors, their plans with actual times, and the
-release of their tiles on the executors (docs/runtime.md, docs/scheduler.md).
+release of their tiles (and of uploads) on the executors (docs/runtime.md, docs/scheduler.md).
 
 A job in the live table (``jobs.py``) is served from memory; any other -- run by an
 earlier process, or finished long enough ago to have left memory -- from the metadb: its
@@ -217,6 +217,14 @@ class Results:
                     by_node[view.holders[task]].append(f"{job}.{task}")
             await self._delete_tiles(job, by_node)
         await self.record_released(job)
+
+    async def release_upload(self, upload: str) -> bool:
+        """Delete an upload's files and its cache entries on the executors known to keep
+        them (residency); whether the store knew it. An executor that keeps a copy the
+        scheduler did not learn of evicts it as any cache entry, when memory is asked."""
+        known = await asyncio.to_thread(self.store.delete, upload)
+        await self._delete_tiles(upload, self.cluster.residency.drop(upload))
+        return known
 
     async def record_released(self, job: str) -> None:
         """Record a release, so that no later process serves the deleted tiles."""

@@ -6,6 +6,7 @@ It builds the components and wires them to one another; each has one job:
 * ``results.Results``   fetched tensors, plans with actual times, release of tiles
 * ``cluster.ClusterView`` the registry's executors, their calibration and cached uploads;
                         the snapshot the compiler (``compiler/compile.py``) plans with
+* ``sessions.Sessions`` client session leases: what a client holds, freed when it ends
 * ``leading.Leading``   leader election, the ``scheduler/data`` record, resume on taking the lead
 * the dispatcher (pure ``DispatchState`` + asyncio ``DispatchShell``), the metadb
   ``Journal`` (batched writes), the upload ``TensorStore`` and its data server.
@@ -44,6 +45,7 @@ from triplane.scheduler.jobs import RETAIN_FINISHED, Jobs, LiveJob
 from triplane.scheduler.journal import Journal
 from triplane.scheduler.leading import Leading
 from triplane.scheduler.results import Opened, Results
+from triplane.scheduler.sessions import DEFAULT_TTL_S, Held, Sessions, reap, release_held
 from triplane.scheduler.store import StoredTensor, TensorStore, UploadTiles
 
 log = logging.getLogger(__name__)
@@ -73,6 +75,7 @@ class Scheduler(Leading):
         lease_ttl_s: float = 5.0,
         retain_finished: int = RETAIN_FINISHED,
         resume_wait_s: float | None = None,
+        session_ttl_s: float = DEFAULT_TTL_S,
     ) -> None:
         self.registry = registry
         self.db = db
@@ -104,6 +107,7 @@ class Scheduler(Leading):
         self.jobs = Jobs(db=db, store=self.store, shell=self.shell, journal=self.journal, plans=self.plans,
                          cluster=self.cluster, results=self.results, live=live, templates=self.templates,
                          require_leader=self.require_leader, retain=retain_finished)
+        self.sessions = Sessions(session_ttl_s)
         self.shell.hooks = Hooks(self.jobs.finished, self.journal.transitions, self.jobs.output,
                                  self._node_down)
 
@@ -128,6 +132,8 @@ class Scheduler(Leading):
         await self.shell.start(self.host, self._packet_port)
         self.journal.open()
         self._tasks.append(loop.create_task(self.journal.run(), name="scheduler-journal"))
+        self._tasks.append(loop.create_task(reap(self.sessions, self.release_upload, self.jobs.cancel),
+                                            name="scheduler-sessions"))
         if self.elect:
             self._tasks.append(loop.create_task(self._campaign(), name="scheduler-campaign"))
         else:
@@ -189,8 +195,25 @@ class Scheduler(Leading):
     async def plan(self, job: str) -> dict[str, Any]:
         return await self.results.plan(job)
 
-    def upload(self, data: bytes | bytearray, shape: tuple[int, ...], dtype: str) -> StoredTensor:
-        return self.store.put(data, shape, dtype)
+    def upload(self, data: bytes | bytearray, shape: tuple[int, ...], dtype: str,
+               owner: str | None = None) -> StoredTensor:
+        return self.store.put(data, shape, dtype, owner)
+
+    async def release_upload(self, upload: str) -> bool:
+        """Delete an upload (files, executor cache entries); whether it was known."""
+        self.sessions.untag_upload(upload)
+        return await self.results.release_upload(upload)
+
+    async def release_job(self, job: str) -> dict[str, Any]:
+        """``DELETE /v1/jobs/{id}``: cancel if running, release its tiles."""
+        self.sessions.untag_job(job)
+        return await self.jobs.cancel(job)
+
+    async def end_session(self, sid: str) -> Held:
+        """Close a session and release what it still holds."""
+        held = self.sessions.close(sid)
+        await release_held(held, self.release_upload, self.jobs.cancel)
+        return held
 
     async def nodes(self) -> list[dict[str, Any]]:
         return await self.cluster.nodes()
