@@ -97,6 +97,9 @@ from triplane.sdk.elementwise import (
     tanh,
     where,
 )
+from triplane.sdk.lifecycle import (
+    set_progress,
+)
 from triplane.sdk.linalg import (
     matmul,
 )
@@ -110,9 +113,6 @@ from triplane.sdk.reduce import (
     prod,
     sum,
     var,
-)
-from triplane.sdk.lifecycle import (
-    set_progress,
 )
 from triplane.sdk.remote import (
     connect,
@@ -164,13 +164,14 @@ __all__ = [
     "DType", "DTypeError", "GraphError", "KernelError", "NotDifferentiableError", "ShapeError",
     "Tensor", "TensorIndexError", "TriplaneError", "__version__", "abs", "add", "arange", "argmax",
     "argmin", "backward", "bfloat16", "bool_", "broadcast_to", "cast", "ceil", "concat", "concatenate",
-    "connect", "cos", "data", "disconnect", "div", "eq", "erf", "exp", "expand_dims", "eye", "flip", "float16",
+    "connect", "cos", "data", "div", "eq", "erf", "exp", "expand_dims", "eye", "flip", "float16",
     "float32", "float64", "floor", "full", "full_like", "gather", "ge", "gelu", "getitem", "grad", "gt",
     "index_select", "int16", "int32", "int64", "int8", "is_grad_enabled", "le", "load", "log",
     "logical_and", "logical_not", "logical_or", "logsumexp", "lt", "manual_seed", "matmul", "max",
     "maximum", "mean", "min", "minimum", "mul", "ne", "neg", "nn", "no_grad", "normal", "ones",
     "ones_like", "optim", "pad", "permute", "pow", "prod", "rand", "randn", "realize", "reciprocal",
-    "register_op", "relu", "reshape", "rsqrt", "save", "set_progress", "sigmoid", "sign", "silu", "sin", "slice",
+    "register_op", "relu", "reshape", "rsqrt", "save", "sigmoid", "sign", "silu", "sin", "slice",
     "split", "sqrt", "square", "squeeze", "stack", "sub", "sum", "tan", "tanh", "tensor", "transpose",
-    "uint8", "uniform", "unsqueeze", "var", "where", "zeros", "zeros_like"
+    "uint8", "uniform", "unsqueeze", "var", "where", "zeros", "zeros_like",
+    "disconnect", "set_progress",  # the cluster session's lifecycle (docs/cluster.md)
 ]
