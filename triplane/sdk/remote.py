@@ -195,7 +195,7 @@ class RemoteSession:
                 raise locate_kernel_error(e, rename, tensors) from None
             except KeyboardInterrupt:
                 self._interrupted(job)
-                raise KeyboardInterrupt from None  # not httpx's frames: the user pressed Ctrl-C
+                raise KeyboardInterrupt from None  # the user pressed Ctrl-C: no transport internals
             finally:
                 if self.release_values:
                     self.keeper.queue("jobs", job)  # read (or failed): its tiles can go
