@@ -37,8 +37,8 @@ def test_the_sdk_refuses_more_than_max_rank_at_the_line_that_writes_it() -> None
 
 
 def test_codecs_share_the_limit() -> None:
-    from triplane.executor.datawire import MAX_NDIM
     from triplane.metadb.validate import MAX_TILE_RANK
+    from triplane.proto.dataport import MAX_NDIM
     from triplane.scheduler.store import MAX_NDIM as STORE_NDIM
 
     assert MAX_NDIM == STORE_NDIM == MAX_TILE_RANK == MAX_RANK
