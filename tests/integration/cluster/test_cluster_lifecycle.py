@@ -263,3 +263,42 @@ def test_triplane_cancel_cancels_a_running_job(cluster: LocalCluster) -> None:
     _no_task_running(cluster, job)
     r = CliRunner().invoke(app, ["cancel", "j0000000000000000", "--home", str(cluster.run.path)])
     assert r.exit_code == 1 and "404" in r.output
+
+
+def test_a_long_job_shows_a_progress_bar_on_a_terminal(cluster: LocalCluster) -> None:
+    import pty
+    import re
+
+    master, slave = pty.openpty()
+    script = textwrap.dedent(f"""
+        import triplane as tp
+        tp.connect({cluster.url!r}, {cluster.token!r})
+        tp.manual_seed(0)
+        x, w = tp.randn((512, 512)), tp.randn((512, 512)) * 0.04
+        for _ in range(120):  # about 500 tasks: over a second on two executors
+            x = tp.tanh(x @ w)
+        x.sum().numpy()
+        tp.set_progress(False)
+        x.sum().numpy()
+    """)
+    child = subprocess.Popen([sys.executable, "-c", script], stderr=slave, stdout=subprocess.DEVNULL,
+                             env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "120"}, cwd=ROOT)
+    os.close(slave)
+    chunks: list[bytes] = []
+    try:
+        while True:
+            try:
+                data = os.read(master, 4096)
+            except OSError:  # the child closed its end
+                break
+            if not data:
+                break
+            chunks.append(data)
+        code = child.wait(60)
+    finally:
+        child.kill()
+        os.close(master)
+    shown = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", b"".join(chunks).decode(errors="replace"))
+    assert code == 0, shown[-3000:]
+    assert re.search(r"job j[0-9a-f]+ .* \d+/\d+ tasks [\d.]+/s", shown), shown[-2000:]
+    assert len(set(re.findall(r"job (j[0-9a-f]+)", shown))) == 1  # not after set_progress(False)
