@@ -6,6 +6,8 @@
   batches, and renews the client session lease every third of its TTL so that the
   scheduler knows the client is alive. Best effort: a release that fails is logged at
   debug level and left to the lease (the scheduler frees what an ended session held).
+* :class:`Uploads` -- host array -> upload id by identity (weak references), telling the
+  session when an array dies so that its upload is released.
 * :class:`ProgressBar` -- a ``rich`` progress bar for a job that takes longer than
   ``DELAY_S``, on a terminal only (stderr a TTY), off with :func:`set_progress`.
 """
@@ -13,14 +15,18 @@
 from __future__ import annotations
 
 import collections
+import hashlib
 import logging
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["DELAY_S", "Keeper", "ProgressBar", "progress_enabled", "set_progress"]
+import numpy as np
+
+__all__ = ["DELAY_S", "Keeper", "ProgressBar", "Uploads", "progress_enabled", "set_progress"]
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +43,61 @@ def set_progress(enabled: bool) -> None:
 
 def progress_enabled() -> bool:
     return _progress and sys.stderr is not None and sys.stderr.isatty()
+
+
+class Uploads:
+    """Host array -> uploaded tensor id, by identity, without keeping arrays alive.
+
+    Read-only arrays (every SDK tensor value is one) are trusted not to change, so identity
+    suffices; a writable array is also keyed by a digest of its bytes, so an in-place edit
+    uploads again instead of computing on stale data. ``released(upload_id)`` is called
+    when an array dies or is uploaded again (from a weakref callback: it must not do I/O)."""
+
+    def __init__(self, released: Callable[[str], None] | None = None) -> None:
+        self._by_id: dict[int, tuple[weakref.ref[np.ndarray], str, bytes | None]] = {}
+        self._released = released
+
+    @staticmethod
+    def _digest(arr: np.ndarray) -> bytes | None:
+        if not arr.flags.writeable:
+            return None
+        return hashlib.blake2b(np.ascontiguousarray(arr).tobytes(), digest_size=16).digest()
+
+    def get(self, arr: np.ndarray) -> str | None:
+        hit = self._by_id.get(id(arr))
+        if hit is None or hit[0]() is not arr:
+            return None
+        return hit[1] if hit[2] == self._digest(arr) else None
+
+    def put(self, arr: np.ndarray, upload_id: str) -> None:
+        key = id(arr)
+
+        def forget(ref: object, key: int = key) -> None:
+            hit = self._by_id.get(key)
+            if hit is not None and hit[0] is ref:
+                del self._by_id[key]
+                if self._released is not None:
+                    self._released(hit[1])
+
+        try:
+            ref = weakref.ref(arr, forget)
+        except TypeError:  # not weak-referenceable: do not cache rather than leak
+            if self._released is not None:
+                self._released(upload_id)  # used by the job in flight only
+            return
+        old = self._by_id.get(key)
+        self._by_id[key] = (ref, upload_id, self._digest(arr))
+        if old is not None and old[1] != upload_id and self._released is not None:
+            self._released(old[1])  # an edited array uploaded again: the old bytes go
+
+    def clear(self) -> list[str]:
+        """Forget every upload (the lease that held them ended); their ids."""
+        ids = [hit[1] for hit in list(self._by_id.values())]  # a GC callback may run meanwhile
+        self._by_id.clear()
+        return ids
+
+    def __len__(self) -> int:
+        return len(self._by_id)
 
 
 class Keeper:

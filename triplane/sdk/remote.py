@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import hashlib
 import json
 import logging
 import os
@@ -49,7 +48,7 @@ import numpy as np
 from triplane.proto import dtypes as dt
 from triplane.proto import errors as E
 from triplane.proto.canonjson import canonical_json
-from triplane.sdk.lifecycle import Keeper, ProgressBar
+from triplane.sdk.lifecycle import Keeper, ProgressBar, Uploads
 from triplane.sdk.remote_errors import RemoteError, http_error, job_error
 
 if TYPE_CHECKING:
@@ -65,61 +64,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 TERMINAL = ("done", "failed", "cancelled")
-
-class _Uploads:
-    """Host array -> uploaded tensor id, by identity, without keeping arrays alive.
-
-    Read-only arrays (every SDK tensor value is one) are trusted not to change, so identity
-    suffices; a writable array is also keyed by a digest of its bytes, so an in-place edit
-    uploads again instead of computing on stale data. ``released(upload_id)`` is called
-    when an array dies or is uploaded again (from a weakref callback: it must not do I/O)."""
-
-    def __init__(self, released: Callable[[str], None] | None = None) -> None:
-        self._by_id: dict[int, tuple[weakref.ref[np.ndarray], str, bytes | None]] = {}
-        self._released = released
-
-    @staticmethod
-    def _digest(arr: np.ndarray) -> bytes | None:
-        if not arr.flags.writeable:
-            return None
-        return hashlib.blake2b(np.ascontiguousarray(arr).tobytes(), digest_size=16).digest()
-
-    def get(self, arr: np.ndarray) -> str | None:
-        hit = self._by_id.get(id(arr))
-        if hit is None or hit[0]() is not arr:
-            return None
-        return hit[1] if hit[2] == self._digest(arr) else None
-
-    def put(self, arr: np.ndarray, upload_id: str) -> None:
-        key = id(arr)
-
-        def forget(ref: object, key: int = key) -> None:
-            hit = self._by_id.get(key)
-            if hit is not None and hit[0] is ref:
-                del self._by_id[key]
-                if self._released is not None:
-                    self._released(hit[1])
-
-        try:
-            ref = weakref.ref(arr, forget)
-        except TypeError:  # not weak-referenceable: do not cache rather than leak
-            if self._released is not None:
-                self._released(upload_id)  # used by the job in flight only
-            return
-        old = self._by_id.get(key)
-        self._by_id[key] = (ref, upload_id, self._digest(arr))
-        if old is not None and old[1] != upload_id and self._released is not None:
-            self._released(old[1])  # an edited array uploaded again: the old bytes go
-
-    def clear(self) -> list[str]:
-        """Forget every upload (the lease that held them ended); their ids."""
-        ids = [hit[1] for hit in self._by_id.values()]
-        self._by_id.clear()
-        return ids
-
-    def __len__(self) -> int:
-        return len(self._by_id)
-
 
 class RemoteSession:
     """Evaluates graphs on the cluster whose scheduler answers at ``url``.
@@ -148,7 +92,7 @@ class RemoteSession:
                                     timeout=httpx.Timeout(timeout_s, connect=min(2.0, timeout_s)))
         self.release_values = release
         self.keeper = Keeper(self._send_release, self._renew)
-        self._uploads = _Uploads(self._upload_died if release else None)
+        self._uploads = Uploads(self._upload_died if release else None)
         self._want_lease = lease
         self.session_id: str | None = None
         self._lease_lock = threading.Lock()
@@ -174,7 +118,10 @@ class RemoteSession:
             arr = bindings[args[int(node["attrs"]["tensor"][3:])]]
             upload_id = self._uploads.get(arr)
             if upload_id is None:
-                upload_id = self.upload(arr)
+                try:
+                    upload_id = self.upload(arr)
+                except KeyboardInterrupt:
+                    raise KeyboardInterrupt from None  # Ctrl-C: no transport internals
                 self._uploads.put(arr, upload_id)
                 uploaded += 1
             node["attrs"]["tensor"] = upload_id
@@ -184,24 +131,31 @@ class RemoteSession:
         t0 = time.perf_counter()
         values: dict[str, np.ndarray] = dict(local)
         if fetch:
-            job = self.submit(doc, fetch)
-            try:
-                self.wait(job)
-                for nid in fetch:
-                    values[nid] = self.fetch(job, nid)
-            except E.KernelError as e:
-                from triplane.sdk.session import locate_kernel_error
-
-                raise locate_kernel_error(e, rename, tensors) from None
-            except KeyboardInterrupt:
-                self._interrupted(job)
-                raise KeyboardInterrupt from None  # the user pressed Ctrl-C: no transport internals
-            finally:
-                if self.release_values:
-                    self.keeper.queue("jobs", job)  # read (or failed): its tiles can go
+            values.update(self._run_job(doc, fetch, rename, tensors))
         self.last_stats = {"job": self.last_job, "uploaded": uploaded, "nodes": len(cgraph),
                            "seconds": time.perf_counter() - t0}
         return [values[rename[t._id]] for t in outputs]
+
+    def _run_job(self, doc: dict[str, Any], fetch: list[str], rename: dict[str, str],
+                 tensors: dict[str, Tensor]) -> dict[str, np.ndarray]:
+        """Submit, wait, fetch; then queue the job's release (read or failed, its tiles can
+        go). Ctrl-C cancels the job and raises a plain ``KeyboardInterrupt``."""
+        job: str | None = None
+        try:
+            job = self.submit(doc, fetch)
+            self.wait(job)
+            return {nid: self.fetch(job, nid) for nid in fetch}
+        except E.KernelError as e:
+            from triplane.sdk.session import locate_kernel_error
+
+            raise locate_kernel_error(e, rename, tensors) from None
+        except KeyboardInterrupt:
+            if job is not None:
+                self._interrupted(job)
+            raise KeyboardInterrupt from None  # the user pressed Ctrl-C: no transport internals
+        finally:
+            if job is not None and self.release_values:
+                self.keeper.queue("jobs", job)
 
     # --- the REST calls --------------------------------------------------------------------
 

@@ -91,17 +91,22 @@ def test_results_released_once_read_keep_executor_memory_flat(cluster: LocalClus
     base = settled_free(cluster)
     frees = []
     with RemoteSession(cluster.url, cluster.token, poll_s=1.0) as s, use_session(s):
-        for i in range(12):  # 384 MiB of results in all; 512 MiB of executor memory
+        # 640 MiB of results in all, 512 MiB of executor memory: without the releases the
+        # loop itself fails with "memory full" (as 30 jobs of 64 MiB did on 2 x 1 GiB).
+        for i in range(20):
             assert float(big_result(i).numpy()[0, 0]) == float(i)
+            if i % 5 == 4:
+                frees.append(free_bytes(cluster))
         s.keeper.flush()
         frees.append(settled_free(cluster, base))
-    print(f"\nexecutor free bytes: {base} before, {frees[-1]} after 12 jobs of 32 MiB")
+    print(f"\nexecutor free bytes: {base} before, {frees} during and after 20 jobs of 32 MiB")
     assert frees[-1] == base
 
 
 def test_unreleased_results_are_freed_by_disconnect(cluster: LocalCluster) -> None:
     """The contrast: a session that does not release (``release=False``) holds every
-    result until it ends; ending it releases them all."""
+    result until it ends; ending it releases them all (what the lease does for a dead
+    client, and ``tp.disconnect()`` for a live one)."""
     base = settled_free(cluster)
     s = RemoteSession(cluster.url, cluster.token, poll_s=1.0, release=False)
     with use_session(s):

@@ -173,3 +173,26 @@ def test_memory_full_names_the_holders() -> None:
     with pytest.raises(Exception, match=r"memory full") as info:
         mem.reserve(2 << 20)
     assert "held by: job j1 (1.5 MiB), upload u-ab (0.5 MiB)" in str(info.value)
+
+
+def test_releasing_an_upload_deletes_its_cache_entries_where_known(cluster: Cluster) -> None:
+    from types import SimpleNamespace
+
+    sched = cluster.scheduler
+    u = _upload(cluster)
+    other = _upload(cluster)
+    sched.cluster.residency.learn("n1", [f"{u}@0:1,0:2", other])
+    sched.cluster.residency.learn("n2", [f"{u}@1:2,0:2"])
+    sched.shell.nodes["n1"] = SimpleNamespace(address="10.0.0.1", data_port=7001)
+    sched.shell.nodes["n2"] = SimpleNamespace(address="10.0.0.2", data_port=7002)
+    deleted: list[tuple[str, int, list[str]]] = []
+
+    class DataClient:
+        async def delete(self, address: str, port: int, tiles: list[str]) -> None:
+            deleted.append((address, port, tiles))
+
+    sched.results.data_client = DataClient()
+    r = cluster.client.delete(f"/v1/tensors/{u}", headers=cluster.headers("submit"))
+    assert r.status_code == 200, r.text
+    assert sorted(deleted) == [("10.0.0.1", 7001, [f"{u}@0:1,0:2"]), ("10.0.0.2", 7002, [f"{u}@1:2,0:2"])]
+    assert sched.cluster.residency.holders(other) == ("n1",)  # the other upload stays known

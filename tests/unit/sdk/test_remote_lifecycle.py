@@ -18,7 +18,8 @@ from test_remote_session import TOKEN, URL, FakeScheduler
 
 import triplane as tp
 from triplane.sdk import lifecycle
-from triplane.sdk.remote import RemoteError, RemoteSession, _Uploads
+from triplane.sdk.lifecycle import Uploads
+from triplane.sdk.remote import RemoteError, RemoteSession
 from triplane.sdk.session import current_session, set_default_session, use_session
 
 
@@ -103,7 +104,7 @@ def test_an_upload_is_released_when_its_tensor_dies(remote: RemoteSession, fake:
 
 def test_an_edited_array_uploaded_again_releases_its_old_upload() -> None:
     released: list[str] = []
-    uploads = _Uploads(released.append)
+    uploads = Uploads(released.append)
     arr = np.ones(3, np.float32)  # writable: keyed by its bytes too
     uploads.put(arr, "u-1")
     arr[0] = 5.0
