@@ -115,6 +115,7 @@ class Keeper:
         self._queue: collections.deque[tuple[str, str]] = collections.deque()
         self._wake = threading.Event()
         self._stop = False
+        self._stopping = threading.Event()
         self._lock = threading.Lock()  # one sender at a time (the thread, or flush)
         self._thread: threading.Thread | None = None
         self.sent = 0
@@ -127,8 +128,10 @@ class Keeper:
     def pending(self) -> int:
         return len(self._queue)
 
-    def flush(self) -> None:
-        """Send every queued release now (``disconnect`` and tests)."""
+    def flush(self, *, give_up_on_error: bool = False) -> None:
+        """Send every queued release now (``disconnect`` and tests). With
+        ``give_up_on_error``, the first failure drops the rest (an unreachable scheduler is
+        not retried once per value at exit; the lease frees them)."""
         with self._lock:
             while self._queue:
                 kind, ident = self._queue.popleft()
@@ -137,6 +140,12 @@ class Keeper:
                     self.sent += 1
                 except Exception as e:  # the lease frees it anyway
                     log.debug("releasing %s/%s failed: %s", kind, ident, e)
+                    if give_up_on_error:
+                        self._queue.clear()
+
+    def drop(self) -> None:
+        """Forget the queued releases (ending the lease releases them all at once)."""
+        self._queue.clear()
 
     def heartbeat(self, every_s: float) -> None:
         self.renew_every_s = every_s
@@ -144,6 +153,7 @@ class Keeper:
 
     def close(self) -> None:
         self._stop = True
+        self._stopping.set()
         self._wake.set()
         t = self._thread
         if t is not None and t is not threading.current_thread():
@@ -163,7 +173,8 @@ class Keeper:
             self._wake.clear()
             if self._stop:
                 break
-            time.sleep(self.batch_s)  # let a burst of finalizers queue up: one batch
+            if self._stopping.wait(self.batch_s):  # let a burst of finalizers queue up: one batch
+                break
             self.flush()
             if every and time.monotonic() - renewed >= every * 0.9:
                 try:

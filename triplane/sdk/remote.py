@@ -254,10 +254,12 @@ class RemoteSession:
         _open_sessions.discard(self)
         self.keeper.close()
         try:
-            self.keeper.flush()
             sid, self.session_id = self.session_id, None
-            if sid is not None:
+            if sid is not None:  # one request releases everything the lease holds
+                self.keeper.drop()
                 self._client.request("DELETE", f"/v1/sessions/{sid}", timeout=5.0)
+            else:
+                self.keeper.flush(give_up_on_error=True)
         except Exception as e:  # unreachable: the lease frees it
             log.debug("closing the session on %s: %s", self.url, e)
         self._uploads.clear()

@@ -213,3 +213,24 @@ def test_the_bar_shows_tasks_after_a_second(monkeypatch: pytest.MonkeyPatch) -> 
         assert (task.completed, task.total) == (2, 4)
     finally:
         bar.close()
+
+
+def test_closing_with_a_lease_ends_it_in_one_request(fake: LeasingScheduler) -> None:
+    s = RemoteSession(URL, TOKEN, httpx.MockTransport(fake), poll_s=0.01)
+    s.keeper.batch_s = 60.0  # the thread never gets to send: close must do it
+    with use_session(s):
+        (tp.Tensor.from_array(np.ones(2, np.float32)) + 1).numpy()
+    s.close()
+    assert fake.deleted == ["/v1/sessions/s-0"]  # the queued job release went with the lease
+
+
+def test_closing_against_a_dead_scheduler_does_not_retry_each_value() -> None:
+    def down(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("refused", request=request)
+
+    s = RemoteSession(URL, TOKEN, httpx.MockTransport(down), reconnect_s=0.5, lease=False)
+    for i in range(50):
+        s.keeper._queue.append(("tensors", f"u-{i}"))
+    t0 = time.monotonic()
+    s.close()
+    assert time.monotonic() - t0 < 3.0  # one bounded retry, not 50
