@@ -114,6 +114,10 @@ async def _serve(
     try:
         await sched.start()
         serving = loop.create_task(server.serve(sockets=[sock]))
+        # The ready file promises a listening socket: uvicorn listens in its startup, after
+        # this task first runs (a client reading the file early was refused under load).
+        while not server.started and not serving.done():
+            await asyncio.sleep(0.01)
         bound = sock.getsockname()[1]
         log.info(
             "scheduler %s on http://%s:%d (packets %d, data %d, role %s)",
