@@ -46,6 +46,11 @@ log = logging.getLogger("triplane.scheduler.service")
 
 Opened = tuple[tuple[int, ...], str, int, AsyncIterator[bytes]]  # shape, dtype, bytes, chunks
 
+# A task running when its job is cancelled stores its output when its kernel ends, after
+# the release deleted its tiles: the release is repeated this long after (seconds, one
+# after the other). Deleting a tile that is not there is no error.
+LATE_RELEASE_S = (1.0, 4.0, 25.0)
+
 
 class Results:
     """Tensors, plans and tile releases of jobs (see the module doc)."""
@@ -65,6 +70,7 @@ class Results:
         self.db, self.store, self.data_client, self.shell = db, store, data_client, shell
         self.cluster, self.earlier, self.live = cluster, earlier, live
         self.require_leader = require_leader
+        self._late: set[asyncio.Task[None]] = set()
 
     # --- tensors -----------------------------------------------------------------------------
 
@@ -201,6 +207,23 @@ class Results:
         if not keep_fetched:
             live.fetched_released = True
         await self._delete_tiles(job, by_node)
+        if not keep_fetched and by_node:
+            self._release_again(job, by_node)
+
+    def _release_again(self, job: str, by_node: dict[str, list[str]]) -> None:
+        async def again() -> None:
+            for wait_s in LATE_RELEASE_S:
+                await asyncio.sleep(wait_s)
+                await self._delete_tiles(job, by_node)
+
+        task = asyncio.get_running_loop().create_task(again(), name=f"release-again-{job}")
+        self._late.add(task)
+        task.add_done_callback(self._late.discard)
+
+    def close(self) -> None:
+        """Stop the repeated releases (the scheduler is closing)."""
+        for task in list(self._late):
+            task.cancel()
 
     async def release_earlier(self, job: str) -> None:
         """Delete the fetched tiles of a done job not in memory, and record it."""

@@ -215,6 +215,7 @@ def _no_task_running(cluster: LocalCluster, job: str) -> None:
 
 
 def test_sigint_during_numpy_cancels_the_job(cluster: LocalCluster) -> None:
+    base = settled_free(cluster)
     child = _child(cluster, """
         from test_cluster_lifecycle import long_job
         try:
@@ -238,6 +239,8 @@ def test_sigint_during_numpy_cancels_the_job(cluster: LocalCluster) -> None:
     with api(cluster) as client:
         done = client.get(f"/v1/jobs/{job['id']}").json()["progress"]["done"]
     assert done < total
+    # tiles of tasks still running at the cancel are deleted once they are stored
+    assert settled_free(cluster, base, timeout_s=20.0) == base
 
 
 def test_triplane_cancel_cancels_a_running_job(cluster: LocalCluster) -> None:
@@ -245,6 +248,7 @@ def test_triplane_cancel_cancels_a_running_job(cluster: LocalCluster) -> None:
 
     from triplane.cli import app
 
+    base = settled_free(cluster)
     failure: list[BaseException] = []
 
     def run() -> None:
@@ -266,6 +270,7 @@ def test_triplane_cancel_cancels_a_running_job(cluster: LocalCluster) -> None:
     t.join(20)
     assert failure and isinstance(failure[0], RemoteError) and "cancelled" in str(failure[0])
     _no_task_running(cluster, job)
+    assert settled_free(cluster, base, timeout_s=20.0) == base
     r = CliRunner().invoke(app, ["cancel", "j0000000000000000", "--home", str(cluster.run.path)])
     assert r.exit_code == 1 and "404" in r.output
 
@@ -277,10 +282,12 @@ def test_a_long_job_shows_a_progress_bar_on_a_terminal(cluster: LocalCluster) ->
     master, slave = pty.openpty()
     script = textwrap.dedent(f"""
         import triplane as tp
+        from triplane.sdk import lifecycle
+        lifecycle.DELAY_S = 0.2  # the one-second threshold is unit-tested; not its timing here
         tp.connect({cluster.url!r}, {cluster.token!r})
         tp.manual_seed(0)
         x, w = tp.randn((512, 512)), tp.randn((512, 512)) * 0.04
-        for _ in range(120):  # about 500 tasks: over a second on two executors
+        for _ in range(60):
             x = tp.tanh(x @ w)
         x.sum().numpy()
         tp.set_progress(False)
