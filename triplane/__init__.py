@@ -100,6 +100,9 @@ from triplane.sdk.elementwise import (
     tanh,
     where,
 )
+from triplane.sdk.lifecycle import (
+    set_progress,
+)
 from triplane.sdk.linalg import (
     matmul,
 )
@@ -116,6 +119,7 @@ from triplane.sdk.reduce import (
 )
 from triplane.sdk.remote import (
     connect,
+    disconnect,
 )
 from triplane.sdk.serialize import (
     load,
@@ -163,14 +167,14 @@ __all__ = [
     "DType", "DTypeError", "GraphError", "KernelError", "NotDifferentiableError", "ShapeError",
     "Tensor", "TensorIndexError", "TriplaneError", "__version__", "abs", "add", "arange", "argmax",
     "argmin", "backward", "bfloat16", "bool_", "broadcast_to", "cast", "ceil", "compile", "concat",
-    "concatenate", "connect", "cos", "data", "div", "eq", "erf", "exp", "expand_dims", "eye", "flip",
-    "float16", "float32", "float64", "floor", "floor_divide", "full", "full_like", "gather", "ge",
-    "gelu", "getitem", "grad", "gt", "index_select", "int16", "int32", "int64", "int8",
+    "concatenate", "connect", "cos", "data", "disconnect", "div", "eq", "erf", "exp", "expand_dims",
+    "eye", "flip", "float16", "float32", "float64", "floor", "floor_divide", "full", "full_like",
+    "gather", "ge", "gelu", "getitem", "grad", "gt", "index_select", "int16", "int32", "int64", "int8",
     "is_grad_enabled", "le", "load", "log", "logical_and", "logical_not", "logical_or", "logsumexp",
     "lt", "manual_seed", "matmul", "max", "maximum", "mean", "min", "minimum", "mul", "ne", "neg", "nn",
     "no_grad", "normal", "ones", "ones_like", "optim", "pad", "permute", "pow", "prod", "rand", "randn",
-    "realize", "reciprocal", "register_op", "relu", "remainder", "reshape", "rsqrt", "save", "sigmoid",
-    "sign", "silu", "sin", "slice", "split", "sqrt", "square", "squeeze", "stack", "sub", "sum", "tan",
-    "tanh", "tensor", "transpose", "uint8", "uniform", "unsqueeze", "var", "where", "zeros",
-    "zeros_like"
+    "realize", "reciprocal", "register_op", "relu", "remainder", "reshape", "rsqrt", "save",
+    "set_progress", "sigmoid", "sign", "silu", "sin", "slice", "split", "sqrt", "square", "squeeze",
+    "stack", "sub", "sum", "tan", "tanh", "tensor", "transpose", "uint8", "uniform", "unsqueeze", "var",
+    "where", "zeros", "zeros_like"
 ]

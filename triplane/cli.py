@@ -4,6 +4,7 @@
                                           executors (``--embedded``: in this process)
     triplane up [--executors N] ...       start a local cluster in the background (docs/cluster.md)
     triplane status [--json]              its nodes and recent jobs
+    triplane cancel JOB                   cancel a job of it and release its tiles
     triplane down                         stop it
     triplane tokens add NAME --role R     a client token (admin, submit or read; docs/security.md)
     triplane tokens list / remove NAME    the tokens of the run directory
@@ -196,6 +197,31 @@ def _print_status(st: dict[str, object]) -> None:
         when = time.strftime("%H:%M:%S", time.localtime(created)) if isinstance(created, (int, float)) else ""
         recent.add_row(str(j.get("id")), str(j.get("state")), progress, when, message)
     console.print(recent)
+
+
+@app.command()
+def cancel(job: str = typer.Argument(..., help="the job's id (`triplane status` lists them)"),
+           home: Path | None = HomeOption) -> None:
+    """Cancel a job of the local cluster (DELETE /v1/jobs/JOB with the run directory's token):
+    a running job stops and its tiles are released; a finished one's tiles are released."""
+    from triplane.launcher import RunDir
+    from triplane.launcher.cluster import live_cluster
+    from triplane.sdk.remote import RemoteError, RemoteSession
+
+    run = RunDir(home)
+    info = live_cluster(run)
+    if info is None:
+        console.print(f"no cluster is running from {run.path} (start one with `triplane up`)")
+        raise typer.Exit(1)
+    try:
+        with RemoteSession(info["url"], run.read_token(), lease=False, release=False) as session:
+            body = session.cancel(job)
+    except RemoteError as e:
+        console.print(f"[red]triplane cancel:[/red] {e}")
+        raise typer.Exit(1) from None
+    prog = body.get("progress") or {}
+    console.print(f"job {job}: {body.get('state')} ({prog.get('done', '?')}/{prog.get('total', '?')} tasks "
+                  "done); its tiles are released")
 
 
 @app.command()

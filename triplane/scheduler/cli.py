@@ -71,6 +71,7 @@ async def _serve(
     ready_file: Path | None,
     slots: int,
     tokens_file: Path | None = None,
+    session_ttl_s: float = 30.0,
 ) -> int:
     import uvicorn
 
@@ -97,6 +98,7 @@ async def _serve(
         elect=registry.startswith("etcd://"),
         max_upload_bytes=max_upload_bytes,
         slots=slots,
+        session_ttl_s=session_ttl_s,
     )
     app = create_app(sched, token, tokens_file=tokens_file)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -115,6 +117,10 @@ async def _serve(
     try:
         await sched.start()
         serving = loop.create_task(server.serve(sockets=[sock]))
+        # The ready file promises a listening socket: uvicorn listens in its startup, after
+        # this task first runs (a client reading the file early was refused under load).
+        while not server.started and not serving.done():
+            await asyncio.sleep(0.01)
         bound = sock.getsockname()[1]
         log.info(
             "scheduler %s on http://%s:%d (packets %d, data %d, role %s)",
@@ -162,11 +168,14 @@ def run_scheduler(
     ready_file: Path | None = None,
     slots: int = 4,
     tokens_file: Path | None = None,
+    session_ttl_s: float = 30.0,
 ) -> int:
     """``scheduler_command`` returning its exit status instead of raising ``SystemExit``."""
     try:
         if not 1 <= slots <= 1024:
             raise _Usage(f"--slots must be in 1..1024, got {slots}")
+        if not 0.1 <= session_ttl_s <= 86400:
+            raise _Usage(f"--session-ttl must be in 0.1..86400 seconds, got {session_ttl_s:g}")
         if log_level.lower() not in ("debug", "info", "warning", "error"):
             raise _Usage(f"bad log level {log_level!r} (one of debug, info, warning, error)")
         logging.basicConfig(
@@ -196,6 +205,7 @@ def run_scheduler(
                 ready_file,
                 slots,
                 tokens_file if tokens_file is not None else home / "tokens.json",
+                session_ttl_s,
             )
         )
     except _Usage as e:
@@ -220,6 +230,9 @@ def scheduler_command(
     tokens_file: Annotated[
         Path | None, typer.Option(help="client tokens with roles (default: <run dir>/tokens.json)")
     ] = None,
+    session_ttl: Annotated[
+        float, typer.Option(help="seconds a client session lease lasts unrenewed (then its values are freed)")
+    ] = 30.0,
 ) -> None:
     """Run the scheduler: REST API, dispatcher and upload store, until stopped."""
     code = run_scheduler(
@@ -237,6 +250,7 @@ def scheduler_command(
         ready_file,
         slots,
         tokens_file,
+        session_ttl,
     )
     if code:
         raise SystemExit(code)

@@ -126,12 +126,21 @@ class ClusterView:
         return ClusterSnapshot(tuple(calibrated), self.residency.lookup), engines, factors
 
     async def nodes(self) -> list[dict[str, Any]]:
-        """``GET /v1/nodes``: the registered executors, their running tasks and calibration."""
+        """``GET /v1/nodes``: the registered executors, their running tasks, calibration and
+        memory (capacity and free bytes of their memory engines, as last published)."""
+        from triplane.registry import list_memory_engines
+
+        mem: dict[str, dict[str, int]] = {}
+        for m in await list_memory_engines(self.registry):
+            agg = mem.setdefault(m.node, {"capacity": 0, "free": 0})
+            agg["capacity"] += m.capacity
+            agg["free"] += m.free
         return [
             {
                 **_asdict(n),
                 "health": "up",
                 "running": self.running(n.node),
+                "memory": mem.get(n.node, {"capacity": 0, "free": 0}),
                 # how much slower than registered its kernels run now (calibration.py)
                 "calibration": {b: self.calibration.factor(n.node, b) for b in ("flops", "bytes")},
             }

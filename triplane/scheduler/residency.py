@@ -112,6 +112,17 @@ class Residency:
                 if not entry:
                     del self._uploads[upload]
 
+    def drop(self, upload: str) -> dict[str, list[str]]:
+        """Forget ``upload`` (it was released): node -> the tiles of it known cached there."""
+        by_node: dict[str, list[str]] = {}
+        with self._lock:
+            entry = self._uploads.pop(upload, {})
+            self._tiles -= len(entry)
+        for tile, nodes in sorted(entry.items()):
+            for node in sorted(nodes):
+                by_node.setdefault(node, []).append(tile)
+        return by_node
+
     def holders(self, tile: str) -> tuple[str, ...]:
         with self._lock:
             return tuple(sorted(self._uploads.get(tile.partition("@")[0], {}).get(tile, ())))

@@ -1,5 +1,5 @@
 """What jobs produced: their fetched tensors, their plans with actual times, and the
-release of their tiles on the executors (docs/runtime.md, docs/scheduler.md).
+release of their tiles (and of uploads) on the executors (docs/runtime.md, docs/scheduler.md).
 
 A job in the live table (``jobs.py``) is served from memory; any other -- run by an
 earlier process, or finished long enough ago to have left memory -- from the metadb: its
@@ -46,6 +46,11 @@ log = logging.getLogger("triplane.scheduler.service")
 
 Opened = tuple[tuple[int, ...], str, int, AsyncIterator[bytes]]  # shape, dtype, bytes, chunks
 
+# A task running when its job is cancelled stores its output when its kernel ends, after
+# the release deleted its tiles: the release is repeated this long after (seconds, one
+# after the other). Deleting a tile that is not there is no error.
+LATE_RELEASE_S = (1.0, 4.0, 25.0)
+
 
 class Results:
     """Tensors, plans and tile releases of jobs (see the module doc)."""
@@ -65,6 +70,7 @@ class Results:
         self.db, self.store, self.data_client, self.shell = db, store, data_client, shell
         self.cluster, self.earlier, self.live = cluster, earlier, live
         self.require_leader = require_leader
+        self._late: set[asyncio.Task[None]] = set()
 
     # --- tensors -----------------------------------------------------------------------------
 
@@ -201,6 +207,23 @@ class Results:
         if not keep_fetched:
             live.fetched_released = True
         await self._delete_tiles(job, by_node)
+        if not keep_fetched and by_node:
+            self._release_again(job, by_node)
+
+    def _release_again(self, job: str, by_node: dict[str, list[str]]) -> None:
+        async def again() -> None:
+            for wait_s in LATE_RELEASE_S:
+                await asyncio.sleep(wait_s)
+                await self._delete_tiles(job, by_node)
+
+        task = asyncio.get_running_loop().create_task(again(), name=f"release-again-{job}")
+        self._late.add(task)
+        task.add_done_callback(self._late.discard)
+
+    def close(self) -> None:
+        """Stop the repeated releases (the scheduler is closing)."""
+        for task in list(self._late):
+            task.cancel()
 
     async def release_earlier(self, job: str) -> None:
         """Delete the fetched tiles of a done job not in memory, and record it."""
@@ -217,6 +240,14 @@ class Results:
                     by_node[view.holders[task]].append(f"{job}.{task}")
             await self._delete_tiles(job, by_node)
         await self.record_released(job)
+
+    async def release_upload(self, upload: str) -> bool:
+        """Delete an upload's files and its cache entries on the executors known to keep
+        them (residency); whether the store knew it. An executor that keeps a copy the
+        scheduler did not learn of evicts it as any cache entry, when memory is asked."""
+        known = await asyncio.to_thread(self.store.delete, upload)
+        await self._delete_tiles(upload, self.cluster.residency.drop(upload))
+        return known
 
     async def record_released(self, job: str) -> None:
         """Record a release, so that no later process serves the deleted tiles."""

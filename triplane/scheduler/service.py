@@ -6,6 +6,7 @@ It builds the components and wires them to one another; each has one job:
 * ``results.Results``   fetched tensors, plans with actual times, release of tiles
 * ``cluster.ClusterView`` the registry's executors, their calibration and cached uploads;
                         the snapshot the compiler (``compiler/compile.py``) plans with
+* ``sessions.Sessions`` client session leases: what a client holds, freed when it ends
 * ``leading.Leading``   leader election, the ``scheduler/data`` record, resume on taking the lead
 * the dispatcher (pure ``DispatchState`` + asyncio ``DispatchShell``), the metadb
   ``Journal`` (batched writes), the upload ``TensorStore`` and its data server.
@@ -45,6 +46,7 @@ from triplane.scheduler.jobs import RETAIN_FINISHED, Jobs, LiveJob
 from triplane.scheduler.journal import Journal
 from triplane.scheduler.leading import Leading
 from triplane.scheduler.results import Opened, Results
+from triplane.scheduler.sessions import DEFAULT_TTL_S, Held, Sessions, reap, release_held
 from triplane.scheduler.store import StoredTensor, TensorStore, UploadTiles
 
 log = logging.getLogger(__name__)
@@ -74,6 +76,7 @@ class Scheduler(Leading):
         lease_ttl_s: float = 5.0,
         retain_finished: int = RETAIN_FINISHED,
         resume_wait_s: float | None = None,
+        session_ttl_s: float = DEFAULT_TTL_S,
     ) -> None:
         self.registry = registry
         self.db = db
@@ -105,6 +108,8 @@ class Scheduler(Leading):
         self.jobs = Jobs(db=db, store=self.store, shell=self.shell, journal=self.journal, plans=self.plans,
                          cluster=self.cluster, results=self.results, live=live, templates=self.templates,
                          require_leader=self.require_leader, retain=retain_finished)
+        self.sessions = Sessions(session_ttl_s)
+        self._inline: dict[str, list[str]] = {}  # job -> uploads a compiled step sent inline
         self.shell.hooks = Hooks(self.jobs.finished, self.journal.transitions, self.jobs.output,
                                  self._node_down)
 
@@ -129,12 +134,15 @@ class Scheduler(Leading):
         await self.shell.start(self.host, self._packet_port)
         self.journal.open()
         self._tasks.append(loop.create_task(self.journal.run(), name="scheduler-journal"))
+        self._tasks.append(loop.create_task(reap(self.sessions, self.release_upload, self._release_job),
+                                            name="scheduler-sessions"))
         if self.elect:
             self._tasks.append(loop.create_task(self._campaign(), name="scheduler-campaign"))
         else:
             await self._lead()
 
     async def close(self) -> None:
+        self.results.close()
         for t in self._lead_tasks:
             t.cancel()
         for t in self._tasks:
@@ -181,8 +189,17 @@ class Scheduler(Leading):
         if known is None or known[2] != tuple(fetch):
             raise Conflict(f"unknown plan {plan_hash[:16]!r} for this fetch list: submit the graph",
                            kind="unknown_plan")
-        ids = [a if isinstance(a, str) else self.store.put(*a).id for a in args]
-        return await self.jobs.submit_bound(plan_hash, ids, fetch, deadline_s, owner=owner)
+        inline = {i: self.store.put(*a, owner).id for i, a in enumerate(args) if not isinstance(a, str)}
+        ids = [inline.get(i, a) for i, a in enumerate(args)]
+        try:
+            body = await self.jobs.submit_bound(plan_hash, ids, fetch, deadline_s, owner=owner)
+        except BaseException:
+            for u in inline.values():
+                await self.release_upload(u)
+            raise
+        if inline:  # the job's own inputs: they go when the job is released
+            self._inline[body["id"]] = list(inline.values())
+        return body
 
     def status(self, job: str) -> dict[str, Any]:
         return self.jobs.status(job)
@@ -202,8 +219,32 @@ class Scheduler(Leading):
     async def plan(self, job: str) -> dict[str, Any]:
         return await self.results.plan(job)
 
-    def upload(self, data: bytes | bytearray, shape: tuple[int, ...], dtype: str) -> StoredTensor:
-        return self.store.put(data, shape, dtype)
+    def upload(self, data: bytes | bytearray, shape: tuple[int, ...], dtype: str,
+               owner: str | None = None) -> StoredTensor:
+        return self.store.put(data, shape, dtype, owner)
+
+    async def release_upload(self, upload: str) -> bool:
+        """Delete an upload (files, executor cache entries); whether it was known."""
+        self.sessions.untag_upload(upload)
+        return await self.results.release_upload(upload)
+
+    async def release_job(self, job: str) -> dict[str, Any]:
+        """``DELETE /v1/jobs/{id}``: cancel if running, release its tiles (and the inputs a
+        compiled step sent inline, stored as uploads of the job)."""
+        self.sessions.untag_job(job)
+        return await self._release_job(job)
+
+    async def _release_job(self, job: str) -> dict[str, Any]:
+        body = await self.jobs.cancel(job)
+        for upload in self._inline.pop(job, ()):
+            await self.release_upload(upload)
+        return body
+
+    async def end_session(self, sid: str) -> Held:
+        """Close a session and release what it still holds."""
+        held = self.sessions.close(sid)
+        await release_held(held, self.release_upload, self._release_job)
+        return held
 
     async def nodes(self) -> list[dict[str, Any]]:
         return await self.cluster.nodes()

@@ -4,7 +4,9 @@ An upload (``POST /v1/tensors``) becomes ``<root>/<id>.npy`` (written with
 ``allow_pickle=False``; dtypes numpy cannot name, such as bfloat16, are stored as
 unsigned integers of the same width) plus ``<id>.json`` holding the shape and dtype that
 count. Files are written to a temporary name and renamed, so a crash never leaves a
-half tensor under a real id, and a restarted scheduler finds every upload again.
+half tensor under a real id, and a restarted scheduler finds every upload again. An
+upload lives until it is released (``DELETE /v1/tensors/{id}``, or the end of the client
+session that made it: ``sessions.py``), which deletes both files.
 
 ``UploadTiles`` serves the uploads on the data port (``triplane.net.dataport``'s server,
 the one every node runs): ``get`` and ``stat`` only, since uploads come through the REST
@@ -42,6 +44,7 @@ class StoredTensor:
     shape: tuple[int, ...]
     dtype: str
     nbytes: int
+    owner: str | None = None  # the name of the token that uploaded it (None: before owners)
 
     def as_dict(self) -> dict[str, object]:
         return {"id": self.id, "shape": list(self.shape), "dtype": self.dtype, "bytes": self.nbytes}
@@ -90,14 +93,16 @@ class TensorStore:
         for meta in self.root.glob("u-*.json"):
             try:
                 d = json.loads(meta.read_text())
-                t = StoredTensor(meta.stem, tuple(d["shape"]), d["dtype"], int(d["bytes"]))
+                t = StoredTensor(meta.stem, tuple(d["shape"]), d["dtype"], int(d["bytes"]), d.get("owner"))
                 if is_tensor_id(t.id) and (self.root / f"{t.id}.npy").exists():
                     self._index[t.id] = t
             except (OSError, ValueError, KeyError, TypeError) as e:
                 log.warning("skipping unreadable upload %s: %s", meta, e)
 
-    def put(self, data: bytes | bytearray | memoryview, shape: tuple[int, ...], dtype: str) -> StoredTensor:
-        """Store raw little-endian C-order bytes; UploadError if they do not fit the header."""
+    def put(self, data: bytes | bytearray | memoryview, shape: tuple[int, ...], dtype: str,
+            owner: str | None = None) -> StoredTensor:
+        """Store raw little-endian C-order bytes; UploadError if they do not fit the header.
+        ``owner`` (the uploading token's name) may delete it (``DELETE /v1/tensors/{id}``)."""
         need = expected_bytes(shape, dtype)
         if len(data) != need:
             raise UploadError(f"{dtype}{list(shape)} is {need} bytes, the body has {len(data)}")
@@ -107,9 +112,9 @@ class TensorStore:
         with open(tmp, "wb") as f:
             np.save(f, arr, allow_pickle=False)
         os.replace(tmp, self.root / f"{tid}.npy")
-        t = StoredTensor(tid, shape, dtype, need)
+        t = StoredTensor(tid, shape, dtype, need, owner)
         meta_tmp = self.root / f".{tid}.json.tmp"
-        meta_tmp.write_text(json.dumps({"shape": list(shape), "dtype": dtype, "bytes": need}))
+        meta_tmp.write_text(json.dumps({"shape": list(shape), "dtype": dtype, "bytes": need, "owner": owner}))
         os.replace(meta_tmp, self.root / f"{tid}.json")
         self._index[tid] = t
         return t
@@ -157,6 +162,7 @@ class TensorStore:
         return StoredTensor(tile, shape, t.dtype, int(part_arr.nbytes)), memoryview(part_arr).cast("B")
 
     def delete(self, tid: str) -> bool:
+        """Forget an upload and delete its files; whether it was known."""
         t = self._index.pop(tid, None)
         for suffix in (".npy", ".json"):
             with contextlib.suppress(FileNotFoundError):

@@ -7,24 +7,36 @@ the scheduler's REST API (docs/runtime.md, "The REST API"):
 2. upload every host tensor it has not uploaded before (``POST /v1/tensors``), remembered
    by array identity with weak references, so a training loop sends each parameter
    value once and nothing is kept alive by the cache;
-3. submit (``POST /v1/jobs``), long-poll ``/wait`` until the job ends, and fetch each
-   output (``GET /v1/jobs/{id}/tensors/{node}``).
+3. submit (``POST /v1/jobs``), long-poll ``/wait`` until the job ends (a progress bar
+   on a terminal after a second, ``lifecycle.ProgressBar``), and fetch each output
+   (``GET /v1/jobs/{id}/tensors/{node}``);
+4. release the job once its outputs are read (``DELETE /v1/jobs/{id}``, queued: the
+   keeper thread of ``lifecycle.py`` sends it off the hot path).
+
+Lifecycle. The session opens a client session lease (``POST /v1/sessions``) at its first
+upload or submit and tags both with it (``X-Triplane-Session``); the keeper renews it. An
+upload is released when its host array dies (its weakref callback queues the release), a
+job when its outputs are fetched; :meth:`RemoteSession.close` (``tp.disconnect()``, and
+process exit) releases what is left by ending the lease. A client that dies without a
+word has its values freed by the scheduler when the lease expires.
 
 Failure semantics. A request that does not reach the scheduler (connection refused or
-reset, e.g. while it restarts) is retried with backoff for up to ``reconnect_s``; a
-submit is retried only when the connection was refused, so a job is never submitted
-twice. Server errors map back to the SDK's exceptions: 400 with a graph kind ->
-:class:`GraphError` (the subclass the kind names), a failed job -> :class:`KernelError`
-naming the op and node (and the user's line that made it), 401 -> :class:`RemoteError`
-saying the token was refused; anything else -> :class:`RemoteError` with the server's
-message. Nothing here parses untrusted data beyond JSON and raw little-endian bytes.
+reset, e.g. while it restarts) is retried with backoff for up to ``reconnect_s`` (3 s by
+default: a stopped cluster is reported at once, not after a long hang); a submit is
+retried only when the connection was refused, so a job is never submitted twice. Ctrl-C
+while a job runs cancels it on the cluster and raises a plain ``KeyboardInterrupt``.
+Server errors map back to the SDK's exceptions (``remote_errors.py``). Nothing here
+parses untrusted data beyond JSON and raw little-endian bytes.
 """
 
 from __future__ import annotations
 
-import hashlib
+import atexit
+import contextlib
 import json
+import logging
 import os
+import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
@@ -36,6 +48,8 @@ import numpy as np
 from triplane.proto import dtypes as dt
 from triplane.proto import errors as E
 from triplane.proto.canonjson import canonical_json
+from triplane.sdk.lifecycle import Keeper, ProgressBar, Uploads
+from triplane.sdk.remote_errors import RemoteError, http_error, job_error
 from triplane.sdk.remote_steps import BoundSteps
 
 if TYPE_CHECKING:
@@ -44,64 +58,13 @@ if TYPE_CHECKING:
     from triplane.sdk.tensor import Tensor
 
 __all__ = [
-    "LocalCluster", "RemoteError", "RemoteSession", "connect", "resolve_target", "set_local_cluster_lookup",
+    "LocalCluster", "RemoteError", "RemoteSession", "connect", "disconnect", "resolve_target",
+    "set_local_cluster_lookup",
 ]
 
+log = logging.getLogger(__name__)
+
 TERMINAL = ("done", "failed", "cancelled")
-
-# Error kinds a scheduler reports for a malformed graph, and the exception each becomes.
-_GRAPH_KINDS: dict[str, type[E.GraphError]] = {
-    "graph": E.GraphError, "validation": E.GraphError, "shape": E.ShapeError, "dtype": E.DTypeError,
-    "attr": E.AttrError, "limit": E.LimitError, "unknown_op": E.UnknownOpError,
-    "placement": E.GraphError,  # no node can run a task (the scheduler's placement refused it)
-}
-
-
-class RemoteError(E.TriplaneError):
-    """The cluster could not be reached, refused the request, or lost the job."""
-
-    def __init__(self, message: str, *, status: int | None = None) -> None:
-        self.status = status
-        super().__init__(message)
-
-
-class _Uploads:
-    """Host array -> uploaded tensor id, by identity, without keeping arrays alive.
-
-    Read-only arrays (every SDK tensor value is one) are trusted not to change, so identity
-    suffices; a writable array is also keyed by a digest of its bytes, so an in-place edit
-    uploads again instead of computing on stale data."""
-
-    def __init__(self) -> None:
-        self._by_id: dict[int, tuple[weakref.ref[np.ndarray], str, bytes | None]] = {}
-
-    @staticmethod
-    def _digest(arr: np.ndarray) -> bytes | None:
-        if not arr.flags.writeable:
-            return None
-        return hashlib.blake2b(np.ascontiguousarray(arr).tobytes(), digest_size=16).digest()
-
-    def get(self, arr: np.ndarray) -> str | None:
-        hit = self._by_id.get(id(arr))
-        if hit is None or hit[0]() is not arr:
-            return None
-        return hit[1] if hit[2] == self._digest(arr) else None
-
-    def put(self, arr: np.ndarray, upload_id: str) -> None:
-        key = id(arr)
-
-        def forget(_ref: object, key: int = key) -> None:
-            self._by_id.pop(key, None)
-
-        try:
-            ref = weakref.ref(arr, forget)
-        except TypeError:  # not weak-referenceable: do not cache rather than leak
-            return
-        self._by_id[key] = (ref, upload_id, self._digest(arr))
-
-    def __len__(self) -> int:
-        return len(self._by_id)
-
 
 class RemoteSession:
     """Evaluates graphs on the cluster whose scheduler answers at ``url``.
@@ -110,12 +73,15 @@ class RemoteSession:
     ASGI transport); by default a real HTTP connection pool. ``timeout_s`` bounds each
     HTTP request, ``reconnect_s`` how long an unreachable scheduler is retried, and
     ``job_timeout_s`` (None: no bound) how long one job may take before
-    :class:`RemoteError`. Thread-safe as far as ``httpx.Client`` is.
+    :class:`RemoteError`. ``lease`` (default) opens a client session lease so that the
+    scheduler frees this session's values when it ends or dies; ``release`` (default)
+    releases jobs once read and uploads once their arrays die. Thread-safe as far as
+    ``httpx.Client`` is.
     """
 
     def __init__(self, url: str, token: str | None, transport: httpx.BaseTransport | None = None, *,
-                 timeout_s: float = 30.0, reconnect_s: float = 30.0, job_timeout_s: float | None = None,
-                 poll_s: float = 10.0) -> None:
+                 timeout_s: float = 30.0, reconnect_s: float = 3.0, job_timeout_s: float | None = None,
+                 poll_s: float = 10.0, lease: bool = True, release: bool = True) -> None:
         import httpx
 
         self.url = url.rstrip("/")
@@ -124,12 +90,19 @@ class RemoteSession:
         self.poll_s = poll_s
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._client = httpx.Client(base_url=self.url, headers=headers, transport=transport,
-                                    timeout=httpx.Timeout(timeout_s, connect=min(5.0, timeout_s)))
-        self._uploads = _Uploads()
+                                    timeout=httpx.Timeout(timeout_s, connect=min(2.0, timeout_s)))
+        self.release_values = release
+        self.keeper = Keeper(self._send_release, self._renew)
+        self._uploads = Uploads(self._upload_died if release else None)
         self.steps = BoundSteps()  # compiled steps: structures the scheduler planned before
         self.last_submit: dict[str, Any] = {}
+        self._want_lease = lease
+        self.session_id: str | None = None
+        self._lease_lock = threading.Lock()
+        self._closed = False
         self.last_job: str | None = None
         self.last_stats: dict[str, Any] = {}
+        _open_sessions.add(self)
 
     # --- the session protocol ------------------------------------------------------------
 
@@ -154,7 +127,10 @@ class RemoteSession:
             arr = bindings[args[int(node["attrs"]["tensor"][3:])]]
             upload_id = self._uploads.get(arr)
             if upload_id is None:
-                upload_id = self.upload(arr)
+                try:
+                    upload_id = self.upload(arr)
+                except KeyboardInterrupt:
+                    raise KeyboardInterrupt from None  # Ctrl-C: no transport internals
                 self._uploads.put(arr, upload_id)
                 uploaded += 1
             upload_of[node["attrs"]["tensor"]] = upload_id
@@ -164,19 +140,43 @@ class RemoteSession:
         fetch = list(dict.fromkeys(o for o in cgraph.outputs if o not in local))
         values: dict[str, np.ndarray] = dict(local)
         if fetch:
-            job = self.submit(doc, fetch)
-            self.steps.learn(pending, self.last_submit, upload_of, args, rename, outputs, fetch)
-            try:
-                self.wait(job)
-            except E.KernelError as e:
-                from triplane.sdk.session import locate_kernel_error
-
-                raise locate_kernel_error(e, rename, tensors) from None
-            for nid in fetch:
-                values[nid] = self.fetch(job, nid)
+            learn = lambda: self.steps.learn(pending, self.last_submit, upload_of, args,  # noqa: E731
+                                             rename, outputs, fetch)
+            values.update(self._run_job(doc, fetch, rename, tensors, learn))
         self.last_stats = {"job": self.last_job, "uploaded": uploaded, "nodes": len(cgraph),
                            "seconds": time.perf_counter() - t0}
         return [values[rename[t._id]] for t in outputs]
+
+    def _run_job(self, doc: dict[str, Any], fetch: list[str], rename: dict[str, str],
+                 tensors: dict[str, Tensor], learn: Callable[[], None] | None = None,
+                 ) -> dict[str, np.ndarray]:
+        """Submit (then ``learn``: a compiled step remembers the structure), and collect."""
+        try:
+            job = self.submit(doc, fetch)
+        except KeyboardInterrupt:
+            raise KeyboardInterrupt from None  # the user pressed Ctrl-C: no transport internals
+        if learn is not None:
+            learn()
+        try:
+            return self.collect(job, fetch)
+        except E.KernelError as e:
+            from triplane.sdk.session import locate_kernel_error
+
+            raise locate_kernel_error(e, rename, tensors) from None
+
+    def collect(self, job: str, fetch: Sequence[str]) -> dict[str, np.ndarray]:
+        """Wait for ``job`` and fetch ``fetch``; then queue the job's release (read or
+        failed, its tiles can go). Ctrl-C cancels the job and raises a plain
+        ``KeyboardInterrupt``."""
+        try:
+            self.wait(job)
+            return {nid: self.fetch(job, nid) for nid in fetch}
+        except KeyboardInterrupt:
+            self._interrupted(job)
+            raise KeyboardInterrupt from None  # the user pressed Ctrl-C: no transport internals
+        finally:
+            if self.release_values:
+                self.keeper.queue("jobs", job)
 
     # --- the REST calls --------------------------------------------------------------------
 
@@ -186,14 +186,14 @@ class RemoteSession:
         data = np.ascontiguousarray(arr, dtype=d.np.newbyteorder("<")).tobytes()
         r = self._call("POST", "/v1/tensors", content=data, retry_sent=True, headers={
             "X-Triplane-Shape": ",".join(str(int(s)) for s in arr.shape),
-            "X-Triplane-Dtype": d.name, "Content-Type": "application/octet-stream"})
+            "X-Triplane-Dtype": d.name, "Content-Type": "application/octet-stream", **self._lease_header()})
         return str(r.json()["id"])
 
     def submit(self, graph_doc: dict[str, Any], fetch: list[str]) -> str:
         """``POST /v1/jobs``; the job id. Never retried once the request may have arrived."""
         body = canonical_json({"graph": graph_doc, "fetch": fetch})
-        r = self._call("POST", "/v1/jobs", content=body, headers={"Content-Type": "application/json"},
-                       retry_sent=False)
+        r = self._call("POST", "/v1/jobs", content=body, retry_sent=False,
+                       headers={"Content-Type": "application/json", **self._lease_header()})
         self.last_submit = r.json()
         self.last_job = str(self.last_submit["id"])
         return self.last_job
@@ -202,8 +202,8 @@ class RemoteSession:
         """``POST /v1/jobs`` of a compiled step (``remote_steps.py``); the job id. A 409
         ``unknown plan`` RemoteError when the scheduler does not know ``plan``."""
         body = canonical_json({"plan": plan, "args": args, "fetch": fetch})
-        r = self._call("POST", "/v1/jobs", content=body, headers={"Content-Type": "application/json"},
-                       retry_sent=False)
+        r = self._call("POST", "/v1/jobs", content=body, retry_sent=False,
+                       headers={"Content-Type": "application/json", **self._lease_header()})
         self.last_job = str(r.json()["id"])
         return self.last_job
 
@@ -218,17 +218,28 @@ class RemoteSession:
     def wait(self, job: str) -> dict[str, Any]:
         """Long-poll until ``job`` ends; its status body when done, else the mapped error."""
         deadline = None if self.job_timeout_s is None else time.monotonic() + self.job_timeout_s
+        bar = ProgressBar(job)
+        try:
+            return self._wait(job, deadline, bar)
+        finally:
+            bar.close()
+
+    def _wait(self, job: str, deadline: float | None, bar: ProgressBar) -> dict[str, Any]:
+        from triplane.sdk.lifecycle import progress_enabled
+
         while True:
-            poll = self.poll_s
+            # With a bar, poll often enough to move it; the first poll is short either way.
+            poll = min(self.poll_s, 0.5) if progress_enabled() else self.poll_s
             if deadline is not None:
                 poll = max(0.0, min(poll, deadline - time.monotonic()))
             body = self._call("GET", f"/v1/jobs/{job}/wait", params={"timeout": f"{poll:g}"},
                               retry_sent=True).json()
             state = body.get("state")
+            bar.update(body.get("progress"))
             if state == "done":
                 return body
             if state == "failed":
-                raise _job_error(job, body.get("error"))
+                raise job_error(job, body.get("error"))
             if state == "cancelled":
                 raise RemoteError(f"job {job} was cancelled")
             if state not in ("queued", "running"):
@@ -270,7 +281,33 @@ class RemoteSession:
         body = self._call("GET", "/v1/nodes", retry_sent=True).json()
         return list(body["nodes"] if isinstance(body, dict) else body)
 
+    def cancel(self, job: str) -> dict[str, Any]:
+        """``DELETE /v1/jobs/{id}``: cancel a running job and release its tiles."""
+        return dict(self._call("DELETE", f"/v1/jobs/{job}", retry_sent=True).json())
+
+    def release_upload(self, upload_id: str) -> None:
+        """``DELETE /v1/tensors/{id}``: delete an upload on the scheduler and its executors."""
+        self._call("DELETE", f"/v1/tensors/{upload_id}", retry_sent=True)
+
     def close(self) -> None:
+        """Release everything this session holds (queued releases, then the lease: the
+        scheduler frees its uploads and jobs) and close the connection. Idempotent; a
+        scheduler that is gone is not waited for (its lease expires anyway)."""
+        if self._closed:
+            return
+        self._closed = True
+        _open_sessions.discard(self)
+        self.keeper.close()
+        try:
+            sid, self.session_id = self.session_id, None
+            if sid is not None:  # one request releases everything the lease holds
+                self.keeper.drop()
+                self._client.request("DELETE", f"/v1/sessions/{sid}", timeout=5.0)
+            else:
+                self.keeper.flush(give_up_on_error=True)
+        except Exception as e:  # unreachable: the lease frees it
+            log.debug("closing the session on %s: %s", self.url, e)
+        self._uploads.clear()
         self._client.close()
 
     def __enter__(self) -> RemoteSession:
@@ -281,6 +318,60 @@ class RemoteSession:
 
     def __repr__(self) -> str:
         return f"RemoteSession({self.url!r})"
+
+    # --- the lease and releases ---------------------------------------------------------------
+
+    def _lease_header(self) -> dict[str, str]:
+        """``X-Triplane-Session`` of the lease, opened on first use (none if the scheduler
+        predates leases or the token may not open one)."""
+        if not self._want_lease:
+            return {}
+        with self._lease_lock:
+            if self.session_id is None:
+                try:
+                    body = self._call("POST", "/v1/sessions", retry_sent=True).json()
+                except RemoteError as e:
+                    if e.status in (403, 404, 405):
+                        self._want_lease = False
+                        return {}
+                    raise
+                self.session_id = str(body["id"])
+                self.keeper.heartbeat(max(0.05, float(body.get("ttl_s", 30.0)) / 3))
+            return {"X-Triplane-Session": self.session_id}
+
+    def _renew(self) -> None:
+        sid = self.session_id
+        if sid is None:
+            return
+        try:
+            self._call("POST", f"/v1/sessions/{sid}/renew", retry_sent=True)
+        except RemoteError as e:
+            if e.status != 404:
+                raise
+            # The lease expired (this process was stopped longer than its TTL): the scheduler
+            # freed our uploads, so forget them; the next request opens a new lease.
+            log.warning("the session lease %s expired; its uploads were freed and will be sent again", sid)
+            with self._lease_lock:
+                self._uploads.clear()
+                self.session_id = None
+
+    def _upload_died(self, upload_id: str) -> None:
+        if not self._closed:
+            self.keeper.queue("tensors", upload_id)
+
+    def _send_release(self, kind: str, ident: str) -> None:
+        try:
+            self._call("DELETE", f"/v1/{kind}/{ident}", retry_sent=True)
+        except RemoteError as e:
+            if e.status != 404:  # released already (the lease ended): nothing to do
+                raise
+
+    def _interrupted(self, job: str) -> None:
+        """Ctrl-C while ``job`` runs: cancel it (one quick try; the lease is the fallback)."""
+        try:
+            self._client.request("DELETE", f"/v1/jobs/{job}", timeout=3.0)
+        except Exception as e:
+            log.debug("cancelling %s after Ctrl-C failed: %s", job, e)
 
     # --- plumbing ---------------------------------------------------------------------------
 
@@ -306,73 +397,8 @@ class RemoteSession:
             time.sleep(delay)
             delay = min(1.0, delay * 2)
         if r.status_code >= 400:
-            raise _http_error(r, f"{method} {path}", self.url)
+            raise http_error(r, f"{method} {path}", self.url)
         return r
-
-
-def _error_body(r: httpx.Response) -> dict[str, Any]:
-    try:
-        body = r.json()
-    except ValueError:
-        return {"message": r.text[:500]}
-    err = body.get("error") if isinstance(body, dict) else None
-    if isinstance(err, dict):
-        return err
-    if isinstance(err, str):
-        return {"message": err}
-    if isinstance(body, dict) and "detail" in body:  # FastAPI's own errors
-        return {"message": str(body["detail"])}
-    return {"message": str(body)[:500]}
-
-
-def _strip_prefix(message: str, node: str | None, op: str | None) -> str:
-    """The message without the ``node 'x' (op): `` prefix our exceptions add again."""
-    for prefix in (f"node {node!r} ({op}): ", f"node {node!r}: ", f"{op}: "):
-        if (node or op) and message.startswith(prefix):
-            return message[len(prefix):]
-    return message
-
-
-def _mapped(err: dict[str, Any], default_kind: str) -> E.TriplaneError | None:
-    kind = str(err.get("kind") or default_kind)
-    node, op = err.get("node"), err.get("op")
-    node = str(node) if node is not None else None
-    op = str(op) if op is not None else None
-    message = _strip_prefix(str(err.get("message") or "(no message)"), node, op)
-    if kind in _GRAPH_KINDS:
-        return _GRAPH_KINDS[kind](message, node=node, op=op)
-    if kind in ("user", "kernel"):
-        return E.KernelError(message, node=node, op=op, kind="user")
-    if kind == "infra":
-        return E.KernelError(message, node=node, op=op, kind="infra")
-    if kind == "not_differentiable":
-        return E.NotDifferentiableError(message)
-    return None
-
-
-def _http_error(r: httpx.Response, what: str, url: str) -> E.TriplaneError:
-    err = _error_body(r)
-    if r.status_code == 401:
-        return RemoteError(f"the scheduler at {url} refused the API token ({what}: "
-                           f"{err.get('message')}); use the run directory's `token` file that "
-                           f"`triplane up` wrote (or TRIPLANE_TOKEN, or a token from `triplane tokens "
-                           f"add`)", status=401)
-    if r.status_code == 400:
-        mapped = _mapped(err, "graph")
-        if mapped is not None:
-            return mapped
-    return RemoteError(f"{what} -> {r.status_code}: {err.get('message')}", status=r.status_code)
-
-
-def _job_error(job: str, err: Any) -> E.TriplaneError:
-    if isinstance(err, str):
-        err = {"message": err}
-    if not isinstance(err, dict):
-        err = {"message": "the scheduler gave no reason"}
-    mapped = _mapped(err, "infra")
-    if mapped is None:
-        return RemoteError(f"job {job} failed: {err.get('message')}")
-    return mapped
 
 
 # --- tp.connect --------------------------------------------------------------------------------
@@ -422,6 +448,30 @@ def resolve_target(url: str | None = None, token: str | None = None,
         if found.url is not None and found.url.rstrip("/") == url.rstrip("/"):
             token = found.token
     return url, token
+
+
+_open_sessions: weakref.WeakSet[RemoteSession] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all() -> None:
+    """At exit, release what every open session holds (a killed process: the lease does)."""
+    for s in list(_open_sessions):
+        with contextlib.suppress(Exception):  # exiting anyway
+            s.close()
+
+
+def disconnect() -> None:
+    """Release everything the current cluster session holds (its uploads and jobs, on the
+    scheduler and the executors) and go back to the embedded session. No-op when not
+    connected."""
+    from triplane.sdk.session import set_default_session
+
+    prev = set_default_session(None)
+    if isinstance(prev, RemoteSession):
+        prev.close()
+    else:
+        set_default_session(prev)
 
 
 def connect(url: str | None = None, token: str | None = None, *,

@@ -64,8 +64,7 @@ class BoundSteps:
             self.fallbacks += 1
             self.cache.drop(key)  # learn() refills it after the full path
             return None, (key, inputs)
-        session.wait(job)
-        got = {name: session.fetch(job, name) for name in step.fetch}
+        got = session.collect(job, step.fetch)
         return [got[v] if fetched else inputs[v]._value for fetched, v in step.outputs], None
 
     def learn(self, pending: Any, answer: dict[str, Any], upload_of: dict[str, str], args: list[str],

@@ -99,6 +99,10 @@ ROUTES: list[tuple[str, str, set[str] | None]] = [
     ("GET", "/v1/jobs/{job}/tensors/y", READERS),
     ("GET", "/v1/jobs/{job}/plan", READERS),
     ("DELETE", "/v1/jobs/{job}", CHANGERS),
+    ("DELETE", "/v1/tensors/{upload}", CHANGERS),  # the uploader's (alice's) or admin's
+    ("POST", "/v1/sessions", CHANGERS),
+    ("POST", "/v1/sessions/{session}/renew", CHANGERS),  # the session's owner's or admin's
+    ("DELETE", "/v1/sessions/{session}", CHANGERS),
     ("GET", "/v1/nodes", READERS),
     ("GET", "/v1/engines", READERS),
     ("GET", "/v1/stats", READERS),
@@ -111,9 +115,10 @@ ROUTES: list[tuple[str, str, set[str] | None]] = [
 ]
 
 
-def _request(c: Cluster, who: str, method: str, path: str, job: str) -> httpx.Response:
+def _request(c: Cluster, who: str, method: str, path: str, job: str, upload: str = "",
+             session: str = "") -> httpx.Response:
     headers = c.headers(who)
-    url = path.format(job=job)
+    url = path.format(job=job, upload=upload, session=session)
     if path == "/v1/tensors":
         return c.client.post(url, content=bytes(16), headers={**headers, "X-Triplane-Shape": "2,2",
                                                               "X-Triplane-Dtype": "float32"})
@@ -138,8 +143,10 @@ def test_role_matrix_every_route(cluster: Cluster, who: str) -> None:
     """Each route answers each credential as the table says: allowed (no 401/403), 403
     for a known credential whose role may not, 401 for none or a wrong one."""
     job = cluster.submit("submit")  # alice's: the submit token here is alice's
+    upload = cluster.upload("submit")
+    session = cluster.client.post("/v1/sessions", headers=cluster.headers("submit")).json()["id"]
     for method, path, allowed in ROUTES:
-        r = _request(cluster, who, method, path, job)
+        r = _request(cluster, who, method, path, job, upload, session)
         where = f"{who}: {method} {path} -> {r.status_code} {r.text[:200]}"
         if allowed is None or who in allowed:
             assert r.status_code not in (401, 403), where

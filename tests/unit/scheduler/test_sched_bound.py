@@ -80,3 +80,21 @@ def test_an_unknown_upload_in_a_step_is_refused(cluster: Cluster) -> None:
     body = {"plan": first["plan"], "args": ["u-" + "0" * 32], "fetch": ["y"]}
     r = cluster.client.post("/v1/jobs", json=body, headers=cluster.headers("submit"))
     assert r.status_code == 400 and "unknown uploaded tensor" in r.json()["error"]["message"]
+
+
+def test_releasing_a_step_deletes_the_inputs_it_sent_inline(cluster: Cluster) -> None:
+    """An inline input is stored as an upload of its job: releasing the job (the SDK does
+    once it read the results) deletes its file, so a training loop leaves nothing on disk."""
+    first = _first(cluster)
+    tensors = cluster.scheduler.run_dir / "tensors"
+    files = lambda: sorted(p.name for p in tensors.glob("*.npy"))  # noqa: E731
+    before = files()
+    step = {"plan": first["plan"], "args": [_inline(np.ones((2, 2), np.float32))], "fetch": ["y"]}
+    r = cluster.client.post("/v1/jobs", json=step, headers=cluster.headers("submit"))
+    assert r.status_code == 201, r.text
+    job = r.json()["id"]
+    (inline,) = cluster.scheduler.jobs.live[job].plan.args
+    assert f"{inline}.npy" in files()
+    assert cluster.client.delete(f"/v1/jobs/{job}", headers=cluster.headers("submit")).status_code == 200
+    assert files() == before
+    assert cluster.scheduler.store.get(inline) is None

@@ -180,9 +180,9 @@ def test_host_tensors_upload_once_and_the_cache_does_not_keep_them(remote: Remot
 
 
 def test_a_writable_array_edited_in_place_is_uploaded_again(fake: FakeScheduler) -> None:
-    from triplane.sdk.remote import _Uploads
+    from triplane.sdk.lifecycle import Uploads
 
-    ups = _Uploads()
+    ups = Uploads()
     arr = np.zeros(4)
     ups.put(arr, "u-1")
     assert ups.get(arr) == "u-1"

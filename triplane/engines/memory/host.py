@@ -93,7 +93,7 @@ class HostMemoryEngine:
             if not self._make_room_locked(delta):
                 raise MemoryFullError(
                     f"memory full: tile {key!r} needs {arr.nbytes} bytes, {self._free_locked()} "
-                    f"of {self._capacity} free in memory engine {self.name!r}")
+                    f"of {self._capacity} free in memory engine {self.name!r}{self._holders_locked()}")
             self._drop_cached_locked(key)  # a tile of that id wins over a cache entry
             self._tiles[key] = arr
             self._used += delta
@@ -144,8 +144,23 @@ class HostMemoryEngine:
             if not self._make_room_locked(nbytes - (old.nbytes if old is not None else 0)):
                 raise MemoryFullError(
                     f"memory full: {nbytes} bytes asked, {self._free_locked()} of "
-                    f"{self._capacity} free in memory engine {self.name!r}")
+                    f"{self._capacity} free in memory engine {self.name!r}{self._holders_locked()}")
             self._reserved += nbytes
+
+    def _holders_locked(self, top: int = 5) -> str:
+        """``; held by: job j1 (64.0 MiB), upload u-2 (...)``: the owners of the most bytes.
+        A tile ``<job>.<task>`` is its job's, ``u-<hex>[@region]`` its upload's."""
+        by: dict[str, int] = {}
+        for key, arr in self._tiles.items():
+            owner = key.partition("@")[0] if key.startswith("u-") else key.partition(".")[0]
+            by[owner] = by.get(owner, 0) + arr.nbytes
+        if not by:
+            return ""
+        worst = sorted(by.items(), key=lambda kv: -kv[1])[:top]
+        named = ", ".join(f"{'upload' if o.startswith('u-') else 'job'} {o} ({n / 2**20:.1f} MiB)"
+                          for o, n in worst)
+        return (f"; held by: {named} (release results with DELETE /v1/jobs/{{id}}; the SDK does so "
+                "when they are read)")
 
     def release(self, nbytes: int) -> None:
         """Give back a reservation that will not be ``put`` (the upload failed)."""

@@ -6,8 +6,8 @@ bound before anything parses them (413 past ``max_graph_bytes`` / ``max_upload_b
 a job request is parsed as strict JSON (no duplicate keys) and its ids and ranks checked
 (``triplane.proto.validate.check_submission``) before ``Graph.from_dict`` and the op
 table's validation (400 naming the node and op). Who may call which route is ``auth.py``'s
-table: each route names the roles it admits, and a submit token's job routes check that
-the job is its own. With an in-memory registry, the registry API of
+table: each route names the roles it admits, and a submit token's job, upload and session
+routes check that the job, upload or session is its own. With an in-memory registry, the registry API of
 ``triplane.registry.http`` is mounted under ``/v1/registry``: it takes the node credential
 only (a client token is 403).
 """
@@ -32,8 +32,9 @@ from triplane.registry.credential import node_credential
 from triplane.scheduler.api import errors
 from triplane.scheduler.api.auth import ANYONE, CHANGERS, Authenticator, Principal
 from triplane.scheduler.api.bound import BoundRequest, parse_bound_request
-from triplane.scheduler.errors import BadRequest, Forbidden, TooLarge
+from triplane.scheduler.errors import BadRequest, Forbidden, NotFound, TooLarge
 from triplane.scheduler.service import VERSION, Scheduler
+from triplane.scheduler.sessions import Lease
 from triplane.scheduler.store import UploadError, expected_bytes, parse_dtype, parse_shape
 
 log = logging.getLogger(__name__)
@@ -148,6 +149,14 @@ def create_app(
     app.state.auth = auth
     api = APIRouter(prefix="/v1")
 
+    def session_of(request: Request, p: Principal) -> Lease | None:
+        """The caller's session named by ``X-Triplane-Session`` (renewed), if any: 404 when
+        unknown or expired, 403 when another token's."""
+        sid = request.headers.get("x-triplane-session")
+        if not sid:
+            return None
+        return scheduler.sessions.renew(sid, p.name, admin=p.role == "admin")
+
     @app.get("/v1/health")
     async def health() -> dict[str, Any]:
         return {"ok": True, "role": scheduler.role, "version": VERSION}
@@ -169,11 +178,42 @@ def create_app(
         if expected_bytes(shape, dtype) > upload_limit:
             raise TooLarge(f"a {dtype}{list(shape)} tensor is over the upload limit of {upload_limit} bytes",
             )
+        lease = session_of(request, p)
         body = await read_body(request, upload_limit, "upload")
         try:
-            return scheduler.upload(body, shape, dtype).as_dict()
+            stored = scheduler.upload(body, shape, dtype, owner=p.name)
         except UploadError as e:
             raise BadRequest(str(e)) from None
+        if lease is not None:
+            scheduler.sessions.tag_upload(lease, stored.id)
+        return stored.as_dict()
+
+    @api.delete("/tensors/{upload}")
+    async def release_upload(upload: str, p: Principal = changer) -> dict[str, Any]:
+        t = scheduler.store.get(upload)
+        if t is None:
+            raise NotFound(f"unknown upload {upload[:40]!r} (released already?)")
+        if p.role != "admin" and t.owner != p.name:
+            raise Forbidden(f"upload {upload} is not one of {p.name!r}'s; a submit token releases "
+                            "only its own uploads")
+        await scheduler.release_upload(upload)
+        return {"id": upload, "released": True}
+
+    @api.post("/sessions", status_code=201)
+    async def open_session(p: Principal = changer) -> dict[str, Any]:
+        lease = scheduler.sessions.open(p.name)
+        return {"id": lease.id, "ttl_s": scheduler.sessions.ttl_s}
+
+    @api.post("/sessions/{sid}/renew")
+    async def renew_session(sid: str, p: Principal = changer) -> dict[str, Any]:
+        lease = scheduler.sessions.renew(sid, p.name, admin=p.role == "admin")
+        return {"id": lease.id, "ttl_s": scheduler.sessions.ttl_s}
+
+    @api.delete("/sessions/{sid}")
+    async def end_session(sid: str, p: Principal = changer) -> dict[str, Any]:
+        scheduler.sessions.get(sid, p.name, admin=p.role == "admin")
+        held = await scheduler.end_session(sid)
+        return {"id": sid, "uploads": len(held.uploads), "jobs": len(held.jobs)}
 
     @api.post("/jobs", status_code=201)
     async def submit(request: Request, p: Principal = changer) -> dict[str, Any]:
@@ -182,11 +222,16 @@ def create_app(
             parsed = await asyncio.to_thread(parse_job_request, body)
         else:
             parsed = parse_job_request(body)
+        lease = session_of(request, p)
         if isinstance(parsed, BoundRequest):  # a compiled step: new inputs for a known plan
             body_out = await scheduler.submit_bound(*parsed, owner=p.name)
+            if lease is not None:
+                scheduler.sessions.tag_job(lease, body_out["id"])
             return {"id": body_out["id"], "state": body_out["state"]}
         graph, fetch, deadline_s = parsed
         body_out = await scheduler.submit(graph, fetch, deadline_s, owner=p.name)
+        if lease is not None:
+            scheduler.sessions.tag_job(lease, body_out["id"])
         return {"id": body_out["id"], "state": body_out["state"], "plan": body_out["plan"],
                 "args": body_out["args"]}
 
@@ -230,7 +275,7 @@ def create_app(
     @api.delete("/jobs/{job}")
     async def cancel(job: str, p: Principal = changer) -> dict[str, Any]:
         owners.check(p, job)
-        return await scheduler.cancel(job)
+        return await scheduler.release_job(job)
 
     @api.get("/nodes")
     async def nodes(p: Principal = anyone) -> list[dict[str, Any]]:

@@ -1,0 +1,97 @@
+"""How the scheduler's errors come back to the SDK (docs/runtime.md's error table).
+
+400 with a graph kind -> :class:`GraphError` (the subclass the kind names), a failed job ->
+:class:`KernelError` naming the op and node, 401 -> :class:`RemoteError` saying the token
+was refused; anything else -> :class:`RemoteError` with the server's message and status.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from triplane.proto import errors as E
+
+if TYPE_CHECKING:
+    import httpx
+
+__all__ = ["RemoteError", "http_error", "job_error"]
+
+# Error kinds a scheduler reports for a malformed graph, and the exception each becomes.
+_GRAPH_KINDS: dict[str, type[E.GraphError]] = {
+    "graph": E.GraphError, "validation": E.GraphError, "shape": E.ShapeError, "dtype": E.DTypeError,
+    "attr": E.AttrError, "limit": E.LimitError, "unknown_op": E.UnknownOpError,
+    "placement": E.GraphError,  # no node can run a task (the scheduler's placement refused it)
+}
+
+
+class RemoteError(E.TriplaneError):
+    """The cluster could not be reached, refused the request, or lost the job."""
+
+    def __init__(self, message: str, *, status: int | None = None) -> None:
+        self.status = status
+        super().__init__(message)
+
+
+def _error_body(r: httpx.Response) -> dict[str, Any]:
+    try:
+        body = r.json()
+    except ValueError:
+        return {"message": r.text[:500]}
+    err = body.get("error") if isinstance(body, dict) else None
+    if isinstance(err, dict):
+        return err
+    if isinstance(err, str):
+        return {"message": err}
+    if isinstance(body, dict) and "detail" in body:  # FastAPI's own errors
+        return {"message": str(body["detail"])}
+    return {"message": str(body)[:500]}
+
+
+def _strip_prefix(message: str, node: str | None, op: str | None) -> str:
+    """The message without the ``node 'x' (op): `` prefix our exceptions add again."""
+    for prefix in (f"node {node!r} ({op}): ", f"node {node!r}: ", f"{op}: "):
+        if (node or op) and message.startswith(prefix):
+            return message[len(prefix):]
+    return message
+
+
+def _mapped(err: dict[str, Any], default_kind: str) -> E.TriplaneError | None:
+    kind = str(err.get("kind") or default_kind)
+    node, op = err.get("node"), err.get("op")
+    node = str(node) if node is not None else None
+    op = str(op) if op is not None else None
+    message = _strip_prefix(str(err.get("message") or "(no message)"), node, op)
+    if kind in _GRAPH_KINDS:
+        return _GRAPH_KINDS[kind](message, node=node, op=op)
+    if kind in ("user", "kernel"):
+        return E.KernelError(message, node=node, op=op, kind="user")
+    if kind == "infra":
+        return E.KernelError(message, node=node, op=op, kind="infra")
+    if kind == "not_differentiable":
+        return E.NotDifferentiableError(message)
+    return None
+
+
+def http_error(r: httpx.Response, what: str, url: str) -> E.TriplaneError:
+    err = _error_body(r)
+    if r.status_code == 401:
+        return RemoteError(f"the scheduler at {url} refused the API token ({what}: "
+                           f"{err.get('message')}); use the run directory's `token` file that "
+                           f"`triplane up` wrote (or TRIPLANE_TOKEN, or a token from `triplane tokens "
+                           f"add`)", status=401)
+    if r.status_code == 400:
+        mapped = _mapped(err, "graph")
+        if mapped is not None:
+            return mapped
+    return RemoteError(f"{what} -> {r.status_code}: {err.get('message')}", status=r.status_code)
+
+
+def job_error(job: str, err: Any) -> E.TriplaneError:
+    if isinstance(err, str):
+        err = {"message": err}
+    if not isinstance(err, dict):
+        err = {"message": "the scheduler gave no reason"}
+    mapped = _mapped(err, "infra")
+    if mapped is None:
+        return RemoteError(f"job {job} failed: {err.get('message')}")
+    return mapped
