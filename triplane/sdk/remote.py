@@ -159,6 +159,8 @@ class RemoteSession:
             learn()
         try:
             return self.collect(job, fetch)
+        except KeyboardInterrupt:
+            raise KeyboardInterrupt from None  # (collect cancelled the job) a traceback one frame shorter
         except E.KernelError as e:
             from triplane.sdk.session import locate_kernel_error
 
