@@ -36,12 +36,13 @@ from triplane._version import __version__
 from triplane.net.dataport import DataClient, DataServer
 from triplane.registry import Leadership, RegistryBackend, leader
 from triplane.scheduler.cluster import ClusterView
-from triplane.scheduler.compiler.jobplan import TaskTemplate
+from triplane.scheduler.compiler.jobplan import TaskTemplate, tile_id
 from triplane.scheduler.compiler.pipeline import PlanCache
 from triplane.scheduler.dispatch.shell import DispatchShell, Hooks
-from triplane.scheduler.dispatch.state import DispatchState, Policy
+from triplane.scheduler.dispatch.state import DispatchState, Free, Policy, Send
 from triplane.scheduler.earlier import EarlierJobs
 from triplane.scheduler.errors import Conflict, Standby
+from triplane.scheduler.freeing import TileFreer
 from triplane.scheduler.jobs import RETAIN_FINISHED, Jobs, LiveJob
 from triplane.scheduler.journal import Journal
 from triplane.scheduler.leading import Leading
@@ -110,8 +111,9 @@ class Scheduler(Leading):
                          require_leader=self.require_leader, retain=retain_finished)
         self.sessions = Sessions(session_ttl_s)
         self._inline: dict[str, list[str]] = {}  # job -> uploads a compiled step sent inline
+        self.freer = TileFreer(self.data_client, self._data_address)
         self.shell.hooks = Hooks(self.jobs.finished, self.journal.transitions, self.jobs.output,
-                                 self._node_down)
+                                 self._node_down, self._free, self._sending)
 
         self._packet_port, self._data_port = packet_port, data_port
         self.data_port = 0
@@ -151,6 +153,7 @@ class Scheduler(Leading):
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
         await self.shell.close()
+        await self.freer.close()
         await self.data_server.close()
         await self.data_client.close()
         with contextlib.suppress(Exception):
@@ -173,6 +176,17 @@ class Scheduler(Leading):
     def _node_down(self, node: str) -> None:
         log.warning("executor %s is gone", node)
         self.cluster.node_down(node)
+
+    # intermediate tiles (docs/scheduler.md, "Intermediates"): deleted in batches per node
+    def _free(self, f: Free) -> None:
+        self.freer.free(f.node, tile_id(f.job, f.task))
+
+    def _sending(self, s: Send) -> None:
+        self.freer.sending(s.node, tile_id(s.job, s.task))
+
+    def _data_address(self, node: str) -> tuple[str, int] | None:
+        info = self.shell.nodes.get(node)
+        return None if info is None else (info.address, info.data_port)
 
     # --- the API's calls (docs/runtime.md) ----------------------------------------------------
 

@@ -13,7 +13,7 @@ from typing import Literal
 from triplane.proto.states import TaskState
 
 __all__ = [
-    "CancelJob", "Event", "FailureKind", "Instruction", "JobFinished", "NodeDown", "NodeUp",
+    "CancelJob", "Event", "FailureKind", "Free", "Instruction", "JobFinished", "NodeDown", "NodeUp",
     "Send", "SubmitJob", "TaskAcked", "TaskErred", "TaskFailure", "TaskSpec", "TaskSucceeded",
     "Tick", "Transitioned",
 ]
@@ -165,6 +165,17 @@ class JobFinished:
 
 
 @dataclass(frozen=True)
+class Free:
+    """Delete the output tile of done task ``task`` on ``node``: every task that reads it
+    is done and the user does not fetch it (an intermediate). If a reader must run again
+    later (its own output lost), the state machine recomputes the tile from lineage."""
+
+    job: str
+    task: str
+    node: str
+
+
+@dataclass(frozen=True)
 class Transitioned:
     """For the event log and metadb (persisted in batches by the shell)."""
 
@@ -178,4 +189,4 @@ class Transitioned:
     at: float
 
 
-Instruction = Send | JobFinished | Transitioned
+Instruction = Send | JobFinished | Transitioned | Free

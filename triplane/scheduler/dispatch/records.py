@@ -105,7 +105,9 @@ class Policy:
     Two in flight still overlap one task's input pulls with another's kernel.
 
     ``eager``: send a placed task ahead of its inputs when they all run on its node
-    (state.py's module doc: Early sends)."""
+    (state.py's module doc: Early sends). ``free_intermediates``: emit ``Free`` for a done
+    task's output once all its readers are done and it is not fetched (module doc:
+    Intermediates)."""
 
     min_timeout_s: float = 0.5
     deadline_factor: float = 10.0
@@ -120,6 +122,7 @@ class Policy:
     heavy_task_s: float = 0.01
     heavy_slots: int = 2
     eager: bool = True
+    free_intermediates: bool = True
 
     def is_small(self, spec: TaskSpec) -> bool:
         return spec.cost_s < self.small_task_s and spec.output_bytes <= self.small_task_bytes

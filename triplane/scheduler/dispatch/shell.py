@@ -11,8 +11,8 @@ The shell owns no rules. It turns I/O into events and instructions into I/O:
 * a timer           -> ``Tick`` every ``tick_s`` (deadlines, retransmits, drift, job deadlines);
 * the registry      -> ``NodeUp`` (with ``slots`` in-flight tasks per executor: two hide
                        the round trip) / ``NodeDown``;
-* ``JobFinished`` / ``Transitioned`` -> the ``Hooks`` the service gives (job state and
-  long-pollers; batched metadb writes).
+* ``JobFinished`` / ``Transitioned`` / ``Free`` -> the ``Hooks`` the service gives (job
+  state and long-pollers; batched metadb writes; batched deletion of intermediate tiles).
 
 Bad packets (malformed, unsigned, forged, oversized) are dropped and counted in
 ``drops``; nothing a peer sends can raise out of the receive path. The per-task path is
@@ -52,6 +52,7 @@ from triplane.scheduler.compiler.jobplan import SCHEDULER_NODE, TaskTemplate, ti
 from triplane.scheduler.dispatch.state import (
     DispatchState,
     Event,
+    Free,
     Instruction,
     JobFinished,
     NodeDown,
@@ -75,6 +76,8 @@ class Hooks:
     transitions: Callable[[list[Transitioned]], None] = lambda ts: None
     output: Callable[[str, str, str, Reply], None] = lambda job, task, node, reply: None
     node_down: Callable[[str], None] = lambda node: None
+    free: Callable[[Free], None] = lambda f: None  # delete an intermediate tile (batched)
+    sending: Callable[[Send], None] = lambda s: None  # a task goes out: keep its tile
 
 
 @dataclass
@@ -315,6 +318,8 @@ class DispatchShell:
                 self._send(ins)  # type: ignore[arg-type]
             elif kind is JobFinished:
                 self.hooks.finished(ins)  # type: ignore[arg-type]
+            elif kind is Free:
+                self.hooks.free(ins)  # type: ignore[arg-type]
         if transitions:
             self.hooks.transitions(transitions)
 
@@ -363,6 +368,7 @@ class DispatchShell:
             self.stats.resent += 1
         else:
             self.stats.sent += 1
+            self.hooks.sending(s)
         if len(data) <= MAX_DATAGRAM_BYTES:
             self._udp.sendto(data, (info.address, info.udp_port))
         else:

@@ -38,6 +38,13 @@ an attempt drifts to another node even while its executor keeps acknowledging, a
 next attempt's budget doubles. A job's own deadline (``SubmitJob.deadline``) fails it
 with kind ``deadline`` on the first tick after it.
 
+Intermediates (``Policy.free_intermediates``): when a task is done, each output it read
+whose readers are now all done, and its own output if nothing reads it, is freed -- a
+``Free`` instruction to delete the tile on its node -- unless the user fetches it
+(``TaskSpec.is_output``; uploads are no tasks and never freed). A freed task stays done
+with no node, so it is not *available*: if a reader must run again (its own output lost
+with its node, or a drift), the freed input is recomputed from lineage, as a lost one.
+
 Delivery: a task may run more than once (retransmits reuse the attempt number, drifts take
 the next one); only the first reply of the current attempt counts, later or stale ones
 are ignored, so each result is recorded once.
@@ -53,6 +60,7 @@ from triplane.proto.states import TaskState
 from triplane.scheduler.dispatch.events import (
     CancelJob,
     Event,
+    Free,
     Instruction,
     JobFinished,
     NodeDown,
@@ -78,7 +86,7 @@ from triplane.scheduler.dispatch.records import (
 )
 
 __all__ = [
-    "TERMINAL", "TRANSITIONS", "CancelJob", "DispatchState", "Event", "Instruction",
+    "TERMINAL", "TRANSITIONS", "CancelJob", "DispatchState", "Event", "Free", "Instruction",
     "InvalidTransition", "JobFinished", "JobRecord", "NodeDown", "NodeRecord", "NodeUp",
     "Placer", "Policy", "Send", "SubmitJob", "TaskAcked", "TaskErred", "TaskFailure",
     "TaskRecord", "TaskSpec", "TaskSucceeded", "Tick", "Transitioned", "place_near_inputs",
@@ -161,6 +169,8 @@ class DispatchState:
             dep.waiting_on.discard(t.spec.id)
             if dep.state == PENDING and (not dep.waiting_on or self._early(job, dep)):
                 self._move(dep, READY, ev.stimulus_id, ev.now, out)
+        if self.policy.free_intermediates:
+            self._free_read(job, t, out)
         if job.remaining == 0 and job.state == "running":
             self._finish_job(job, "done", None, out)
 
@@ -300,6 +310,17 @@ class DispatchState:
             self._move(t, PENDING, stimulus_id, now, out)
         else:
             self._move(t, READY, stimulus_id, now, out)
+
+    def _free_read(self, job: JobRecord, t: TaskRecord, out: list[Instruction]) -> None:
+        """``t`` is done: free each intermediate it read whose readers are now all done, and
+        its own output if nothing reads it (module doc: Intermediates)."""
+        tasks = job.tasks
+        for d in (*t.spec.deps, t.spec.id):
+            src = tasks[d]
+            if (src.state == DONE and src.node is not None and not src.spec.is_output
+                    and all(tasks[r].state == DONE for r in src.dependents)):
+                out.append(Free(job.id, d, src.node))
+                src.node = None  # not available any more: a reader run again recomputes it
 
     def _lost_output(self, job: JobRecord, t: TaskRecord, stimulus_id: str, now: float,
                      out: list[Instruction]) -> None:
