@@ -177,10 +177,11 @@ def main() -> None:
     bar = Progress(*Progress.get_default_columns(), TextColumn("{task.fields[info]}"),
                    disable=not sys.stderr.isatty(), transient=True)
     task = bar.add_task("training", total=None, info="")
+    say = bar.console.print if sys.stderr.isatty() else print  # above the bar; plain lines without one
 
     def report(epoch: int, loss: float, checkpoint: dict[str, Any]) -> None:
         last.update(checkpoint)
-        bar.console.print(f"epoch {epoch:3d}  loss {loss:.4f}  {time.perf_counter() - t0:6.1f}s")
+        say(f"epoch {epoch:3d}  loss {loss:.4f}  {time.perf_counter() - t0:6.1f}s")
 
     def step(epoch: int, batch: int, batches: int, loss: float) -> None:
         bar.update(task, total=args.epochs * batches, completed=(epoch - 1) * batches + batch,
@@ -190,7 +191,7 @@ def main() -> None:
         if args.cluster:
             _, accuracy = run_on_cluster(args.epochs, args.seed, args.workers, args.executors,
                                          args.kill_executor_at, on_epoch=report, lr=args.lr,
-                                         log=bar.console.print, on_step=step)
+                                         log=say, on_step=step)
         else:
             _, accuracy = run(args.epochs, args.seed, args.workers, on_epoch=report, lr=args.lr, on_step=step)
     print(f"test accuracy {accuracy:.4f}  ({time.perf_counter() - t0:.1f}s)")
