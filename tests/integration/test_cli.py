@@ -8,6 +8,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 import triplane
 
 
@@ -26,6 +28,19 @@ def test_demo_exits_zero_and_its_loss_falls() -> None:
     assert losses[-1] < 0.5 * losses[0], losses
     falls = sum(b < a for a, b in itertools.pairwise(losses))
     assert falls >= 0.7 * (len(losses) - 1), losses
+
+
+def test_demo_says_what_data_it_fits_and_uses_compiled_steps() -> None:
+    pytest.importorskip("sklearn", reason="the demo fits scikit-learn's digits when it is installed")
+    r = _run("demo", "--embedded", "--steps", "40")
+    assert r.returncode == 0, r.stderr
+    assert "data: scikit-learn's digits: 1797 samples (1437 train, 360 test), 64 features (8x8 pixels), " \
+           "10 classes" in r.stdout, r.stdout
+    assert "MLP 64-32-10" in r.stdout and "compiled steps (tp.compile)" in r.stdout, r.stdout
+    # Step 1 compiles, step 2 too (the momentum buffers appear), every later step replays.
+    assert "compiled steps: 38 replayed, 2 compiled" in r.stdout, r.stdout
+    accuracy = float(re.search(r"^test accuracy ([0-9.]+) \(360 held-out digits\)$", r.stdout, re.M)[1])
+    assert accuracy >= 0.95, r.stdout
 
 
 def test_demo_is_reproducible_per_seed() -> None:

@@ -158,7 +158,7 @@ class RemoteSession:
         if learn is not None:
             learn()
         try:
-            return self.collect(job, fetch)
+            return self.collect(job, fetch, resubmit=lambda: self.submit(doc, fetch))
         except KeyboardInterrupt:
             raise KeyboardInterrupt from None  # (collect cancelled the job) a traceback one frame shorter
         except E.KernelError as e:
@@ -166,13 +166,20 @@ class RemoteSession:
 
             raise locate_kernel_error(e, rename, tensors) from None
 
-    def collect(self, job: str, fetch: Sequence[str]) -> dict[str, np.ndarray]:
+    def collect(self, job: str, fetch: Sequence[str],
+                resubmit: Callable[[], str] | None = None) -> dict[str, np.ndarray]:
         """Wait for ``job`` and fetch ``fetch``; then queue the job's release (read or
         failed, its tiles can go). Ctrl-C cancels the job and raises a plain
-        ``KeyboardInterrupt``."""
+        ``KeyboardInterrupt``. An output whose executor died after the job ended (its
+        tile is lost) is computed again: ``resubmit`` submits the same job once more."""
         try:
             self.wait(job)
             return {nid: self.fetch(job, nid) for nid in fetch}
+        except RemoteError as e:
+            if resubmit is None or not _lost_holder(e):
+                raise
+            log.warning("job %s: an output's executor is gone (%s); running the job again", job, e)
+            return self.collect(resubmit(), fetch)
         except KeyboardInterrupt:
             self._interrupted(job)
             raise KeyboardInterrupt from None  # the user pressed Ctrl-C: no transport internals
@@ -461,6 +468,13 @@ def _close_all() -> None:
     for s in list(_open_sessions):
         with contextlib.suppress(Exception):  # exiting anyway
             s.close()
+
+
+def _lost_holder(e: RemoteError) -> bool:
+    """Whether a fetch failed because the executor holding the tile is dead or gone (503
+    ``cannot read ...`` while it is still registered, 404 ``... which is gone`` after)."""
+    msg = str(e)
+    return (e.status == 503 and "cannot read" in msg) or (e.status == 404 and "which is gone" in msg)
 
 
 def disconnect() -> None:

@@ -64,7 +64,8 @@ class BoundSteps:
             self.fallbacks += 1
             self.cache.drop(key)  # learn() refills it after the full path
             return None, (key, inputs)
-        got = session.collect(job, step.fetch)
+        got = session.collect(job, step.fetch,  # a lost output: the same step once more
+                              resubmit=lambda: session.submit_bound(step.plan, args, list(step.fetch)))
         return [got[v] if fetched else inputs[v]._value for fetched, v in step.outputs], None
 
     def learn(self, pending: Any, answer: dict[str, Any], upload_of: dict[str, str], args: list[str],

@@ -39,6 +39,7 @@ class FakeScheduler:
         self.fail_job: dict[str, Any] | None = None  # error body for the next job
         self.running_polls = 0  # /wait answers "running" this many times first
         self.submitted: list[dict[str, Any]] = []
+        self.lose_fetches = 0  # fetches answered "its executor is gone" first
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
         path = request.url.path
@@ -62,6 +63,11 @@ class FakeScheduler:
                 return httpx.Response(200, json={**self._public(job), "state": "running"})
             return httpx.Response(200, json=self._public(job))
         m = re.fullmatch(r"/v1/jobs/(j\w+)/tensors/(\w+)", path)
+        if m and self.lose_fetches > 0:
+            self.lose_fetches -= 1
+            return httpx.Response(404, json={"error": {"kind": "not_found", "message": (
+                f"tile {m.group(1)}.{m.group(2)} of tensor {m.group(2)!r} of job {m.group(1)} "
+                "was held by node executor-0, which is gone")}})
         if m:
             arr = self.jobs[m.group(1)]["_values"][m.group(2)]
             return httpx.Response(200, content=arr.astype(arr.dtype.newbyteorder("<")).tobytes(),
@@ -130,6 +136,19 @@ def _mlp_step(seed: int) -> list[tp.Tensor]:
     loss = F.mse_loss(model(x), y)
     grads = tp.grad(loss, list(model.parameters()))
     return [loss, *grads]
+
+
+def test_an_output_lost_with_its_executor_is_computed_again(remote: RemoteSession,
+                                                           fake: FakeScheduler) -> None:
+    embedded = EmbeddedSession().evaluate(_mlp_step(4))
+    fake.lose_fetches = 1  # the executor holding the first output died after the job ended
+    with use_session(remote):
+        outs = _mlp_step(4)
+        tp.realize(*outs)
+        got = [o.numpy() for o in outs]
+    assert len(fake.submitted) == 2  # the same job once more
+    for g, w in zip(got, embedded, strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-6)
 
 
 def test_mlp_forward_backward_equals_embedded(remote: RemoteSession, fake: FakeScheduler) -> None:

@@ -100,6 +100,18 @@ def test_a_known_structure_is_one_small_request_with_inline_inputs(fake: Compili
     remote.close()
 
 
+def test_a_compiled_step_whose_output_was_lost_runs_again(fake: CompilingFake) -> None:
+    remote = RemoteSession(URL, TOKEN, httpx.MockTransport(fake), reconnect_s=1.0, poll_s=0.01)
+    w = tp.tensor(np.ones((3, 2), np.float32))
+    with use_session(remote):
+        for i in range(2):
+            np.testing.assert_array_equal((tp.tensor(np.full((4, 3), i, np.float32)) @ w).numpy(), 3 * i)
+        fake.lose_fetches = 1  # the executor holding the output died after the step ended
+        np.testing.assert_array_equal((tp.tensor(np.full((4, 3), 5, np.float32)) @ w).numpy(), 15)
+    assert [b["plan"] for b in fake.bound] == ["p0", "p0", "p0"]  # the step twice, still compiled
+    remote.close()
+
+
 def test_a_forgotten_plan_falls_back_to_the_graph(fake: CompilingFake) -> None:
     remote = RemoteSession(URL, TOKEN, httpx.MockTransport(fake), reconnect_s=1.0, poll_s=0.01)
     w = tp.tensor(np.ones((3, 2), np.float32))
