@@ -14,27 +14,43 @@ from typing import Any
 from triplane.proto.errors import GraphError
 from triplane.proto.values import MAX_SAFE_INT, Attrs
 
-__all__ = ["SlowPath", "canonical_json", "es_number", "fast_canonical", "jsonable", "loads_strict"]
+__all__ = ["SlowPath", "canonical_json", "es_number", "fast_canonical", "jsonable", "loads_strict",
+           "refuse_constants", "refuse_duplicate_keys"]
 
 
 def loads_strict(data: bytes | str) -> Any:
     """``json.loads`` refusing NaN/Infinity (GraphError) and duplicate keys (GraphError);
     an integer literal beyond 2**53 reads as the double it stands for."""
-    return json.loads(data, parse_constant=_reject_constant, parse_int=_parse_int,
-                      object_pairs_hook=_no_duplicates)
+    return json.loads(data, parse_constant=_GRAPH_CONSTANTS, parse_int=_parse_int,
+                      object_pairs_hook=_GRAPH_KEYS)
 
 
-def _reject_constant(name: str) -> Any:
-    raise GraphError(f"graph JSON holds {name}, which is not JSON (use a 'constant' node)")
+def refuse_duplicate_keys(where: str) -> Callable[[list[tuple[str, Any]]], dict[str, Any]]:
+    """A ``json.loads`` ``object_pairs_hook`` raising GraphError on a duplicate key, naming
+    it (escaped: ``repr``) and ``where`` ("graph JSON", "the JSON document")."""
+
+    def hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        d = dict(pairs)
+        if len(d) != len(pairs):
+            seen: set[str] = set()
+            dup = next(k for k, _ in pairs if k in seen or seen.add(k))  # type: ignore[func-returns-value]
+            raise GraphError(f"duplicate key {dup[:80]!r} in {where}")
+        return d
+
+    return hook
 
 
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    d = dict(pairs)
-    if len(d) != len(pairs):
-        seen: set[str] = set()
-        dup = next(k for k, _ in pairs if k in seen or seen.add(k))  # type: ignore[func-returns-value]
-        raise GraphError(f"duplicate key {dup!r} in graph JSON")
-    return d
+def refuse_constants(where: str, hint: str = "") -> Callable[[str], Any]:
+    """A ``json.loads`` ``parse_constant`` raising GraphError on NaN and (-)Infinity."""
+
+    def hook(name: str) -> Any:
+        raise GraphError(f"{where} holds {name}, which is not JSON{hint}")
+
+    return hook
+
+
+_GRAPH_KEYS = refuse_duplicate_keys("graph JSON")
+_GRAPH_CONSTANTS = refuse_constants("graph JSON", " (use a 'constant' node)")
 
 
 def _parse_int(text: str) -> int | float:

@@ -23,6 +23,7 @@ from typing import Any
 
 from triplane.proto import dtypes as dt
 from triplane.proto import optable
+from triplane.proto.canonjson import refuse_constants, refuse_duplicate_keys
 from triplane.proto.errors import DTypeError, GraphError, LimitError, ShapeError
 from triplane.proto.ir import Graph, Node, TensorType
 from triplane.proto.limits import MAX_ID_LENGTH, MAX_RANK
@@ -186,20 +187,11 @@ def _check_ids(ids: Any, what: str) -> None:
         check_id(value, what.format(i=i))
 
 
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    d = dict(pairs)
-    if len(d) != len(pairs):
-        seen: set[str] = set()
-        dup = next(k for k, _ in pairs if k in seen or seen.add(k))  # type: ignore[func-returns-value]
-        raise GraphError(f"duplicate key '{shown(dup)}' in the JSON document")
-    return d
-
-
-def _no_constant(name: str) -> Any:
-    raise GraphError(f"the JSON document holds {name}, which is not JSON")
+_DOCUMENT_KEYS = refuse_duplicate_keys("the JSON document")
+_DOCUMENT_CONSTANTS = refuse_constants("the JSON document")
 
 
 def loads_json(data: bytes | bytearray | str) -> Any:
     """Parse a request body as strict JSON: a duplicate key at any level, NaN or Infinity
     is a GraphError; anything else malformed is a ValueError (or RecursionError)."""
-    return json.loads(data, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
+    return json.loads(data, object_pairs_hook=_DOCUMENT_KEYS, parse_constant=_DOCUMENT_CONSTANTS)
