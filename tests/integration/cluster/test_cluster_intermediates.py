@@ -5,34 +5,14 @@ memory where it was (``memory.free`` from ``GET /v1/nodes``, published every sec
 
 from __future__ import annotations
 
-import time
-
-import httpx
 import numpy as np
+from cluster_memory import settled_free
 
 import triplane as tp
-from triplane.launcher import LocalCluster
 from triplane.sdk.remote import RemoteSession
 from triplane.sdk.session import use_session
 
 MIB = 1 << 20
-
-
-def free_bytes(c: LocalCluster) -> int:
-    with httpx.Client(base_url=c.url, headers={"Authorization": f"Bearer {c.token}"}, timeout=10.0) as h:
-        return sum(n["memory"]["free"] for n in h.get("/v1/nodes").json())
-
-
-def settled_free(c: LocalCluster, want: int | None = None, timeout_s: float = 15.0) -> int:
-    end = time.monotonic() + timeout_s
-    last = free_bytes(c)
-    while time.monotonic() < end:
-        time.sleep(1.2)
-        now = free_bytes(c)
-        if (want is not None and now >= want) or (want is None and now == last):
-            return now
-        last = now
-    return last
 
 
 def test_a_matmul_chain_larger_than_executor_memory_completes(start_cluster) -> None:  # type: ignore[no-untyped-def]

@@ -23,6 +23,7 @@ from typing import Any
 
 import httpx
 import pytest
+from cluster_memory import free_bytes, settled_free
 
 import triplane as tp
 from triplane.launcher import ClusterConfig, LocalCluster
@@ -50,25 +51,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
 
 def api(c: LocalCluster) -> httpx.Client:
     return httpx.Client(base_url=c.url, headers={"Authorization": f"Bearer {c.token}"}, timeout=10.0)
-
-
-def free_bytes(c: LocalCluster) -> int:
-    with api(c) as client:
-        return sum(n["memory"]["free"] for n in client.get("/v1/nodes").json())
-
-
-def settled_free(c: LocalCluster, want: int | None = None, timeout_s: float = 15.0) -> int:
-    """Free executor bytes once they stop changing (or reach ``want``): executors publish
-    them every second."""
-    end = time.monotonic() + timeout_s
-    last = free_bytes(c)
-    while time.monotonic() < end:
-        time.sleep(1.2)
-        now = free_bytes(c)
-        if (want is not None and now >= want) or (want is None and now == last):
-            return now
-        last = now
-    return last
 
 
 def upload_files(c: LocalCluster) -> set[str]:
