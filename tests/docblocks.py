@@ -98,10 +98,10 @@ def doc_files() -> list[str]:
     return ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))]
 
 
-def blocks(path: str) -> list[Block]:
+def blocks(path: str, root: Path = ROOT) -> list[Block]:
     """The fenced blocks of one file, in order. An unclosed fence raises ValueError."""
     found: list[Block] = []
-    lines = (ROOT / path).read_text().splitlines()
+    lines = (root / path).read_text().splitlines()
     i = 0
     while i < len(lines):
         m = re.match(r"^( {0,3})(```+)\s*([^`\s]*)", lines[i])
@@ -286,11 +286,11 @@ def runs_processes(path: str) -> bool:
     return False
 
 
-def run_file(path: str, ns: dict[str, object], home: Path, cwd: Path) -> list[str]:
+def run_file(path: str, ns: dict[str, object], home: Path, cwd: Path, root: Path = ROOT) -> list[str]:
     """Run every block of ``path`` in order. Returns the known failures seen; raises
     AssertionError for any other failure, and for a KNOWN_FAILING block that now runs."""
     seen: list[str] = []
-    for b in blocks(path):
+    for b in blocks(path, root):
         assert b.lang in LANGUAGES, f"{b.name}: name the block's language, one of {LANGUAGES}"
         known = KNOWN_FAILING.get((path, b.number))
         try:

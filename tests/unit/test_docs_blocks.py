@@ -21,6 +21,8 @@ from docblocks import (
     doc_files,
     in_dir,
     run_file,
+    run_python,
+    run_shell,
     runs_processes,
     shown_pattern,
 )
@@ -50,14 +52,7 @@ def test_the_parser_reads_fences_commands_and_placeholders(tmp_path: Path) -> No
     doc.write_text("x\n```python\nprint(1)\n```\n\n  ```console\n  $ triplane up  # a comment\n"
                    "  triplane cluster up: http://127.0.0.1:41779 (2 executors)\n  ```\n"
                    "```bash\npython3 -m pip install -e . && python3 -m triplane ops\n```\n")
-    import docblocks
-
-    old = docblocks.ROOT
-    docblocks.ROOT = tmp_path
-    try:
-        got = blocks("d.md")
-    finally:
-        docblocks.ROOT = old
+    got = blocks("d.md", root=tmp_path)
     assert [(b.number, b.lang, b.line) for b in got] == [(1, "python", 2), (2, "console", 6), (3, "bash", 10)]
     (up,) = commands(got[1])
     assert up.run == "triplane up  # a comment" and len(up.shown) == 1
@@ -70,18 +65,36 @@ def test_the_parser_reads_fences_commands_and_placeholders(tmp_path: Path) -> No
     assert shown_pattern("alice   Yc1m0...", tmp_path).search("alice\tq8Zx_-token")
 
 
-def test_a_failing_block_fails_and_a_repl_block_checks_its_exception(tmp_path: Path) -> None:
-    import docblocks
-
+def test_a_failing_block_fails_and_a_repl_block_checks_its_exception() -> None:
     ns: dict[str, object] = {}
-    shown = ">>> 1 / 0\nZeroDivisionError: division by zero\n"
-    docblocks.run_python(Block("x.md", 1, "python", 1, shown), ns)
+    run_python(Block("x.md", 1, "python", 1, ">>> 1 / 0\nZeroDivisionError: division by zero\n"), ns)
     with pytest.raises(AssertionError, match="raised ZeroDivisionError"):
-        docblocks.run_python(Block("x.md", 1, "python", 1, ">>> 1 / 0\nValueError: no\n"), ns)
+        run_python(Block("x.md", 1, "python", 1, ">>> 1 / 0\nValueError: no\n"), ns)
     with pytest.raises(AssertionError, match="did not raise"):
-        docblocks.run_python(Block("x.md", 1, "python", 1, ">>> 1 + 1\nValueError: no\n"), ns)
+        run_python(Block("x.md", 1, "python", 1, ">>> 1 + 1\nValueError: no\n"), ns)
     with pytest.raises(NameError):
-        docblocks.run_python(Block("x.md", 1, "python", 1, "undefined_name\n"), ns)
+        run_python(Block("x.md", 1, "python", 1, "undefined_name\n"), ns)
+
+
+def test_a_command_must_exit_0_and_print_what_is_shown(tmp_path: Path) -> None:
+    run_shell(Block("x.md", 1, "console", 1, "$ echo $TRIPLANE_HOME/x\n/home/me/.triplane/x\n"),
+              tmp_path / "home", tmp_path)
+    with pytest.raises(AssertionError, match="did not print the shown line 'bye'"):
+        run_shell(Block("x.md", 1, "console", 1, "$ echo hi\nbye\n"), tmp_path / "home", tmp_path)
+    with pytest.raises(AssertionError, match="exited 1"):
+        run_shell(Block("x.md", 1, "bash", 1, "true\nfalse  # fails\n"), tmp_path / "home", tmp_path)
+
+
+def test_a_known_failure_must_keep_failing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "d.md").write_text("```python\nx = 1\n```\n```python\nx.nope\n```\n")
+    ns: dict[str, object] = {}
+    with pytest.raises(AssertionError, match=r"block 2 .* fails: AttributeError"):
+        run_file("d.md", ns, tmp_path / "home", tmp_path, root=tmp_path)
+    monkeypatch.setitem(KNOWN_FAILING, ("d.md", 2), "x is an int")
+    assert "AttributeError" in run_file("d.md", ns, tmp_path / "home", tmp_path, root=tmp_path)[0]
+    monkeypatch.setitem(KNOWN_FAILING, ("d.md", 1), "it does not")
+    with pytest.raises(AssertionError, match=r"block 1 .* runs now: remove it from KNOWN_FAILING"):
+        run_file("d.md", ns, tmp_path / "home", tmp_path, root=tmp_path)
 
 
 @pytest.mark.parametrize("path", IN_PROCESS)
