@@ -6,6 +6,7 @@ job error ``lost`` while running)."""
 
 from __future__ import annotations
 
+import base64
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -267,3 +268,46 @@ def test_a_job_reading_a_ref_resumes_after_a_scheduler_restart(start_cluster: An
             for _ in range(120):
                 want = np.tanh(want @ w)
             np.testing.assert_allclose(fetch(h2, j2, "out"), want + p, rtol=1e-3, atol=1e-4)
+
+
+def value(v: dict[str, Any]) -> np.ndarray:
+    assert v["dtype"] == "float32"
+    return np.frombuffer(base64.b64decode(v["data"]), np.float32).reshape(v["shape"])
+
+
+def test_one_request_per_step_wait_and_inline_values(cluster: LocalCluster) -> None:
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    with api(cluster) as h:
+        u = upload(h, x)
+        big = upload(h, np.ones((128, 256), np.float32))  # 128 KiB: over the inline limit
+        nodes = {"x": inp(u, [3, 4]), "y": op("exp", ["x"], [3, 4]), "b": inp(big, [128, 256]),
+                 "c": op("add", ["b", "b"], [128, 256])}
+        t0 = time.monotonic()
+        first = submit(h, nodes, ["y", "c"], wait_s=30, inline=["y", "c"])
+        assert time.monotonic() - t0 < 30
+        assert first["state"] == "done" and first["job"] == first["id"] and first["error"] is None
+        assert set(first["values"]) == {"y"}  # c is too large: fetched as usual
+        np.testing.assert_allclose(value(first["values"]["y"]), np.exp(x), rtol=1e-6)
+        assert fetch(h, first["id"], "c").shape == (128, 256)
+        # compiled steps, each one request: bind the previous step's output by ref, read it inline
+        r = submit(h, double(f"{first['id']}:y", [3, 4]), ["z"], wait_s=30, inline=["z"])
+        plan, prev, want = r["plan"], r["id"], np.exp(x) * 2
+        np.testing.assert_allclose(value(r["values"]["z"]), want, rtol=1e-6)
+        for _ in range(3):
+            r = h.post("/v1/jobs", json={"plan": plan, "args": [f"{prev}:z"], "fetch": ["z"],
+                                         "wait_s": 30, "inline": ["z"]})
+            assert r.status_code == 201, r.text
+            body = r.json()
+            prev, want = body["id"], want * 2
+            assert body["state"] == "done" and body["job"] == prev
+            np.testing.assert_allclose(value(body["values"]["z"]), want, rtol=1e-6)
+        # a job that fails answers its error
+        n = 512
+        uw = upload(h, np.eye(n, dtype=np.float32))
+        chain: dict[str, Any] = {"w": inp(uw, [n, n])}
+        last = "w"
+        for i in range(200):
+            chain[f"m{i}"] = op("matmul", [last, "w"], [n, n])
+            last = f"m{i}"
+        body = submit(h, chain, [last], wait_s=30, deadline_s=0.2, inline=[last])
+        assert body["state"] == "failed" and body["error"]["kind"] == "deadline" and body["values"] == {}
