@@ -31,7 +31,8 @@ def test_a_malformed_wait_is_400_naming_the_field(cluster: Cluster, extra: dict,
     r = cluster.client.post("/v1/jobs", json=body, headers=cluster.headers("submit"))
     assert r.status_code == 400, r.text
     assert says in r.json()["error"]["message"]
-    first = cluster.client.post("/v1/jobs", json=job_body(cluster.upload()), headers=cluster.headers("submit"))
+    headers = cluster.headers("submit")
+    first = cluster.client.post("/v1/jobs", json=job_body(cluster.upload()), headers=headers)
     step = {"plan": first.json()["plan"], "args": [cluster.upload()], "fetch": ["y"], **extra}
     r = cluster.client.post("/v1/jobs", json=step, headers=cluster.headers("submit"))
     assert r.status_code == 400 and says in r.json()["error"]["message"], r.text
