@@ -239,6 +239,12 @@ class Scheduler(Leading):
     def status(self, job: str) -> dict[str, Any]:
         return self.jobs.status(job)
 
+    async def copy(self, refs: Sequence[str], owner: str | None = None) -> list[str]:
+        """``POST /v1/tensors/copy``: each ref's value stored as an upload of ``owner``
+        (``Refs.copy``; its errors)."""
+        await self.require_leader()
+        return await self.refs.copy(refs, owner)
+
     async def waited(self, answer: dict[str, Any], wait_s: float, inline: Sequence[str]) -> dict[str, Any]:
         """A submit's ``answer`` once its job is terminal or ``wait_s`` passed (``api/waiting.py``):
         with ``job``, its status's ``state``, ``progress`` and ``error``, and ``values``: each

@@ -311,3 +311,37 @@ def test_one_request_per_step_wait_and_inline_values(cluster: LocalCluster) -> N
             last = f"m{i}"
         body = submit(h, chain, [last], wait_s=30, deadline_s=0.2, inline=[last])
         assert body["state"] == "failed" and body["error"]["kind"] == "deadline" and body["values"] == {}
+
+
+def test_checkpoint_copies_of_refs_are_uploads_of_the_session(cluster: LocalCluster) -> None:
+    n = 1536  # a tiled output (several tiles) beside a small one
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((n, n), dtype=np.float32)
+    w = (rng.standard_normal((n, n), dtype=np.float32) * 0.03).astype(np.float32)
+    with api(cluster) as h:
+        ux, uw = upload(h, x), upload(h, w)
+        nodes = {"x": inp(ux, [n, n]), "w": inp(uw, [n, n]), "m": op("matmul", ["x", "w"], [n, n]),
+                 "s": op("exp", ["m"], [n, n])}
+        small = {"x": inp(upload(h, x[:3, :4].copy()), [3, 4]), "y": op("exp", ["x"], [3, 4])}
+        j1 = submit(h, nodes, ["m"])["id"]
+        j2 = submit(h, small, ["y"])["id"]
+        wait_done(h, j1)
+        wait_done(h, j2)
+        sid = h.post("/v1/sessions").json()["id"]
+        r = h.post("/v1/tensors/copy", json={"from": [f"{j1}:m", f"{j2}:y"]}, headers={"X-Triplane-Session": sid})
+        assert r.status_code == 201, r.text
+        big_id, small_id = r.json()["ids"]
+        assert all(u.startswith("u-") for u in (big_id, small_id))
+        # released jobs: the copies stay (they are uploads) and bind as inputs like any
+        for j in (j1, j2):
+            assert h.delete(f"/v1/jobs/{j}").status_code == 200
+        j = submit(h, {"p": inp(big_id, [n, n]), "z": op("add", ["p", "p"], [n, n]),
+                       "q": inp(small_id, [3, 4]), "r": op("add", ["q", "q"], [3, 4])}, ["z", "r"])["id"]
+        wait_done(h, j)
+        np.testing.assert_allclose(fetch(h, j, "z"), (x.astype(np.float64) @ w) * 2, rtol=1e-3, atol=1e-3)
+        np.testing.assert_allclose(fetch(h, j, "r"), np.exp(x[:3, :4]) * 2, rtol=1e-6)
+        r = h.post("/v1/tensors/copy", json={"from": [f"{j1}:m"]})
+        assert r.status_code == 404 and r.json()["error"]["ref"] == f"{j1}:m", r.text
+        # ending the session frees its copies
+        assert h.delete(f"/v1/sessions/{sid}").json()["uploads"] == 2
+        assert not {big_id + ".npy", small_id + ".npy"} & upload_files(cluster)

@@ -85,3 +85,25 @@ def test_a_submit_token_uses_refs_to_its_own_jobs_only(cluster: Cluster) -> None
     assert r.status_code == 403 and r.json()["error"]["kind"] == "forbidden", r.text
     r = cluster.client.post("/v1/jobs", json=job_body(f"{bobs}:y"), headers=cluster.headers("bob"))
     assert r.status_code == 409, r.text  # bob's own: allowed (still running)
+
+
+@pytest.mark.parametrize("body, says", [
+    ({"form": []}, 'expected {"from": [ref, ...]}'),
+    ({"from": "x"}, "'from' must be a list of at most 1000 refs"),
+    ({"from": [f"{JOB}:y"] * 1001}, "at most 1000"),
+    ({"from": [f"{JOB}:y", "u-" + "0" * 32]}, "from[1] = 'u-000"),
+])
+def test_a_malformed_copy_is_400_naming_the_field(cluster: Cluster, body: dict, says: str) -> None:
+    r = cluster.client.post("/v1/tensors/copy", json=body, headers=cluster.headers("submit"))
+    assert r.status_code == 400 and says in r.json()["error"]["message"], r.text
+
+
+def test_copy_errors_as_refs_and_only_of_ones_own_jobs(cluster: Cluster) -> None:
+    running = cluster.submit("submit")  # alice's
+    for ref, status, kind in ((f"{JOB}:y", 404, "not_found"), (f"{running}:y", 409, "not_ready"),
+                              (f"{running}:x", 404, "not_found")):
+        r = cluster.client.post("/v1/tensors/copy", json={"from": [ref]}, headers=cluster.headers("submit"))
+        assert r.status_code == status and r.json()["error"] | {"kind": kind, "ref": ref} == r.json()["error"]
+    bobs = cluster.headers("bob")
+    r = cluster.client.post("/v1/tensors/copy", json={"from": [f"{running}:y"]}, headers=bobs)
+    assert r.status_code == 403, r.text

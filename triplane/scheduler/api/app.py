@@ -34,7 +34,7 @@ from triplane.scheduler.api.auth import ANYONE, CHANGERS, Authenticator, Princip
 from triplane.scheduler.api.bound import BoundRequest, parse_bound_request
 from triplane.scheduler.api.waiting import Waiting, check_inline, pop_waiting
 from triplane.scheduler.errors import BadRequest, Forbidden, NotFound, TooLarge
-from triplane.scheduler.refs import refs_in_args, refs_in_graph
+from triplane.scheduler.refs import MAX_COPY, parse_ref, refs_in_args, refs_in_graph
 from triplane.scheduler.service import VERSION, Scheduler
 from triplane.scheduler.sessions import Lease
 from triplane.scheduler.store import UploadError, expected_bytes, parse_dtype, parse_shape
@@ -98,6 +98,24 @@ def parse_job_request(body: bytes | bytearray) -> tuple[tuple[Any, Any, float | 
         raise BadRequest(str(e), kind=kind, node=e.node, op=e.op) from None
     check_inline(waiting, fetch)
     return (graph, fetch, deadline_s), waiting
+
+
+def parse_copy_request(body: bytes | bytearray) -> list[str]:
+    """The refs of a ``POST /v1/tensors/copy`` body ``{"from": [ref, ...]}`` (at most
+    ``MAX_COPY``); BadRequest naming a malformed field or element."""
+    try:
+        doc = loads_json(body)
+    except (GraphError, ValueError, RecursionError) as e:
+        raise BadRequest(f"the body is not strict JSON: {e}") from None
+    if not isinstance(doc, dict) or set(doc) != {"from"}:
+        raise BadRequest('expected {"from": [ref, ...]}')
+    refs = doc["from"]
+    if not isinstance(refs, list) or len(refs) > MAX_COPY:
+        raise BadRequest(f"'from' must be a list of at most {MAX_COPY} refs (<job>:<name>)")
+    for i, ref in enumerate(refs):
+        if parse_ref(ref) is None:
+            raise BadRequest(f"from[{i}] = {str(ref)[:60]!r} is not a ref (<job>:<fetched name>)")
+    return refs
 
 
 class Owners:
@@ -195,6 +213,19 @@ def create_app(
         if lease is not None:
             scheduler.sessions.tag_upload(lease, stored.id)
         return stored.as_dict()
+
+    @api.post("/tensors/copy", status_code=201)
+    async def copy_tensors(request: Request, p: Principal = changer) -> dict[str, Any]:
+        """Copies of refs' values as uploads of the caller (checkpoints: ``scheduler/refs.py``)."""
+        refs = parse_copy_request(await read_body(request, 1 << 20, "copy request"))
+        for ref in refs:  # whoever may fetch a tensor may copy it
+            owners.check(p, ref.partition(":")[0])
+        lease = session_of(request, p)
+        ids = await scheduler.copy(refs, owner=p.name)
+        if lease is not None:
+            for upload in ids:
+                scheduler.sessions.tag_upload(lease, upload)
+        return {"ids": ids}
 
     @api.delete("/tensors/{upload}")
     async def release_upload(upload: str, p: Principal = changer) -> dict[str, Any]:
