@@ -328,7 +328,8 @@ def test_checkpoint_copies_of_refs_are_uploads_of_the_session(cluster: LocalClus
         wait_done(h, j1)
         wait_done(h, j2)
         sid = h.post("/v1/sessions").json()["id"]
-        r = h.post("/v1/tensors/copy", json={"from": [f"{j1}:m", f"{j2}:y"]}, headers={"X-Triplane-Session": sid})
+        r = h.post("/v1/tensors/copy", json={"from": [f"{j1}:m", f"{j2}:y"]},
+                   headers={"X-Triplane-Session": sid})
         assert r.status_code == 201, r.text
         big_id, small_id = r.json()["ids"]
         assert all(u.startswith("u-") for u in (big_id, small_id))
