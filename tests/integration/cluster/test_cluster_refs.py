@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
+from cluster_memory import settled_free
 
 from triplane.launcher import ClusterConfig, LocalCluster
 
@@ -346,3 +347,45 @@ def test_checkpoint_copies_of_refs_are_uploads_of_the_session(cluster: LocalClus
         # ending the session frees its copies
         assert h.delete(f"/v1/sessions/{sid}").json()["uploads"] == 2
         assert not {big_id + ".npy", small_id + ".npy"} & upload_files(cluster)
+
+
+def rss_bytes(pid: int) -> int:
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+def test_a_chain_of_200_steps_by_ref_releasing_each_leaves_memory_flat(cluster: LocalCluster) -> None:
+    n, steps = 512, 200  # 1 MiB a value: 200 MiB if released values leaked
+    x = np.ones((n, n), np.float32)
+    c = np.full((n, n), 0.5, np.float32)
+    with api(cluster) as h:
+        ux, uc = upload(h, x), upload(h, c)
+        base = settled_free(cluster)
+        prev = submit(h, {"x": inp(ux, [n, n]), "y": op("exp", ["x"], [n, n])}, ["y"])["id"]
+        wait_done(h, prev)
+        first = submit(h, {"p": inp(f"{prev}:y", [n, n]), "c": inp(uc, [n, n]),
+                           "z": op("add", ["p", "c"], [n, n])}, ["z"])
+        assert h.delete(f"/v1/jobs/{prev}").status_code == 200
+        prev = first["id"]
+        rss = []
+        done = 1
+        args = ["{prev}:z" if a.startswith("j") else a for a in first["args"]]
+        while done < steps:
+            r = h.post("/v1/jobs", json={"plan": first["plan"], "fetch": ["z"],
+                                         "args": [a.format(prev=prev) for a in args]})
+            if r.status_code == 409 and r.json()["error"]["kind"] == "not_ready":
+                wait_done(h, prev)  # the previous step still runs
+                continue
+            assert r.status_code == 201, r.text
+            assert h.delete(f"/v1/jobs/{prev}").status_code == 200  # released while its reader may run
+            prev, done = r.json()["id"], done + 1
+            if done in (50, steps):
+                rss.append(rss_bytes(cluster.scheduler.pid))
+        wait_done(h, prev)
+        np.testing.assert_allclose(fetch(h, prev, "z")[0, :3], np.e + 0.5 * steps, rtol=1e-5)
+        assert h.delete(f"/v1/jobs/{prev}").status_code == 200
+        after = settled_free(cluster, base)
+        assert after >= base - (1 << 20), (base, after)  # every value released
+        assert rss[1] - rss[0] < 32 << 20, rss
