@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -350,7 +351,7 @@ def test_checkpoint_copies_of_refs_are_uploads_of_the_session(cluster: LocalClus
 
 
 def rss_bytes(pid: int) -> int:
-    for line in open(f"/proc/{pid}/status"):
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) * 1024
     raise AssertionError("no VmRSS")
