@@ -25,7 +25,7 @@ from triplane import metadb as mdb
 from triplane.net.dataport import DataClient, DataPortError
 from triplane.proto.errors import GraphError
 from triplane.scheduler.cluster import ClusterView
-from triplane.scheduler.compiler.jobplan import JobPlan
+from triplane.scheduler.compiler.jobplan import JobPlan, is_job_tile
 from triplane.scheduler.compiler.planview import plan_document
 from triplane.scheduler.dispatch.shell import DispatchShell
 from triplane.scheduler.earlier import (
@@ -71,6 +71,10 @@ class Results:
         self.cluster, self.earlier, self.live = cluster, earlier, live
         self.require_leader = require_leader
         self._late: set[asyncio.Task[None]] = set()
+        # job -> how many running jobs read its tiles by ref (refs.py): its tiles stay until
+        # they end; a release meanwhile is carried out then (the deletions wait here)
+        self._pins: dict[str, int] = {}
+        self._deferred: dict[str, list[dict[str, list[str]]]] = {}
 
     # --- tensors -----------------------------------------------------------------------------
 
@@ -86,6 +90,12 @@ class Results:
         if live.fetched_released:
             raise NotFound(f"the tensors of job {job} were released")
         return await self._open_held(job, name, live.plan, live.holders)
+
+    def fetched_nbytes(self, job: str, name: str) -> int | None:
+        """The size of fetched ``name`` of a job in memory (None otherwise)."""
+        live = self.live.get(job)
+        nid = live.plan.fetch.get(name) if live is not None else None
+        return None if nid is None else live.plan.plan.graph.nodes[nid].type.nbytes  # type: ignore[union-attr]
 
     async def _open_earlier(self, job: str, name: str) -> Opened:
         await self.require_leader()
@@ -111,7 +121,15 @@ class Results:
         if grid is not None and len(grid) > 1:
             return await self._open_tiled(job, name, grid, holders)
         tile, task = plan.fetch_tile(name)
-        if task is None:
+        if task is None and is_job_tile(tile):  # an input bound to a ref: the other job's tile
+            owner, _, task = tile.partition(".")
+            live = self.live.get(owner)
+            try:
+                holders = live.holders if live is not None else (await self.earlier.get(owner)).holders
+            except (mdb.MetaDBError, *REBUILD_ERRORS) as e:
+                raise NotFound(f"{name!r} of job {job} is tile {tile} of job {owner}, unknown now: {e}",
+                               node=name) from None
+        elif task is None:
             t = self.store.get(tile)
             if t is None:
                 raise NotFound(f"uploaded tensor {tile} is gone")
@@ -256,7 +274,31 @@ class Results:
         except mdb.MetaDBError as e:
             log.error("cannot record the release of job %s: %s", job, e)
 
+    def pin(self, job: str) -> None:
+        """A running job reads ``job``'s tiles (a ref): releasing them waits for :meth:`unpin`."""
+        self._pins[job] = self._pins.get(job, 0) + 1
+
+    def unpin(self, job: str) -> None:
+        """A reader of ``job``'s tiles ended: the last one carries out the releases that waited."""
+        left = self._pins.get(job, 0) - 1
+        if left > 0:
+            self._pins[job] = left
+            return
+        self._pins.pop(job, None)
+        waiting = self._deferred.pop(job, None)
+        if waiting:
+            async def carry_out() -> None:
+                for by_node in waiting:
+                    await self._delete_tiles(job, by_node)
+
+            task = asyncio.get_running_loop().create_task(carry_out(), name=f"release-unpinned-{job}")
+            self._late.add(task)
+            task.add_done_callback(self._late.discard)
+
     async def _delete_tiles(self, job: str, by_node: dict[str, list[str]]) -> None:
+        if job in self._pins and by_node:
+            self._deferred.setdefault(job, []).append(by_node)
+            return
         for node, tiles in by_node.items():
             info = self.shell.nodes.get(node)
             if info is None:

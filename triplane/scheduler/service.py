@@ -25,27 +25,30 @@ its tasks done. With ``elect=True`` (etcd) the scheduler campaigns for
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import logging
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from triplane import metadb as mdb
 from triplane._version import __version__
-from triplane.net.dataport import DataClient, DataServer
+from triplane.net.dataport import DataClient, DataPortError, DataServer
 from triplane.registry import Leadership, RegistryBackend, leader
 from triplane.scheduler.cluster import ClusterView
 from triplane.scheduler.compiler.jobplan import TaskTemplate, tile_id
 from triplane.scheduler.compiler.pipeline import PlanCache
 from triplane.scheduler.dispatch.shell import DispatchShell, Hooks
-from triplane.scheduler.dispatch.state import DispatchState, Free, Policy, Send
+from triplane.scheduler.dispatch.state import CancelJob, DispatchState, Free, Policy, Send
 from triplane.scheduler.earlier import EarlierJobs
-from triplane.scheduler.errors import Conflict, Standby
+from triplane.scheduler.errors import Conflict, SchedulerError, Standby
 from triplane.scheduler.freeing import TileFreer
 from triplane.scheduler.jobs import RETAIN_FINISHED, Jobs, LiveJob
 from triplane.scheduler.journal import Journal
 from triplane.scheduler.leading import Leading
+from triplane.scheduler.refs import Refs
 from triplane.scheduler.results import Opened, Results
 from triplane.scheduler.sessions import DEFAULT_TTL_S, Held, Sessions, reap, release_held
 from triplane.scheduler.store import StoredTensor, TensorStore, UploadTiles
@@ -53,6 +56,7 @@ from triplane.scheduler.store import StoredTensor, TensorStore, UploadTiles
 log = logging.getLogger(__name__)
 
 VERSION = __version__  # api/app.py reports it
+INLINE_MAX_BYTES = 64 * 1024  # values a submit that waits answers inline (api/waiting.py)
 
 
 class Scheduler(Leading):
@@ -106,11 +110,13 @@ class Scheduler(Leading):
                                cluster=self.cluster, earlier=EarlierJobs(db, self.plans), live=live,
                                require_leader=self.require_leader)
         self.journal = Journal(db, lambda job: self.jobs.progress(job))
+        self._inline: dict[str, list[str]] = {}  # job -> its own uploads (sent inline, copies of refs)
+        self.refs = Refs(live=live, results=self.results, shell=self.shell, store=self.store,
+                         job_uploads=self._inline)
         self.jobs = Jobs(db=db, store=self.store, shell=self.shell, journal=self.journal, plans=self.plans,
                          cluster=self.cluster, results=self.results, live=live, templates=self.templates,
-                         require_leader=self.require_leader, retain=retain_finished)
+                         require_leader=self.require_leader, refs=self.refs, retain=retain_finished)
         self.sessions = Sessions(session_ttl_s)
-        self._inline: dict[str, list[str]] = {}  # job -> uploads a compiled step sent inline
         self.freer = TileFreer(self.data_client, self._data_address)
         self.shell.hooks = Hooks(self.jobs.finished, self.journal.transitions, self.jobs.output,
                                  self._node_down, self._free, self._sending)
@@ -176,6 +182,21 @@ class Scheduler(Leading):
     def _node_down(self, node: str) -> None:
         log.warning("executor %s is gone", node)
         self.cluster.node_down(node)
+        asyncio.get_running_loop().call_soon(self._refs_lost, node)
+
+    def _refs_lost(self, node: str) -> None:
+        """A running job reading a ref held on ``node`` cannot get it any more: it fails
+        (kind "lost"). Not for a node merely suspected (a peer's pull failed; it is probed
+        and comes back if it answers): its registration expiring takes it down for good."""
+        if node in self.shell.nodes or self.shell.suspected(node):
+            return
+        for job, r in self.refs.lost_on(node):
+            live = self.jobs.live.get(job)
+            if live is None or live.state != "running":
+                continue
+            live.failure = {"kind": "lost", "message": f"ref {r.ref}: its value (tile {r.tile}) was held by "
+                            f"executor {node}, which is gone", "node": None, "op": None, "ref": r.ref}
+            self.shell.handle(CancelJob(f"lost:{job}", job, time.time()))
 
     # intermediate tiles (docs/scheduler.md, "Intermediates"): deleted in batches per node
     def _free(self, f: Free) -> None:
@@ -217,6 +238,35 @@ class Scheduler(Leading):
 
     def status(self, job: str) -> dict[str, Any]:
         return self.jobs.status(job)
+
+    async def copy(self, refs: Sequence[str], owner: str | None = None) -> list[str]:
+        """``POST /v1/tensors/copy``: each ref's value stored as an upload of ``owner``
+        (``Refs.copy``; its errors)."""
+        await self.require_leader()
+        return await self.refs.copy(refs, owner)
+
+    async def waited(self, answer: dict[str, Any], wait_s: float, inline: Sequence[str]) -> dict[str, Any]:
+        """A submit's ``answer`` once its job is terminal or ``wait_s`` passed (``api/waiting.py``):
+        with ``job``, its status's ``state``, ``progress`` and ``error``, and ``values``: each
+        ``inline`` name of at most ``INLINE_MAX_BYTES`` of a done job, as ``{"shape", "dtype",
+        "data": <base64 of its raw little-endian C-order bytes>}``."""
+        job = answer["id"]
+        status = await self.jobs.wait(job, wait_s)  # the job's end is an asyncio.Event: no polling
+        values: dict[str, Any] = {}
+        if status["state"] == "done":
+            for name in inline:
+                size = self.results.fetched_nbytes(job, name)
+                if size is None or size > INLINE_MAX_BYTES:
+                    continue  # left out: fetched as usual
+                try:
+                    shape, dtype, _, chunks = await self.results.open_tensor(job, name)
+                    data = b"".join([c async for c in chunks])
+                except (SchedulerError, DataPortError) as e:  # released, or its holder went: fetch says why
+                    log.info("inline value %r of job %s left out: %s", name, job, e)
+                    continue
+                values[name] = {"shape": list(shape), "dtype": dtype, "data": base64.b64encode(data).decode()}
+        return {"job": job, **answer, "state": status["state"], "progress": status["progress"],
+                "error": status["error"], "values": values}
 
     def list_jobs(self, limit: int = 50, *, owner: str | None = None) -> list[dict[str, Any]]:
         return self.jobs.list(limit, owner=owner)
