@@ -203,7 +203,7 @@ class Results:
         by_node: dict[str, list[str]] = defaultdict(list)
         for task, node in holders.items():
             if task not in keep:
-                by_node[node].append(f"{job}.{task}")
+                by_node[node].extend(live.plan.task_tiles(task))
         if not keep_fetched:
             live.fetched_released = True
         await self._delete_tiles(job, by_node)
@@ -237,7 +237,7 @@ class Results:
             by_node: dict[str, list[str]] = defaultdict(list)
             for task in fetched_tasks_of(view.plan) if view.plan is not None else ():
                 if task in view.holders:
-                    by_node[view.holders[task]].append(f"{job}.{task}")
+                    by_node[view.holders[task]].extend(view.plan.task_tiles(task))
             await self._delete_tiles(job, by_node)
         await self.record_released(job)
 

@@ -78,6 +78,7 @@ class Scheduler(Leading):
         retain_finished: int = RETAIN_FINISHED,
         resume_wait_s: float | None = None,
         session_ttl_s: float = DEFAULT_TTL_S,
+        group_tiny_jobs: bool = True,
     ) -> None:
         self.registry = registry
         self.db = db
@@ -108,7 +109,7 @@ class Scheduler(Leading):
         self.journal = Journal(db, lambda job: self.jobs.progress(job))
         self.jobs = Jobs(db=db, store=self.store, shell=self.shell, journal=self.journal, plans=self.plans,
                          cluster=self.cluster, results=self.results, live=live, templates=self.templates,
-                         require_leader=self.require_leader, retain=retain_finished)
+                         require_leader=self.require_leader, retain=retain_finished, group=group_tiny_jobs)
         self.sessions = Sessions(session_ttl_s)
         self._inline: dict[str, list[str]] = {}  # job -> uploads a compiled step sent inline
         self.freer = TileFreer(self.data_client, self._data_address)

@@ -57,7 +57,7 @@ def test_the_unsupported_task_is_still_named(monkeypatch: pytest.MonkeyPatch) ->
 
 def test_the_size_test_stops_at_the_limit(monkeypatch: pytest.MonkeyPatch) -> None:
     g = _scalars(1000)  # 4 bytes each
-    assert layout._bigger_than(g, 3999) and not layout._bigger_than(g, 4000)
+    assert layout.bigger_than(g, 3999) and not layout.bigger_than(g, 4000)
     sized: list[Node] = []
     real = Node.type
     monkeypatch.setattr(Node, "type", property(lambda n: sized.append(n) or real.fget(n)))  # type: ignore[attr-defined]
@@ -69,8 +69,8 @@ def test_the_size_test_stops_at_the_limit(monkeypatch: pytest.MonkeyPatch) -> No
         "c": {"op": "full", "shape": [], "dtype": "float32",
               "attrs": {"value": 0.0, "shape": [], "dtype": "float32"}}}})
     sized.clear()
-    assert layout._bigger_than(big, 8 << 20)
+    assert layout.bigger_than(big, 8 << 20)
     assert [n.dtype for n in sized] == ["float32", "float64"]  # c is never sized
     sized.clear()
-    assert not layout._bigger_than(g, 1 << 20)
+    assert not layout.bigger_than(g, 1 << 20)
     assert len(sized) == 1  # one (shape, dtype) among 1000 nodes

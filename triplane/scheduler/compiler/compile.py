@@ -13,7 +13,8 @@ stages, in order:
    before (a training step's next submit) skips them;
 3. tiling and placement for the cluster's figures (``layout.lay_out``; tiny graphs stay
    whole and are placed on demand);
-4. the dispatcher's tasks and packet templates (``jobplan.plan_job``).
+4. the dispatcher's tasks and packet templates (``jobplan.plan_job``); a tiny job of a few
+   nodes becomes one grouped task (``group.py``).
 
 Autograd is not a stage here: the SDKs send a graph whose gradient nodes are already
 recorded (``proto`` autograd, the same rules everywhere).
@@ -68,6 +69,7 @@ def compile_job(
     args: Sequence[str] | None = None,
     options: CompileOptions | None = None,
     explicit: Mapping[str, Mapping[str, object]] | None = None,
+    group: bool = True,
 ) -> JobPlan:
     """The execution plan of ``graph`` for ``cluster`` (see the module doc).
 
@@ -76,7 +78,8 @@ def compile_job(
     ``arg0, arg1, ...``): ``graph`` is its canonical graph and ``fetch`` maps each fetched
     name to its canonical id, as the job's ``job.bindings`` record holds them; a tiled job
     must be given the figures it was laid out for, so that its task ids and tiles are the
-    same as the first time. ``explicit`` fixes the cut of chosen plan nodes (tests, bench)."""
+    same as the first time. ``explicit`` fixes the cut of chosen plan nodes (tests, bench).
+    ``group`` False keeps a tiny job at one task per plan node (``compiler/group.py``)."""
     if args is None:
         names = list(fetch)
         cgraph, rename, bound = with_fetch(graph, names).canonical()
@@ -89,4 +92,4 @@ def compile_job(
     figures = tuple(cluster.figures)
     cached = cluster.cached(bound) if cluster.cached is not None and figures else None
     return plan_job(job or new_job_id(), cgraph, bound, fetch_map, back, cache, options=options,
-                    figures=figures, explicit=explicit, cached=cached)
+                    figures=figures, explicit=explicit, cached=cached, group=group)

@@ -44,7 +44,7 @@ from triplane.scheduler.compiler.placement import (
 )
 from triplane.scheduler.compiler.tiling import ClusterFigures, Region, TileGrid, plan_sizes, tile_graph
 
-__all__ = ["MODEL", "UNSPLIT_BYTES", "Cached", "Layout", "check_support", "figures_from_json",
+__all__ = ["MODEL", "UNSPLIT_BYTES", "Cached", "Layout", "bigger_than", "check_support", "figures_from_json",
            "figures_to_json", "lay_out", "same_host_figures", "structure_hash"]
 
 UNSPLIT_BYTES = 4 << 20  # plan_sizes' default: graphs this small are not cut
@@ -113,7 +113,7 @@ def lay_out(graph: Graph, figures: Sequence[NodeFigures], *, unsplit_bytes: int 
     figs = tuple(figures)
     if not figs:
         raise ValueError("no executor figures to lay the job out for")
-    if not explicit and not _bigger_than(graph, unsplit_bytes):
+    if not explicit and not bigger_than(graph, unsplit_bytes):
         check_support(graph, figs)
         return Layout(graph, False, {}, {}, None, figs)
     headroom = 0.5
@@ -213,7 +213,7 @@ def _named(e: PlacementError, graph: Graph, origin: Mapping[str, str]) -> Placem
     return PlacementError(e.status, node=orig, op=e.op, what=what)
 
 
-def _bigger_than(graph: Graph, limit: int) -> bool:
+def bigger_than(graph: Graph, limit: int) -> bool:
     """Whether the tensors of ``graph`` total more than ``limit`` bytes. Stops at the node
     that passes it, and sizes each (shape, dtype) once: submit-time cost on big graphs."""
     total = 0
