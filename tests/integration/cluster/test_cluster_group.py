@@ -23,14 +23,20 @@ from triplane.sdk.remote import RemoteSession
 from triplane.sdk.session import use_session
 
 
-def rows_of(db_url: str, job: str) -> list[Any]:
+def rows_of(db_url: str, job: str, timeout_s: float = 10.0) -> list[Any]:
+    """The job's task rows once all are done (the journal writes them in batches)."""
     from triplane import metadb as mdb
     from triplane.metadb.tasks import list_tasks
 
     db = mdb.open_db(db_url)
     try:
-        with db.read() as s:
-            return list(list_tasks(s, job))
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with db.read() as s:
+                rows = list(list_tasks(s, job))
+            if (rows and all(r.state == "done" for r in rows)) or time.monotonic() > deadline:
+                return rows
+            time.sleep(0.1)
     finally:
         db.close()
 
