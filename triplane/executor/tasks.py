@@ -17,6 +17,11 @@ task (the scheduler sent this one early, behind it): the task waits until that t
 and fails (``infra``) if it failed, or if no task making it arrives within
 ``wait_for_input_s`` (a recalled attempt whose input went elsewhere).
 
+A grouped task (op ``graph``: a tiny job's whole plan, ``proto/packet.md``) runs its
+prepared program (``executor/group.py``) as one loop and stores every output; a failure
+inside it names the program node (the reply error's ``at``) and is of the failing
+kernel's kind, so an ``infra`` one drifts the whole group.
+
 Pulled job tiles are used for this task only and not kept: the scheduler tracks where
 tiles live and releases them, so a private copy here would leak capacity. Tiles of
 uploaded tensors (``u-<32 hex>``, whole or a region ``u-<hex>@lo:hi,...``) are immutable
