@@ -74,3 +74,19 @@ def test_the_size_test_stops_at_the_limit(monkeypatch: pytest.MonkeyPatch) -> No
     sized.clear()
     assert not layout.bigger_than(g, 1 << 20)
     assert len(sized) == 1  # one (shape, dtype) among 1000 nodes
+
+
+def test_the_same_untiled_graph_is_checked_for_support_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen = _count_task_costs(monkeypatch)
+    g = _scalars(5)
+    layout.lay_out(g, _figs())
+    first = len(seen)
+    assert first > 0
+    layout.lay_out(g, _figs())  # a training loop's next step: the plan cache's same graph
+    assert len(seen) == first
+    layout.lay_out(_scalars(5), _figs())  # another graph object is checked
+    assert len(seen) == 2 * first
+    with pytest.raises(PlacementError):  # engines that lack a dtype: checked, refused again
+        layout.lay_out(g, _figs(dtypes=frozenset({"int64"})))
+    with pytest.raises(PlacementError):
+        layout.lay_out(g, _figs(dtypes=frozenset({"int64"})))

@@ -27,6 +27,7 @@ import dataclasses
 import hashlib
 import json
 import math
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -114,7 +115,7 @@ def lay_out(graph: Graph, figures: Sequence[NodeFigures], *, unsplit_bytes: int 
     if not figs:
         raise ValueError("no executor figures to lay the job out for")
     if not explicit and not bigger_than(graph, unsplit_bytes):
-        check_support(graph, figs)
+        _check_support_once(graph, figs)
         return Layout(graph, False, {}, {}, None, figs)
     headroom = 0.5
     while True:
@@ -227,6 +228,23 @@ def bigger_than(graph: Graph, limit: int) -> bool:
         if total > limit:
             return True
     return False
+
+
+# (id(graph), what the nodes' engines take) -> the graph checked: a training loop submits
+# the same plan graph (the plan cache's) every step, and checking a fused node costs its
+# program's cost function (~30% of a small step's compile).
+_SUPPORTED: OrderedDict[tuple[int, Any], Graph] = OrderedDict()
+
+
+def _check_support_once(graph: Graph, figures: Sequence[NodeFigures]) -> None:
+    key = (id(graph), frozenset((n.ops, n.dtypes) for n in figures))
+    if _SUPPORTED.get(key) is graph:
+        _SUPPORTED.move_to_end(key)
+        return
+    check_support(graph, figures)
+    _SUPPORTED[key] = graph
+    if len(_SUPPORTED) > 256:
+        _SUPPORTED.popitem(last=False)
 
 
 def check_support(graph: Graph, figures: Sequence[NodeFigures]) -> None:
