@@ -154,3 +154,26 @@ def test_a_user_error_inside_a_group_names_the_node_that_failed() -> None:
     out = s.handle(TaskErred("err", JOB, GROUP_TASK, 0, "e1", "user", "matmul: bad", 1.0, at="n2"))
     err = s.jobs[JOB].tasks[GROUP_TASK].error
     assert err is not None and err.task == "n2" and err.op == GROUP_OP and err.kind == "user"
+
+
+def test_releasing_a_grouped_job_deletes_every_tile_it_stored() -> None:
+    import asyncio
+
+    from triplane.scheduler.jobs import LiveJob
+    from triplane.scheduler.results import Results
+
+    jp = compile_job(mlp(), ["loss"], cache=PlanCache(), job=JOB)  # w2 an output, not fetched
+    live = LiveJob(jp, dict(jp.back), 0.0, 0.0, state="done", holders={GROUP_TASK: "e1"})
+    deleted: list[dict[str, list[str]]] = []
+    results = Results.__new__(Results)
+    results.shell = DispatchShell(DispatchState(), b"s" * 32, {})
+
+    async def delete(job: str, by_node: dict[str, list[str]]) -> None:
+        deleted.append({n: sorted(t) for n, t in by_node.items()})
+
+    results._delete_tiles = delete  # type: ignore[method-assign]
+    results._release_again = lambda job, by_node: None  # type: ignore[method-assign]
+    asyncio.run(results.release(JOB, live, keep_fetched=True))
+    assert deleted == [{}]  # the group holds a fetched tile: kept whole until the job's release
+    asyncio.run(results.release(JOB, live, keep_fetched=False))
+    assert deleted[-1] == {"e1": sorted(jp.task_tiles(GROUP_TASK))} and len(jp.task_tiles(GROUP_TASK)) == 2
