@@ -21,7 +21,10 @@ Rows (docs in bench/README.md):
   and nothing but dispatch is measured. The values differ per run, so every run pays
   validation and compilation too (no plan-cache hit). The chain is a 0-d ``normal``
   (random: never folded) followed by ``neg`` nodes, every one an output (so fusion leaves
-  them separate tasks).
+  them separate tasks). A job of at most 256 tasks whose tensors total at most 4 MiB runs
+  as one grouped task (docs/runtime.md, "Grouped jobs"): ``--tasks`` and ``--chain`` above
+  256 (the defaults, 10000 and 500) measure one task per node; smaller ones measure one
+  grouped task, which is not per-task dispatch.
 * ``dask``: ``distributed.LocalCluster`` with 2 single-threaded worker processes;
   ``client.map`` of a no-op / a chain of ``client.submit``.
 * ``ray``: ``ray.init(num_cpus=2)``; no-op ``@ray.remote`` tasks / a chain of them.

@@ -17,6 +17,11 @@ task (the scheduler sent this one early, behind it): the task waits until that t
 and fails (``infra``) if it failed, or if no task making it arrives within
 ``wait_for_input_s`` (a recalled attempt whose input went elsewhere).
 
+A grouped task (op ``graph``: a tiny job's whole plan, ``proto/packet.md``) runs its
+prepared program (``executor/group.py``) as one loop and stores every output; a failure
+inside it names the program node (the reply error's ``at``) and is of the failing
+kernel's kind, so an ``infra`` one drifts the whole group.
+
 Pulled job tiles are used for this task only and not kept: the scheduler tracks where
 tiles live and releases them, so a private copy here would leak capacity. Tiles of
 uploaded tensors (``u-<32 hex>``, whole or a region ``u-<hex>@lo:hi,...``) are immutable
@@ -42,11 +47,13 @@ from typing import Any
 import numpy as np
 
 from triplane.engines.errors import MemoryFullError
+from triplane.executor.group import GroupError, Prepared, Programs, check_inputs, run_prepared
 from triplane.proto import dtypes as dt
 from triplane.proto import optable
 from triplane.proto.errors import GraphError, KernelError
 from triplane.proto.ir import TensorType
 from triplane.proto.packet import Reply, TaskError, TaskPacket, TileInfo, Timings
+from triplane.proto.packet.group import GROUP_OP
 
 __all__ = ["INLINE_BYTES", "MAX_MESSAGE_CHARS", "STALL_ENV", "Puller", "TaskRunner", "is_upload_tile",
            "stall_from_env"]
@@ -88,8 +95,8 @@ class _Fail(Exception):
     from and that input tile, when pulling it failed (the reply's structured error)."""
 
     def __init__(self, kind: str, message: str, *, node: str | None = None,
-                 input: str | None = None) -> None:
-        self.kind, self.node, self.input = kind, node, input
+                 input: str | None = None, at: str | None = None) -> None:
+        self.kind, self.node, self.input, self.at = kind, node, input, at
         super().__init__(message)
 
 
@@ -108,6 +115,13 @@ def _timed(engine: Any, op: str, inputs: list[np.ndarray], attrs: Any,
     start = time.time()
     result = engine.run(op, inputs, attrs, out_t)
     return start, result, time.time()
+
+
+def _timed_group(engine: Any, prep: Prepared,
+                 inputs: list[np.ndarray]) -> tuple[float, list[np.ndarray], float]:
+    start = time.time()
+    results = run_prepared(prep, inputs, engine)
+    return start, results, time.time()
 
 
 class TaskRunner:
@@ -138,6 +152,7 @@ class TaskRunner:
         self._started: dict[str, float] = {}  # task id -> its kernel's start, while it runs
         self._stall = stall if stall is not None else stall_from_env()  # fault injection
         self._unstall = threading.Event()  # set by close(): a stalled kernel returns at once
+        self.programs = Programs()  # grouped tasks' prepared sub-graphs, by program text
 
     def running_since(self, task_id: str) -> float | None:
         """When ``task_id``'s kernel started, while it runs in a worker thread (None before
@@ -159,12 +174,16 @@ class TaskRunner:
             self._making[out] = self._making.get(out, 0) + 1
         made = False
         try:
-            info, start, end = await self._run(task, on_slow)
+            if task.op == GROUP_OP:
+                infos, start, end = await self._run_group(task, on_slow)
+            else:
+                info, start, end = await self._run(task, on_slow)
+                infos = (info,)
             made = True
         except _Fail as f:
             self.stats["user_errors" if f.kind == "user" else "infra_errors"] += 1
             return Reply(task.task, False, Timings(received, start, time.time()), (),
-                         TaskError(f.kind, _clip(str(f)), f.node or self.node, f.input))  # type: ignore[arg-type]
+                         TaskError(f.kind, _clip(str(f)), f.node or self.node, f.input, f.at))  # type: ignore[arg-type]
         except asyncio.CancelledError:
             raise
         except Exception as e:  # a bug or an engine fault: the node is at fault, not the user
@@ -182,7 +201,7 @@ class TaskRunner:
                     if waiting is not None and not waiting.done():
                         waiting.set_result(made)
         self.stats["ok"] += 1
-        return Reply(task.task, True, Timings(received, start, end), (info,))
+        return Reply(task.task, True, Timings(received, start, end), infos)
 
     async def _run(self, task: TaskPacket,
                    on_slow: Callable[[str], None] | None) -> tuple[TileInfo, float, float]:
@@ -241,6 +260,72 @@ class TaskRunner:
         except MemoryFullError as e:
             raise _Fail("infra", str(e)) from None
         return TileInfo(out_tile, tuple(result.shape), out_t.dtype.name, int(result.nbytes)), start, end
+
+    async def _run_group(self, task: TaskPacket, on_slow: Callable[[str], None] | None
+                         ) -> tuple[tuple[TileInfo, ...], float, float]:
+        """A grouped task (op ``graph``): its prepared sub-graph run as one loop, every
+        output stored. Failures name the sub-graph node (``_Fail.at``)."""
+        try:
+            prep = self.programs.get(task.attrs.get("program"), len(task.inputs), len(task.outputs),
+                                     self.engine)
+        except GroupError as e:
+            raise _Fail(e.kind, str(e), at=e.at) from None
+        inputs, in_use = await self._gather(task, on_slow)
+        reserved: list[tuple[str, int]] = []
+        try:
+            try:
+                check_inputs(prep, inputs)
+            except GroupError as e:
+                raise _Fail(e.kind, str(e)) from None
+            for tile, t in zip(task.outputs, prep.out_types):
+                nbytes = t.nbytes
+                try:
+                    self.store.reserve(nbytes, tile)
+                except MemoryFullError as e:
+                    for key in in_use:  # our cached inputs take the room: give them up (see _compute)
+                        self.store.cache_drop(key)
+                    in_use.clear()
+                    try:
+                        self.store.reserve(nbytes, tile)
+                    except MemoryFullError:
+                        raise _Fail("infra", str(e)) from None
+                reserved.append((tile, nbytes))
+            if prep.touched <= self.inline_bytes:
+                start, results, end = _timed_group(self.engine, prep, inputs)
+            else:
+                if on_slow is not None:
+                    on_slow(task.task)
+                loop = asyncio.get_running_loop()
+                start, results, end = await loop.run_in_executor(self.pool, self._group_here, task.task, prep,
+                                                                 inputs)
+            infos = []
+            while reserved:
+                tile, nbytes = reserved.pop(0)
+                arr = results[len(infos)]
+                try:
+                    self.store.put(tile, arr, reserved=nbytes)
+                except MemoryFullError as e:
+                    raise _Fail("infra", str(e)) from None
+                infos.append(TileInfo(tile, tuple(arr.shape), arr.dtype.name, int(arr.nbytes)))
+            return tuple(infos), start, end
+        except GroupError as e:
+            raise _Fail(e.kind, str(e), at=e.at) from None
+        finally:
+            for _, nbytes in reserved:
+                self.store.release(nbytes)
+            for key in in_use:
+                self.store.cache_done(key)
+
+    def _group_here(self, task_id: str, prep: Prepared, inputs: list[np.ndarray]
+                    ) -> tuple[float, list[np.ndarray], float]:
+        """``_timed_group`` in a worker thread (its start recorded, the stall injection of an
+        op inside it honoured, as ``_timed_here``)."""
+        self._started[task_id] = time.time()
+        stall = self._stall
+        if stall is not None and (stall[0] == GROUP_OP or stall[0] in prep.ops) and task_id.endswith(".a0"):
+            self._stall = None  # once
+            self._unstall.wait(stall[1])
+        return _timed_group(self.engine, prep, inputs)
 
     async def _kernel(self, task: TaskPacket, inputs: list[np.ndarray], attrs: Any, out_t: TensorType,
                       out_bytes: int,

@@ -81,10 +81,11 @@ def plan_again(job: str, graph: Graph, bindings: Mapping[str, Any], plans: PlanC
     """A stored job's plan compiled again from its graph and ``job.bindings`` payload.
     A tiled job is laid out for the figures it was submitted with, so its task ids name
     the same tiles as its task rows. ``REBUILD_ERRORS`` for a record this version cannot
-    compile."""
+    compile. A job recorded as grouped (``"grouped": true``) is grouped again; any other
+    (older records too) runs one task per node, as it did."""
     figs = figures_from_json(bindings["figures"]) if "figures" in bindings else ()
     return compile_job(graph, bindings["fetch"], ClusterSnapshot(tuple(figs)), cache=plans, job=job,
-                       args=bindings["args"])
+                       args=bindings["args"], group=bool(bindings.get("grouped")))
 
 
 def read_released(db: mdb.MetaDB, job: str) -> bool:

@@ -43,6 +43,7 @@ from triplane.proto.packet import Reply
 from triplane.proto.states import JobState
 from triplane.scheduler.cluster import ClusterView, Factors
 from triplane.scheduler.compiler.compile import ClusterSnapshot, compile_job
+from triplane.scheduler.compiler.group import GROUP_OP
 from triplane.scheduler.compiler.jobplan import JobPlan, TaskTemplate, unsupported_op
 from triplane.scheduler.compiler.layout import figures_to_json, structure_hash
 from triplane.scheduler.compiler.pipeline import PlanCache
@@ -116,7 +117,7 @@ def fetched_tasks_of(plan: JobPlan) -> set[str]:
     keep: set[str] = set()
     for name, nid in plan.fetch.items():
         grid = plan.fetch_grid(name)
-        keep.update(grid.tiles.values() if grid is not None else (nid,))
+        keep.update(grid.tiles.values() if grid is not None else (plan.task_of(nid),))
     return keep
 
 
@@ -141,8 +142,10 @@ class Jobs:
         require_leader: Callable[[], Awaitable[None]],
         refs: Refs,
         retain: int = RETAIN_FINISHED,
+        group: bool = True,
     ) -> None:
         self.db, self.store, self.shell, self.journal = db, store, shell, journal
+        self.group = group  # tiny jobs of a few nodes run as one grouped task (compiler/group.py)
         self.plans, self.cluster, self.results = plans, cluster, results
         self.live = live
         self.templates = templates
@@ -226,7 +229,7 @@ class Jobs:
             def compile_now() -> JobPlan:
                 bind = held.bind
                 return compile_job(cgraph, fetch_map, Refs.snapshot(cluster, held), cache=self.plans,
-                                   args=[bind.get(a, a) for a in args])
+                                   args=[bind.get(a, a) for a in args], group=self.group)
 
             plan = await self._with_refs(await asyncio.to_thread(compile_now), held, owner, compile_now)
             return await self._start(plan, fetch, deadline_s, owner, engines, factors, held)
@@ -252,7 +255,7 @@ class Jobs:
                 raise Unavailable("no executor is registered")
             missing = unsupported_op(plan.ops, (e.ops for e in engines))
             if missing is not None:
-                nid = next(n for n, t in plan.templates.items() if t.op == missing)
+                nid = plan.node_with_op(missing) or missing
                 raise UnknownOpError(f"no registered executor engine supports op {missing!r}",
                                      node=plan.back.get(nid, nid), op=missing)
         now = time.time()
@@ -288,7 +291,8 @@ class Jobs:
         """Parse and compile a submitted graph (CPU-bound: a worker thread, so that the
         event loop keeps answering replies, health checks and the registry's keep-alives);
         ``bind``: its refs -> what they resolved to."""
-        return compile_job(Graph.from_dict(graph_doc), fetch, cluster, cache=self.plans, bind=bind)
+        return compile_job(Graph.from_dict(graph_doc), fetch, cluster, cache=self.plans, bind=bind,
+                           group=self.group)
 
     def _check_uploads(self, plan: JobPlan, held: Held) -> None:
         tiles = held.by_tile() if held.refs else {}
@@ -514,7 +518,11 @@ class Jobs:
         if e is None:
             return {"kind": "infra", "message": "failed", "node": None, "op": None}
         node = live.name_of(e.task) if e.task is not None else None
-        return {"kind": e.kind, "message": e.message, "node": node, "op": e.op}
+        op = e.op
+        if op == GROUP_OP and e.task is not None:  # the node inside a grouped task that failed
+            inner = live.plan.plan.graph.nodes.get(e.task)
+            op = inner.op if inner is not None else op
+        return {"kind": e.kind, "message": e.message, "node": node, "op": op}
 
     def progress(self, job: str) -> tuple[bool, int]:
         js = self.shell.state.jobs.get(job)
@@ -543,6 +551,8 @@ def bindings_of(plan: JobPlan) -> dict[str, Any]:
     bindings: dict[str, Any] = {"args": list(plan.args), "fetch": dict(plan.fetch)}
     if plan.layout is not None and plan.layout.tiled:
         bindings["figures"] = figures_to_json(plan.layout.figures)
+    if plan.group:
+        bindings["grouped"] = True  # compiled again the same way (earlier.plan_again)
     return bindings
 
 

@@ -111,8 +111,9 @@ class Journal:
         ``tiles`` its outputs get rows in the tiles table."""
         self._times[job, task] = r.timings
         if tiles:
-            for o in r.outputs:
-                self._tiles[job].append(mdb.TileLocation(task, (), tuple(o.shape), o.dtype, o.bytes, node))
+            for o in r.outputs:  # a grouped task's tiles are <job>.<node>: one row per node
+                name = o.tile[len(job) + 1:] if o.tile.startswith(job + ".") else task
+                self._tiles[job].append(mdb.TileLocation(name, (), tuple(o.shape), o.dtype, o.bytes, node))
 
     async def run(self, period_s: float = 0.2) -> None:
         while True:

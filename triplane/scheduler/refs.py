@@ -175,8 +175,9 @@ class Refs:
                     raise NotFound(f"ref {ref}: uploaded tensor {tensor} is gone", ref=ref)
                 return Resolved(ref, tensor, None, None, shape, dtype)
             owner, _, task = tensor.partition(".")  # itself bound to a ref's tile
-            _, owner_holders = await self._done_job(ref, owner, None)
-            return self._alive(Resolved(ref, tensor, owner_holders.get(task), owner, shape, dtype))
+            owner_plan, owner_holders = await self._done_job(ref, owner, None)
+            holder = owner_holders.get(owner_plan.task_of(task))  # a grouped job's tile: its task g
+            return self._alive(Resolved(ref, tensor, holder, owner, shape, dtype))
         grid = plan.fetch_grid(name)
         if grid is not None and len(grid) > 1:
             parts = []

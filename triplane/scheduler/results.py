@@ -125,7 +125,8 @@ class Results:
             owner, _, task = tile.partition(".")
             live = self.live.get(owner)
             try:
-                holders = live.holders if live is not None else (await self.earlier.get(owner)).holders
+                view = live if live is not None else await self.earlier.get(owner)
+                holders, task = view.holders, view.plan.task_of(task) if view.plan is not None else task
             except (mdb.MetaDBError, *REBUILD_ERRORS) as e:
                 raise NotFound(f"{name!r} of job {job} is tile {tile} of job {owner}, unknown now: {e}",
                                node=name) from None
@@ -221,7 +222,7 @@ class Results:
         by_node: dict[str, list[str]] = defaultdict(list)
         for task, node in holders.items():
             if task not in keep:
-                by_node[node].append(f"{job}.{task}")
+                by_node[node].extend(live.plan.task_tiles(task))
         if not keep_fetched:
             live.fetched_released = True
         await self._delete_tiles(job, by_node)
@@ -255,7 +256,7 @@ class Results:
             by_node: dict[str, list[str]] = defaultdict(list)
             for task in fetched_tasks_of(view.plan) if view.plan is not None else ():
                 if task in view.holders:
-                    by_node[view.holders[task]].append(f"{job}.{task}")
+                    by_node[view.holders[task]].extend(view.plan.task_tiles(task))
             await self._delete_tiles(job, by_node)
         await self.record_released(job)
 

@@ -82,6 +82,7 @@ class Scheduler(Leading):
         retain_finished: int = RETAIN_FINISHED,
         resume_wait_s: float | None = None,
         session_ttl_s: float = DEFAULT_TTL_S,
+        group_tiny_jobs: bool = True,
     ) -> None:
         self.registry = registry
         self.db = db
@@ -115,7 +116,8 @@ class Scheduler(Leading):
                          job_uploads=self._inline)
         self.jobs = Jobs(db=db, store=self.store, shell=self.shell, journal=self.journal, plans=self.plans,
                          cluster=self.cluster, results=self.results, live=live, templates=self.templates,
-                         require_leader=self.require_leader, refs=self.refs, retain=retain_finished)
+                         require_leader=self.require_leader, refs=self.refs, retain=retain_finished,
+                         group=group_tiny_jobs)
         self.sessions = Sessions(session_ttl_s)
         self.freer = TileFreer(self.data_client, self._data_address)
         self.shell.hooks = Hooks(self.jobs.finished, self.journal.transitions, self.jobs.output,

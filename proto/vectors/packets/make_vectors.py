@@ -44,6 +44,15 @@ TASKS: dict[str, pk.TaskPacket] = {
             " spaced key ": "  spaced value  ",
         },
         to="host-1.example:n/1", t=1732212339.5),
+    # A tiny job as one grouped task (proto/packet.md, "Grouped tasks"): its plan in one
+    # string attribute; slots 0-1 are the inputs, 2.. the nodes' values.
+    "task_group": pk.TaskPacket(
+        task="j42.g.a0", op="graph", inputs=("u-" + "0" * 32, "u-" + "1" * 32), outputs=("j42.n4", "j42.n3"),
+        deadline=1732212345.0, pull_from={"u-" + "0" * 32: "scheduler", "u-" + "1" * 32: "scheduler"},
+        attrs={"program": '{"in":[[[64,3],"float32"],[[3,2],"float32"]],"nodes":[["n2","matmul",[0,1],{}],'
+                          '["n3","tanh",[2],{}],["n4","sum",[3],{"axes":null,"keepdims":false}]],'
+                          '"out":[4,3],"v":1}'},
+        to="n1", t=1732212340.0),
 }
 REPLIES: dict[str, pk.Reply] = {
     "reply_ok": pk.Reply(
@@ -59,6 +68,10 @@ REPLIES: dict[str, pk.Reply] = {
         task="j42.t17.a2", ok=False, timings=pk.Timings(1732212342.0, 1732212342.0, 1732212342.25),
         error=pk.TaskError("infra", "pulling input j42.w.1.0 from node n2 failed: connection refused",
                            node="n2", input="j42.w.1.0")),
+    "reply_group_error": pk.Reply(
+        task="j42.g.a0", ok=False, timings=pk.Timings(1732212341.5, 1732212341.5, 1732212341.5),
+        error=pk.TaskError("user", "gather: index 7 at position 1 is out of range for an axis of size 3",
+                           node="n1", at="n5")),
 }
 CONTROLS: dict[str, pk.Control] = {
     "control_ping": pk.Control("ping", "n1-000042", 1732212340.25),

@@ -323,3 +323,75 @@ def test_the_stall_fault_is_read_from_the_environment() -> None:
     for bad in ("matmul", ":5", "matmul:x", "matmul:-1"):
         with pytest.raises(ValueError, match="TRIPLANE_FAULT_STALL_KERNEL"):
             stall_from_env({"TRIPLANE_FAULT_STALL_KERNEL": bad})
+
+
+# --- grouped tasks (op graph: a tiny job's whole plan in one packet) ---------------------
+
+
+def _program(nodes: list[tuple[str, str, list[int], dict]], out: list[int],
+             ins: list[tuple[list[int], str]]) -> str:
+    from triplane.proto.packet.group import ProgramNode, program_text
+
+    return program_text(ins, [ProgramNode(i, op, tuple(s), a) for i, op, s, a in nodes], out)
+
+
+def _group(task_id: str, text: str, ins: tuple[str, ...], outs: tuple[str, ...]) -> TaskPacket:
+    return TaskPacket(task_id, "graph", ins, outs, time.time() + 30, {}, {"program": text}, "me", time.time())
+
+
+def test_a_grouped_task_runs_its_program_and_stores_every_output() -> None:
+    runner, store = make()
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    w = np.linspace(-1, 1, 6, dtype=np.float32).reshape(3, 2)
+    store.put("x", x)
+    store.put("w", w)
+    text = _program([("n2", "matmul", [0, 1], {}), ("n3", "tanh", [2], {}), ("n4", "sum", [3], {}),
+                     ("n5", "mul", [1, 1], {})], [4, 5], [([2, 3], "float32"), ([3, 2], "float32")])
+    reply = run(runner, _group("j.g.a0", text, ("x", "w"), ("j.n4", "j.n5")))
+    assert reply.ok, reply.error
+    assert [o.tile for o in reply.outputs] == ["j.n4", "j.n5"]
+    assert reply.outputs[0] == ("j.n4", (), "float32", 4)
+    np.testing.assert_allclose(store.get("j.n4"), np.tanh(x @ w).sum(), rtol=1e-6)
+    np.testing.assert_array_equal(store.get("j.n5"), w * w)
+    assert "j.n3" not in store  # intermediates are not stored
+    # the next step: the same program text, prepared once
+    reply = run(runner, _group("j2.g.a0", text, ("x", "w"), ("j2.n4", "j2.n5")))
+    assert reply.ok and runner.programs.misses == 1 and runner.programs.hits == 1
+
+
+def test_a_failing_kernel_inside_a_group_names_its_node() -> None:
+    runner, store = make()
+    store.put("x", np.ones((2, 3), np.float32))
+    # shapes that only the data shows wrong: the declared input is (3, 2), the tile (2, 3)
+    text = _program([("n2", "neg", [0], {}), ("n3", "matmul", [1, 1], {})], [3],
+                    [([2, 3], "float32"), ([2, 3], "float32")])
+    reply = run(runner, _group("j.g.a0", text, ("x", "x"), ("j.n3",)))
+    assert not reply.ok and reply.error.kind == "user" and reply.error.at == "n3"
+    assert "matmul" in reply.error.message and "j.n3" not in store
+    bad = _program([("n2", "neg", [0], {})], [1], [([3], "float32")])  # declares another type
+    reply = run(runner, _group("j.g.a1", bad, ("x",), ("j.n2",)))
+    assert not reply.ok and reply.error.kind == "user" and "declares" in reply.error.message
+    broken = run(runner, _group("j.g.a2", "{not json", ("x",), ("j.n2",)))
+    assert not broken.ok and broken.error.kind == "user" and "program" in broken.error.message
+
+
+def test_a_kernel_error_inside_a_group_is_the_kernels_kind() -> None:
+    class Faulty:
+        name = "faulty"
+
+        def __init__(self) -> None:
+            self.inner = get_op_engine("numpy")
+
+        def supports(self, op: str, dtypes: Any = ()) -> bool:
+            return self.inner.supports(op, dtypes)
+
+        def run(self, op: str, inputs: Any, attrs: Any, out: Any) -> np.ndarray:
+            if op == "exp":
+                raise KernelError("device lost", op=op, kind="infra")
+            return self.inner.run(op, inputs, attrs, out)
+
+    runner, store = make(engine=Faulty())
+    store.put("x", np.ones(4, np.float32))
+    text = _program([("n1", "neg", [0], {}), ("n2", "exp", [1], {})], [2], [([4], "float32")])
+    reply = run(runner, _group("j.g.a0", text, ("x",), ("j.n2",)))
+    assert not reply.ok and reply.error.kind == "infra" and reply.error.at == "n2"  # drifts, whole

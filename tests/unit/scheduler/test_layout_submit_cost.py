@@ -57,7 +57,7 @@ def test_the_unsupported_task_is_still_named(monkeypatch: pytest.MonkeyPatch) ->
 
 def test_the_size_test_stops_at_the_limit(monkeypatch: pytest.MonkeyPatch) -> None:
     g = _scalars(1000)  # 4 bytes each
-    assert layout._bigger_than(g, 3999) and not layout._bigger_than(g, 4000)
+    assert layout.bigger_than(g, 3999) and not layout.bigger_than(g, 4000)
     sized: list[Node] = []
     real = Node.type
     monkeypatch.setattr(Node, "type", property(lambda n: sized.append(n) or real.fget(n)))  # type: ignore[attr-defined]
@@ -69,8 +69,24 @@ def test_the_size_test_stops_at_the_limit(monkeypatch: pytest.MonkeyPatch) -> No
         "c": {"op": "full", "shape": [], "dtype": "float32",
               "attrs": {"value": 0.0, "shape": [], "dtype": "float32"}}}})
     sized.clear()
-    assert layout._bigger_than(big, 8 << 20)
+    assert layout.bigger_than(big, 8 << 20)
     assert [n.dtype for n in sized] == ["float32", "float64"]  # c is never sized
     sized.clear()
-    assert not layout._bigger_than(g, 1 << 20)
+    assert not layout.bigger_than(g, 1 << 20)
     assert len(sized) == 1  # one (shape, dtype) among 1000 nodes
+
+
+def test_the_same_untiled_graph_is_checked_for_support_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen = _count_task_costs(monkeypatch)
+    g = _scalars(5)
+    layout.lay_out(g, _figs())
+    first = len(seen)
+    assert first > 0
+    layout.lay_out(g, _figs())  # a training loop's next step: the plan cache's same graph
+    assert len(seen) == first
+    layout.lay_out(_scalars(5), _figs())  # another graph object is checked
+    assert len(seen) == 2 * first
+    with pytest.raises(PlacementError):  # engines that lack a dtype: checked, refused again
+        layout.lay_out(g, _figs(dtypes=frozenset({"int64"})))
+    with pytest.raises(PlacementError):
+        layout.lay_out(g, _figs(dtypes=frozenset({"int64"})))

@@ -43,7 +43,7 @@ def test_ids_have_the_documented_form() -> None:
 
 
 def test_one_task_per_non_input_node_with_task_deps_only() -> None:
-    jp = compile_job(graph(), ["z", "y"], cache=PlanCache(), job="j0000000000000001")
+    jp = compile_job(graph(), ["z", "y"], cache=PlanCache(), job="j0000000000000001", group=False)
     by_op = {s.op: s for s in jp.specs}
     assert set(by_op) == {"exp", "add"}  # the input is no task
     exp, add = by_op["exp"], by_op["add"]
@@ -58,8 +58,10 @@ def test_one_task_per_non_input_node_with_task_deps_only() -> None:
 
 
 def test_a_fetched_node_that_is_not_an_output_is_kept() -> None:
-    jp = compile_job(graph(), ["y"], cache=PlanCache(), job="j0000000000000001")
+    jp = compile_job(graph(), ["y"], cache=PlanCache(), job="j0000000000000001", group=False)
     assert "y" in jp.fetch and jp.fetch["y"] in jp.templates
+    grouped = compile_job(graph(), ["y"], cache=PlanCache(), job="j0000000000000001")
+    assert grouped.fetch["y"] in grouped.templates["g"].tiles
 
 
 def test_fetching_an_upload_reads_the_uploaded_tensor() -> None:

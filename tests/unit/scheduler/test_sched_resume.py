@@ -28,7 +28,8 @@ def stored(tmp_path: Path) -> tuple[mdb.MetaDB, str, tuple[str, str, str]]:
     """A three-task job stored by a first scheduler, its first task done on ``ex0`` and
     its second on ``ex-gone``: (the metadb, the job, its task ids in dataflow order)."""
     db = mdb.open_db(f"sqlite:///{tmp_path / 'meta.sqlite3'}")
-    first = Scheduler(registry=MemoryBackend(), db=db, run_dir=tmp_path, secret=b"s" * 32)
+    first = Scheduler(registry=MemoryBackend(), db=db, run_dir=tmp_path, secret=b"s" * 32,
+                      group_tiny_jobs=False)  # one task per node: resume counts them
     plan = first.jobs.compile(chain(), ["c2"], ClusterSnapshot())
     first.jobs.store_job(plan, ["c2"], {"args": list(plan.args), "fetch": dict(plan.fetch)}, time.time())
     a, b, c = (t.id for t in plan.specs)  # in dataflow order
@@ -96,7 +97,8 @@ def test_resume_does_not_wait_when_every_named_executor_is_there(tmp_path: Path)
 
 def test_a_resumed_job_keeps_the_deadline_it_was_submitted_with(tmp_path: Path) -> None:
     db = mdb.open_db(f"sqlite:///{tmp_path / 'meta.sqlite3'}")
-    first = Scheduler(registry=MemoryBackend(), db=db, run_dir=tmp_path, secret=b"s" * 32)
+    first = Scheduler(registry=MemoryBackend(), db=db, run_dir=tmp_path, secret=b"s" * 32,
+                      group_tiny_jobs=False)  # one task per node: resume counts them
     plan = first.jobs.compile(chain(), ["c2"], ClusterSnapshot())
     submitted = time.time() - 5.0
     bindings = {"args": list(plan.args), "fetch": dict(plan.fetch), "deadline_s": 60.0}

@@ -71,13 +71,15 @@ class TaskError(NamedTuple):
     """``user``: the kernel rejected its data (not retried). ``infra``: the node failed
     (the scheduler drifts the task to another node). ``node``: the node the failure is
     about -- for a failed pull the node the input was to come from, else the executor
-    itself; ``input``: the input tile that could not be pulled. Both optional on the wire
-    (absent = None)."""
+    itself; ``input``: the input tile that could not be pulled; ``at``: for a grouped task
+    (op ``graph``), the id of the sub-graph node whose kernel failed. All optional on the
+    wire (absent = None)."""
 
     kind: Literal["user", "infra"]
     message: str
     node: str | None = None
     input: str | None = None
+    at: str | None = None
 
 
 class Reply(NamedTuple):
@@ -213,7 +215,7 @@ _CONTROL_KEYS = frozenset({"v", "kind", "id", "t"})
 _TILE_KEYS = frozenset({"tile", "shape", "dtype", "bytes"})
 _TIMING_KEYS = frozenset({"queued", "start", "end"})
 _ERROR_KEYS = frozenset({"kind", "message"})
-_ERROR_OPTIONAL = frozenset({"node", "input"})
+_ERROR_OPTIONAL = frozenset({"node", "input", "at"})
 _ACK_SINCE_KEYS = _CONTROL_KEYS | {"since"}
 
 
@@ -300,9 +302,12 @@ def reply_from_wire(d: dict[str, Any]) -> Reply:
             _id(node, "error.node")
         if "input" in err:
             _id(inp, "error.input")
+        at = err.get("at")
+        if at is not None or "at" in err:
+            _id(at, "error.at")
         if outputs:
             invalid_field("outputs", "a failed task has no outputs")
-        error = TaskError(err["kind"], err["message"], node, inp)
+        error = TaskError(err["kind"], err["message"], node, inp, at)
     t = d["timings"]
     _keys(t, _TIMING_KEYS, "timings")
     timings = Timings(_time(t["queued"], "timings.queued"), _time(t["start"], "timings.start"),
@@ -338,6 +343,8 @@ def reply_to_wire(r: Reply) -> dict[str, Any]:
             err["node"] = r.error.node
         if r.error.input is not None:
             err["input"] = r.error.input
+        if r.error.at is not None:
+            err["at"] = r.error.at
     outs = [{"tile": o.tile, "shape": list(o.shape), "dtype": o.dtype, "bytes": o.bytes}
             for o in r.outputs]
     t = r.timings

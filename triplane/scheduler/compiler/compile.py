@@ -13,7 +13,8 @@ stages, in order:
    before (a training step's next submit) skips them;
 3. tiling and placement for the cluster's figures (``layout.lay_out``; tiny graphs stay
    whole and are placed on demand);
-4. the dispatcher's tasks and packet templates (``jobplan.plan_job``).
+4. the dispatcher's tasks and packet templates (``jobplan.plan_job``); a tiny job of a few
+   nodes becomes one grouped task (``group.py``).
 
 Autograd is not a stage here: the SDKs send a graph whose gradient nodes are already
 recorded (``proto`` autograd, the same rules everywhere).
@@ -69,6 +70,7 @@ def compile_job(
     options: CompileOptions | None = None,
     explicit: Mapping[str, Mapping[str, object]] | None = None,
     bind: Mapping[str, str] | None = None,
+    group: bool = True,
 ) -> JobPlan:
     """The execution plan of ``graph`` for ``cluster`` (see the module doc).
 
@@ -79,7 +81,8 @@ def compile_job(
     must be given the figures it was laid out for, so that its task ids and tiles are the
     same as the first time. ``explicit`` fixes the cut of chosen plan nodes (tests, bench).
     ``bind`` replaces bound tensor names of a submitted graph (a ref ``<job>:<name>`` ->
-    the tile or upload it resolved to, ``scheduler/refs.py``)."""
+    the tile or upload it resolved to, ``scheduler/refs.py``);
+    ``group`` False keeps a tiny job at one task per plan node (``compiler/group.py``)."""
     if args is None:
         names = list(fetch)
         cgraph, rename, bound = with_fetch(graph, names).canonical()
@@ -94,4 +97,4 @@ def compile_job(
     figures = tuple(cluster.figures)
     cached = cluster.cached(bound) if cluster.cached is not None and figures else None
     return plan_job(job or new_job_id(), cgraph, bound, fetch_map, back, cache, options=options,
-                    figures=figures, explicit=explicit, cached=cached)
+                    figures=figures, explicit=explicit, cached=cached, group=group)

@@ -15,6 +15,14 @@ the tile graph -- is one task computing one tile:
 * a task's ``deps`` are its inputs that are tasks; its cost comes from the op table's
   cost at a nominal rate (``NOMINAL_FLOPS`` / ``NOMINAL_BYTES_PER_S``).
 
+**Grouped tasks.** A tiny job (tensors totalling at most ``UNSPLIT_BYTES``, between 2 and
+``MAX_GROUP_TASKS`` task nodes) is instead one task, ``g``, that runs the whole plan on one
+executor (``group.py``; op ``graph``, docs/runtime.md "Grouped jobs"): a training step of
+small layers is one packet round trip, not one per node. Its output tiles are named as
+the per-node tasks' would be (``<job>.<node>``, one per graph output), and
+``JobPlan.group`` maps each of those nodes to ``g``, so a fetch finds their holder. A
+program too big for a packet, or ``group=False``, falls back to one task per node.
+
 This is the last stage of :func:`~triplane.scheduler.compiler.compile.compile_job` (the one
 entry); ``plan_job`` raises :class:`~triplane.proto.errors.GraphError` (naming the user's
 node and op) for anything wrong with the graph or the fetch list, before anything is stored.
@@ -35,6 +43,7 @@ from triplane.proto.ir import Graph, TensorType, thaw
 from triplane.proto.packet import canonical
 from triplane.proto.validate import Limits
 from triplane.scheduler.compiler.costmodel import NodeFigures
+from triplane.scheduler.compiler.group import GROUP_TASK, grouped
 from triplane.scheduler.compiler.layout import Cached, Layout, lay_out
 from triplane.scheduler.compiler.pipeline import CompileOptions, Plan, PlanCache
 from triplane.scheduler.compiler.placement import PlacementError
@@ -88,6 +97,11 @@ class TaskTemplate:
     uploads: tuple[str, ...]  # those of ``inputs`` that are uploads (pulled from the scheduler)
     attrs: Mapping[str, Any]  # JSON-ready
     out: TensorType
+    tiles: tuple[str, ...] = ()  # a grouped task: the plan nodes it stores (tiles <job>.<node>)
+
+    def outputs(self, job: str, task: str) -> tuple[str, ...]:
+        """The output tile ids of ``task`` of ``job``."""
+        return tuple(tile_id(job, n) for n in self.tiles) if self.tiles else (tile_id(job, task),)
 
 
 @dataclass(frozen=True)
@@ -106,6 +120,21 @@ class JobPlan:
     layout: Layout | None = None  # None: laid out for no cluster (one task per plan node)
     graph: Graph | None = None  # the canonical graph compiled (what the metadb stores)
     args: tuple[str, ...] = ()  # the uploaded tensor ids bound to ``arg0, arg1, ...``
+    group: Mapping[str, str] = dataclasses.field(default_factory=dict)  # node -> its grouped task
+
+    def task_of(self, nid: str) -> str:
+        """The task whose output tile ``<job>.<nid>`` is (``nid`` itself unless grouped)."""
+        return self.group.get(nid, nid)
+
+    def task_tiles(self, task: str) -> tuple[str, ...]:
+        """The output tile ids of ``task``."""
+        tpl = self.templates.get(task)
+        return tpl.outputs(self.job, task) if tpl is not None else (tile_id(self.job, task),)
+
+    def node_with_op(self, op: str) -> str | None:
+        """A plan node running ``op`` (errors name it), or None."""
+        g = self.layout.graph if self.layout is not None else self.plan.graph
+        return next((n for n, node in g.nodes.items() if node.op == op), None)
 
     def fetch_tile(self, name: str) -> tuple[str, str | None]:
         """(tile id, task id or None for an upload) of a fetched name held in one tile;
@@ -116,7 +145,7 @@ class JobPlan:
             return self.uploads[nid], None
         grid = self.fetch_grid(name)
         if grid is None:
-            return tile_id(self.job, nid), nid
+            return tile_id(self.job, nid), self.group.get(nid, nid)
         if len(grid) != 1:
             raise ValueError(f"{name!r} is held in {len(grid)} tiles")
         task = grid.tiles[next(iter(grid.cells()))]
@@ -157,21 +186,33 @@ def plan_job(
     figures: Sequence[NodeFigures] | None = None,
     explicit: Mapping[str, Mapping[str, Any]] | None = None,
     cached: Cached | None = None,
+    group: bool = True,
 ) -> JobPlan:
     """The job of a canonical graph: ``args`` binds ``argN`` inputs to uploaded tensor ids,
     ``fetch`` maps fetched names to canonical ids, ``back`` canonical ids to submitted ones.
     With ``figures`` (the executors) the plan is tiled and placed first (``lay_out``;
     LimitError / PlacementError naming the submitted node when it cannot fit); ``cached``
-    (``Residency.lookup``) says where upload tiles are cached, for placement."""
+    (``Residency.lookup``) says where upload tiles are cached, for placement. ``group``:
+    run a tiny job as one grouped task (the module doc); False keeps one task per node."""
     if options is None:
         options = CompileOptions(limits=limits) if limits else CompileOptions()
     lay = (figures, explicit, cached)
     try:
-        return _plan_job(job, cgraph, args, fetch, back, cache, options, lay)
+        planned = _plan_job(job, cgraph, args, fetch, back, cache, options, lay)
     except _PacketTooSmall:
         # Fusion made a program too big for one packet: run the chain unfused instead.
-        return _plan_job(job, cgraph, args, fetch, back, cache, dataclasses.replace(options, fuse=False),
-                         lay)
+        planned = _plan_job(job, cgraph, args, fetch, back, cache, dataclasses.replace(options, fuse=False),
+                            lay)
+    if not group or explicit:
+        return planned
+    lay_ = planned.layout
+    g = grouped(job, planned.plan, planned.uploads, planned.specs, planned.templates,
+                untiled=lay_ is None or not lay_.tiled, max_attrs_bytes=MAX_ATTRS_BYTES)
+    if g is None:
+        return planned
+    template = TaskTemplate(g.spec.op, g.inputs, g.pulled, g.attrs, g.out, g.tiles)
+    return dataclasses.replace(planned, specs=(g.spec,), templates={GROUP_TASK: template},
+                               group=dict.fromkeys(g.tiles, GROUP_TASK))
 
 
 class _PacketTooSmall(GraphError):

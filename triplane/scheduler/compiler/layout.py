@@ -27,6 +27,7 @@ import dataclasses
 import hashlib
 import json
 import math
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -44,7 +45,7 @@ from triplane.scheduler.compiler.placement import (
 )
 from triplane.scheduler.compiler.tiling import ClusterFigures, Region, TileGrid, plan_sizes, tile_graph
 
-__all__ = ["MODEL", "UNSPLIT_BYTES", "Cached", "Layout", "check_support", "figures_from_json",
+__all__ = ["MODEL", "UNSPLIT_BYTES", "Cached", "Layout", "bigger_than", "check_support", "figures_from_json",
            "figures_to_json", "lay_out", "same_host_figures", "structure_hash"]
 
 UNSPLIT_BYTES = 4 << 20  # plan_sizes' default: graphs this small are not cut
@@ -113,8 +114,8 @@ def lay_out(graph: Graph, figures: Sequence[NodeFigures], *, unsplit_bytes: int 
     figs = tuple(figures)
     if not figs:
         raise ValueError("no executor figures to lay the job out for")
-    if not explicit and not _bigger_than(graph, unsplit_bytes):
-        check_support(graph, figs)
+    if not explicit and not bigger_than(graph, unsplit_bytes):
+        _check_support_once(graph, figs)
         return Layout(graph, False, {}, {}, None, figs)
     headroom = 0.5
     while True:
@@ -213,7 +214,7 @@ def _named(e: PlacementError, graph: Graph, origin: Mapping[str, str]) -> Placem
     return PlacementError(e.status, node=orig, op=e.op, what=what)
 
 
-def _bigger_than(graph: Graph, limit: int) -> bool:
+def bigger_than(graph: Graph, limit: int) -> bool:
     """Whether the tensors of ``graph`` total more than ``limit`` bytes. Stops at the node
     that passes it, and sizes each (shape, dtype) once: submit-time cost on big graphs."""
     total = 0
@@ -227,6 +228,23 @@ def _bigger_than(graph: Graph, limit: int) -> bool:
         if total > limit:
             return True
     return False
+
+
+# (id(graph), what the nodes' engines take) -> the graph checked: a training loop submits
+# the same plan graph (the plan cache's) every step, and checking a fused node costs its
+# program's cost function (~30% of a small step's compile).
+_SUPPORTED: OrderedDict[tuple[int, Any], Graph] = OrderedDict()
+
+
+def _check_support_once(graph: Graph, figures: Sequence[NodeFigures]) -> None:
+    key = (id(graph), frozenset((n.ops, n.dtypes) for n in figures))
+    if _SUPPORTED.get(key) is graph:
+        _SUPPORTED.move_to_end(key)
+        return
+    check_support(graph, figures)
+    _SUPPORTED[key] = graph
+    if len(_SUPPORTED) > 256:
+        _SUPPORTED.popitem(last=False)
 
 
 def check_support(graph: Graph, figures: Sequence[NodeFigures]) -> None:

@@ -41,7 +41,8 @@ class TaskFailure:
     dispatcher -> the job's API error). ``node`` is the executor the failing attempt ran
     on (or, for a failed pull, the node the input was to come from); ``input`` the input
     tile that could not be pulled. ``task``/``op`` are None for a job-level failure (its
-    deadline)."""
+    deadline). For a grouped task (op ``graph``), ``task`` is the plan node inside it whose
+    kernel failed, when the executor said which."""
 
     kind: FailureKind
     message: str
@@ -86,7 +87,8 @@ class TaskSucceeded(Event):
 @dataclass(frozen=True)
 class TaskErred(Event):
     """A failure reply. ``input``/``input_node``: the input tile the executor could not
-    pull, and the node it was to pull it from (the reply's structured error)."""
+    pull, and the node it was to pull it from (the reply's structured error); ``at``: the
+    node of a grouped task's sub-graph whose kernel failed."""
 
     job: str
     task: str
@@ -97,6 +99,7 @@ class TaskErred(Event):
     now: float
     input: str | None = None
     input_node: str | None = None
+    at: str | None = None
 
 
 @dataclass(frozen=True)

@@ -231,7 +231,7 @@ class DispatchShell:
             if peer is not None and peer in self.nodes and peer != t.node:
                 self.suspect(peer)
             self.handle(TaskErred(f"reply:{r.task}", job, task, attempt, t.node, err.kind, err.message,
-                                  now, err.input, peer))
+                                  now, err.input, peer, err.at))
 
     def suspect(self, node: str) -> None:
         """A peer could not serve a tile from ``node``: treat it as down now (its tiles are
@@ -345,7 +345,7 @@ class DispatchShell:
             f"{s.job}.{s.task}.a{s.attempt}",
             tpl.op,
             tpl.inputs,
-            (tile_id(s.job, s.task),),
+            tpl.outputs(s.job, s.task) if tpl.tiles else (tile_id(s.job, s.task),),
             s.deadline,
             pull,
             tpl.attrs,

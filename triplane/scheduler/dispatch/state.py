@@ -180,7 +180,7 @@ class DispatchState:
             return
         self._release_slot(t)
         if ev.kind == "user":
-            t.error = TaskFailure("user", ev.message, t.spec.id, t.spec.op, ev.node, ev.input,
+            t.error = TaskFailure("user", ev.message, ev.at or t.spec.id, t.spec.op, ev.node, ev.input,
                                   t.attempt + 1)
             self._move(t, FAILED, ev.stimulus_id, ev.now, out)
             self._fail_job(self.jobs[ev.job], t.error, ev.stimulus_id, ev.now, out)
