@@ -150,6 +150,10 @@ class DataClient:
             raise
         return sock
 
+    def _drop_idle(self, peer: tuple[str, int]) -> None:
+        for sock in self._idle.pop(peer, ()):
+            sock.close()
+
     def _give_back(self, peer: tuple[str, int], sock: socket.socket, keep: bool) -> None:
         idle = self._idle.setdefault(peer, [])
         if keep and len(idle) < self.max_idle_per_peer:
@@ -178,11 +182,13 @@ class DataClient:
             except Closed as e:
                 sock.close()
                 if reused and attempt == 0 and e.at_boundary:
+                    self._drop_idle(peer)  # the others pooled with it are as old: connect afresh
                     continue  # the pooled connection had died while idle
                 raise DataPortError(f"{what}: connection closed by the peer", kind="unavailable") from None
             except OSError as e:
                 sock.close()
                 if reused and attempt == 0:
+                    self._drop_idle(peer)
                     continue
                 raise DataPortError(f"{what}: {e.strerror or e}", kind="unavailable") from None
             except BaseException:

@@ -186,6 +186,22 @@ def test_dead_pooled_connection_is_retried_and_dead_peers_fail_clearly() -> None
     serve(t)
 
 
+def test_every_pooled_connection_closed_at_the_idle_timeout_is_replaced() -> None:
+    # Two requests at once leave two pooled connections; the server closes both when idle.
+    # The next request must not fail on the second dead one after retrying the first.
+    async def t(server: DataServer, client: DataClient, store: HostMemoryEngine) -> None:
+        store.put("x", np.arange(5, dtype=np.float32))
+        await asyncio.gather(client.get(HOST, server.port, "x"), client.get(HOST, server.port, "x"))
+        assert len(client._idle[(HOST, server.port)]) == 2
+        deadline = time.monotonic() + 10
+        while server.guard.counts["idle_closed"] < 2 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert server.guard.counts["idle_closed"] == 2
+        np.testing.assert_array_equal(await client.get(HOST, server.port, "x"), np.arange(5, dtype=np.float32))
+
+    serve(t, limits=Limits(idle_timeout=0.3))
+
+
 def test_a_silent_peer_times_out() -> None:
     async def t(server: DataServer, client: DataClient, store: HostMemoryEngine) -> None:
         silent = socket.socket()
