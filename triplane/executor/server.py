@@ -211,9 +211,11 @@ class PacketServer:
             data = encode_reply(Reply(task.task, False, reply.timings, (),
                                       TaskError("infra", f"reply not encodable: {e}"[:900])),
                                 self.intake.secret)
-        self.intake.finished(task.task, data)
         self.counts["replies"] += 1
-        send(data)
+        try:
+            send(data)  # first: the scheduler's next task waits for this reply
+        finally:
+            self.intake.finished(task.task, data)  # a retransmission gets this copy
 
     # --- sending -----------------------------------------------------------------------------
 

@@ -46,3 +46,35 @@ def test_an_ack_with_since_reaches_the_state_machine_as_progress() -> None:
     due = t.due
     shell._on_control(Control("ack", tid, 1.0, since=0.5), ("127.0.0.1", 9000))
     assert t.started and t.due >= due
+
+
+def test_a_reply_sends_the_next_task_before_its_bookkeeping() -> None:
+    """The successor's packet goes out first; then the output hook, then the end of the job
+    and the transitions batch (the journal needs the output before the done transition)."""
+    from triplane.scheduler.compiler.jobplan import TaskTemplate
+    from triplane.scheduler.dispatch.shell import Hooks
+
+    order: list[str] = []
+
+    class Udp:
+        def sendto(self, data: bytes, addr: object) -> None:
+            order.append("send")
+
+    templates = {"j": {t: TaskTemplate("neg", (), (), {}, None) for t in ("t0", "t1")}}  # type: ignore[arg-type]
+    hooks = Hooks(finished=lambda f: order.append("finished"),
+                  transitions=lambda ts: order.append("transitions:" + ",".join(t.finish for t in ts)),
+                  output=lambda job, task, node, r: order.append(f"output:{task}"),
+                  sending=lambda s: order.append(f"sending:{s.task}"))
+    shell = DispatchShell(DispatchState(), SECRET, templates, hooks)
+    shell._udp = Udp()  # type: ignore[assignment]
+    shell.node_up(NodeInfo("a", "127.0.0.1", 9000, 9000, 9100, "0.1.0", 0.0, 1))
+    shell.handle(SubmitJob("sub", "j", (TaskSpec("t0", "neg"), TaskSpec("t1", "neg", ("t0",))), 0.0))
+    order.clear()
+    ok = Reply("j.t0.a0", True, Timings(1.0, 1.0, 1.0), ())
+    shell._on_reply(ok)
+    assert order == ["send", "sending:t1", "output:t0", "transitions:done,ready,dispatched"]
+    order.clear()
+    shell._on_reply(ok)  # a duplicate: recorded once
+    assert order == []
+    shell._on_reply(Reply("j.t1.a0", True, Timings(1.0, 1.0, 1.0), ()))
+    assert order == ["output:t1", "finished", "transitions:done"]

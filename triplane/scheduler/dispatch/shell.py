@@ -220,9 +220,15 @@ class DispatchShell:
         self.stats.replies += 1
         now = time.time()
         if r.ok:
-            if t.state == TaskState.DISPATCHED:
-                self.hooks.output(job, task, t.node, r)
-            self.handle(TaskSucceeded(f"reply:{r.task}", job, task, attempt, t.node, now))
+            node, fresh = t.node, t.state == TaskState.DISPATCHED  # fresh: not recorded yet
+            out = self.state.handle(TaskSucceeded(f"reply:{r.task}", job, task, attempt, node, now))
+            # The output hook runs once the successors' packets are out (before the job's end
+            # and the transitions): the next task's round trip does not wait for it.
+            record = (lambda: self.hooks.output(job, task, node, r)) if fresh else None
+            if out:
+                self._carry_out(out, record)
+            elif record is not None:
+                record()
         else:
             err = r.error
             assert err is not None
@@ -316,17 +322,26 @@ class DispatchShell:
 
     # --- instructions out -----------------------------------------------------------------------
 
-    def _carry_out(self, out: list[Instruction]) -> None:
+    def _carry_out(self, out: list[Instruction], sent: Callable[[], None] | None = None) -> None:
+        """Packets first, then ``sent`` (a reply's bookkeeping), then job ends and frees in
+        their order, then the transitions in one batch. (A Free and a Send of one event never
+        concern the same tile: a freed tile's task is done, a sent task is not.)"""
         transitions: list[Transitioned] = []
+        rest: list[Instruction] = []
         for ins in out:
             kind = type(ins)
-            if kind is Transitioned:
-                transitions.append(ins)  # type: ignore[arg-type]
-            elif kind is Send:
+            if kind is Send:
                 self._send(ins)  # type: ignore[arg-type]
-            elif kind is JobFinished:
+            elif kind is Transitioned:
+                transitions.append(ins)  # type: ignore[arg-type]
+            else:
+                rest.append(ins)
+        if sent is not None:
+            sent()
+        for ins in rest:
+            if type(ins) is JobFinished:
                 self.hooks.finished(ins)  # type: ignore[arg-type]
-            elif kind is Free:
+            elif type(ins) is Free:
                 self.hooks.free(ins)  # type: ignore[arg-type]
         if transitions:
             self.hooks.transitions(transitions)
@@ -376,17 +391,17 @@ class DispatchShell:
                 )
             )
             return
-        if s.resend:
-            self.stats.resent += 1
-        else:
-            self.stats.sent += 1
-            self.hooks.sending(s)
         if len(data) <= MAX_DATAGRAM_BYTES:
             self._udp.sendto(data, (info.address, info.udp_port))
         else:
             task = asyncio.get_running_loop().create_task(self._send_tcp(info, data, s.deadline))
             self._tasks.append(task)
             task.add_done_callback(lambda t: self._tasks.remove(t) if t in self._tasks else None)
+        if s.resend:
+            self.stats.resent += 1
+        else:
+            self.stats.sent += 1
+            self.hooks.sending(s)  # after the send: nothing runs in between (no await)
 
     async def _send_tcp(self, info: NodeInfo, data: bytes, deadline: float) -> None:
         """Send a framed task and read what the executor answers on that connection (its ack
