@@ -197,7 +197,8 @@ def test_every_pooled_connection_closed_at_the_idle_timeout_is_replaced() -> Non
         while server.guard.counts["idle_closed"] < 2 and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         assert server.guard.counts["idle_closed"] == 2
-        np.testing.assert_array_equal(await client.get(HOST, server.port, "x"), np.arange(5, dtype=np.float32))
+        got = await client.get(HOST, server.port, "x")
+        np.testing.assert_array_equal(got, np.arange(5, dtype=np.float32))
 
     serve(t, limits=Limits(idle_timeout=0.3))
 
