@@ -39,7 +39,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -48,9 +48,11 @@ import numpy as np
 from triplane.proto import dtypes as dt
 from triplane.proto import errors as E
 from triplane.proto.canonjson import canonical_json
+from triplane.proto.ir import Attrs, TensorType
 from triplane.sdk.lifecycle import Keeper, ProgressBar, Uploads
 from triplane.sdk.remote_errors import RemoteError, http_error, job_error
-from triplane.sdk.remote_steps import BoundSteps
+from triplane.sdk.remote_steps import BoundSteps, decode_values
+from triplane.sdk.remote_values import Holders, RemoteJob, RemoteValue, Resident
 
 if TYPE_CHECKING:
     import httpx
@@ -75,13 +77,19 @@ class RemoteSession:
     ``job_timeout_s`` (None: no bound) how long one job may take before
     :class:`RemoteError`. ``lease`` (default) opens a client session lease so that the
     scheduler frees this session's values when it ends or dies; ``release`` (default)
-    releases jobs once read and uploads once their arrays die. Thread-safe as far as
+    releases jobs once read (or once no value kept from them is alive) and uploads once
+    their arrays die. ``wait_s``: how long a submit waits for its job to end, answering
+    small outputs inline (one request per short step; 0: the submit answers at once).
+    ``checkpoint_every``: how many optimiser steps apart the values kept on the cluster
+    are copied to the scheduler's disk, so that a step whose executor died goes on from
+    there (0: never; a lost executor then fails the step). Thread-safe as far as
     ``httpx.Client`` is.
     """
 
     def __init__(self, url: str, token: str | None, transport: httpx.BaseTransport | None = None, *,
                  timeout_s: float = 30.0, reconnect_s: float = 3.0, job_timeout_s: float | None = None,
-                 poll_s: float = 10.0, lease: bool = True, release: bool = True) -> None:
+                 poll_s: float = 10.0, lease: bool = True, release: bool = True, wait_s: float = 1.0,
+                 checkpoint_every: int = 50) -> None:
         import httpx
 
         self.url = url.rstrip("/")
@@ -95,6 +103,9 @@ class RemoteSession:
         self.keeper = Keeper(self._send_release, self._renew)
         self._uploads = Uploads(self._upload_died if release else None)
         self.steps = BoundSteps()  # compiled steps: structures the scheduler planned before
+        self.wait_s = wait_s
+        self.holders = Holders()  # the Tensors holding values kept on the cluster
+        self.resident = Resident(self, checkpoint_every)
         self.last_submit: dict[str, Any] = {}
         self._want_lease = lease
         self.session_id: str | None = None
@@ -106,86 +117,161 @@ class RemoteSession:
 
     # --- the session protocol ------------------------------------------------------------
 
-    def evaluate(self, outputs: Sequence[Tensor]) -> list[np.ndarray]:
-        """Compute ``outputs`` on the cluster; same values as the embedded session."""
+    keeps_values = True  # realize(keep=...) leaves values here (tensor.realize)
+
+    def evaluate(self, outputs: Sequence[Tensor], keep: Collection[int] = ()) -> list[Any]:
+        """Compute ``outputs`` on the cluster; same values as the embedded session. The
+        outputs at the positions ``keep`` stay on the cluster (a :class:`RemoteValue` each,
+        fetched when read); the others come back as host arrays. A step whose inputs were
+        lost with an executor is run again from the last checkpoint (``remote_values``)."""
+        keep = frozenset(keep)
+        if keep:
+            self.resident.before_step()
+        try:
+            return self._evaluate(outputs, keep)
+        except RemoteError as e:
+            if e.kind != "lost":
+                raise
+            self.resident.restore(e, in_step=bool(keep))
+            return self._evaluate(outputs, keep)
+
+    def _evaluate(self, outputs: Sequence[Tensor], keep: frozenset[int]) -> list[Any]:
         from triplane.sdk.tensor import build_graph
 
         t0 = time.perf_counter()
-        done, pending = self.steps.run(self, outputs)  # a compiled step: one small request
+        done, pending = self.steps.run(self, outputs, keep)  # a compiled step: one small request
         if done is not None:
             self.last_stats = {"job": self.last_job, "compiled": True, "seconds": time.perf_counter() - t0}
             return done
-        graph, tensors, bindings = build_graph(outputs)
+        graph, tensors, bindings = build_graph(outputs, remote=True)
         cgraph, rename, args = graph.canonical()
         doc = json.loads(cgraph.to_json())  # the wire form (constants encoded as the IR says)
         uploaded = 0
-        local: dict[str, np.ndarray] = {}  # canonical id -> host value of input nodes
-        upload_of: dict[str, str] = {}  # argN -> its upload
+        local: dict[str, Any] = {}  # canonical id -> value of input nodes
+        upload_of: dict[str, str] = {}  # argN -> its upload or ref
         for nid, node in doc["nodes"].items():
             if node["op"] != "input":
                 continue
-            arr = bindings[args[int(node["attrs"]["tensor"][3:])]]
-            upload_id = self._uploads.get(arr)
-            if upload_id is None:
-                try:
-                    upload_id = self.upload(arr)
-                except KeyboardInterrupt:
-                    raise KeyboardInterrupt from None  # Ctrl-C: no transport internals
-                self._uploads.put(arr, upload_id)
-                uploaded += 1
-            upload_of[node["attrs"]["tensor"]] = upload_id
-            node["attrs"]["tensor"] = upload_id
-            local[nid] = arr
-        # An output that is itself host data needs no trip; the rest is fetched once each.
+            value = bindings[args[int(node["attrs"]["tensor"][3:])]]
+            if isinstance(value, RemoteValue) and value.session is self:
+                bound = value.ref
+            else:
+                arr = value if type(value) is np.ndarray else value.numpy()
+                bound = self._uploads.get(arr)
+                if bound is None:
+                    try:
+                        bound = self.upload(arr)
+                    except KeyboardInterrupt:
+                        raise KeyboardInterrupt from None  # Ctrl-C: no transport internals
+                    self._uploads.put(arr, bound)
+                    uploaded += 1
+            upload_of[node["attrs"]["tensor"]] = bound
+            node["attrs"]["tensor"] = bound
+            local[nid] = value
+        # An output that is itself an input needs no trip; the rest is fetched once each.
         fetch = list(dict.fromkeys(o for o in cgraph.outputs if o not in local))
-        values: dict[str, np.ndarray] = dict(local)
+        kept = {rename[t._id]: t._type for i, t in enumerate(outputs) if i in keep}
+        for i, t in enumerate(outputs):
+            if i not in keep:
+                kept.pop(rename[t._id], None)  # also wanted here: fetched
+        values: dict[str, Any] = dict(local)
         if fetch:
             learn = lambda: self.steps.learn(pending, self.last_submit, upload_of, args,  # noqa: E731
                                              rename, outputs, fetch)
-            values.update(self._run_job(doc, fetch, rename, tensors, learn))
+            values.update(self._run_job(doc, fetch, kept, rename, tensors, learn))
         self.last_stats = {"job": self.last_job, "uploaded": uploaded, "nodes": len(cgraph),
                            "seconds": time.perf_counter() - t0}
         return [values[rename[t._id]] for t in outputs]
 
-    def _run_job(self, doc: dict[str, Any], fetch: list[str], rename: dict[str, str],
-                 tensors: dict[str, Tensor], learn: Callable[[], None] | None = None,
-                 ) -> dict[str, np.ndarray]:
+    def _run_job(self, doc: dict[str, Any], fetch: list[str], kept: Mapping[str, TensorType],
+                 rename: dict[str, str], tensors: dict[str, Tensor], learn: Callable[[], None] | None = None,
+                 ) -> dict[str, Any]:
         """Submit (then ``learn``: a compiled step remembers the structure), and collect."""
+        inline = [n for n in fetch if n not in kept]
         try:
-            job = self.submit(doc, fetch)
+            answer = self.submit_job({"graph": doc, "fetch": fetch}, inline)
         except KeyboardInterrupt:
             raise KeyboardInterrupt from None  # the user pressed Ctrl-C: no transport internals
         if learn is not None:
             learn()
         try:
-            return self.collect(job, fetch, resubmit=lambda: self.submit(doc, fetch))
+            return self.finish(answer, fetch, kept,
+                               resubmit=lambda: self.submit_job({"graph": doc, "fetch": fetch}, inline))
         except KeyboardInterrupt:
-            raise KeyboardInterrupt from None  # (collect cancelled the job) a traceback one frame shorter
+            raise KeyboardInterrupt from None  # (finish cancelled the job) a traceback one frame shorter
         except E.KernelError as e:
             from triplane.sdk.session import locate_kernel_error
 
             raise locate_kernel_error(e, rename, tensors) from None
 
-    def collect(self, job: str, fetch: Sequence[str],
-                resubmit: Callable[[], str] | None = None) -> dict[str, np.ndarray]:
-        """Wait for ``job`` and fetch ``fetch``; then queue the job's release (read or
-        failed, its tiles can go). Ctrl-C cancels the job and raises a plain
-        ``KeyboardInterrupt``. An output whose executor died after the job ended (its
-        tile is lost) is computed again: ``resubmit`` submits the same job once more."""
+    def finish(self, answer: dict[str, Any], fetch: Sequence[str],
+               kept: Mapping[str, TensorType] | None = None, resubmit: Callable[[], dict[str, Any]] | None = None) -> dict[str, Any]:
+        """The values of a submitted job (``answer``: its submit response): those in
+        ``fetch`` but not ``kept`` as host arrays (inline in the answer when the job ended
+        within ``wait_s``, else waited for and fetched), the ``kept`` ones as
+        :class:`RemoteValue` (the job is released when the last of them dies; with none
+        kept, at once). Ctrl-C cancels the job and raises a plain ``KeyboardInterrupt``.
+        An output whose executor died after the job ended is computed again: ``resubmit``
+        submits the same job once more."""
+        kept = kept or {}
+        job = str(answer["id"])
+        keep_job = False
         try:
-            self.wait(job)
-            return {nid: self.fetch(job, nid) for nid in fetch}
+            state = answer.get("state")
+            if state == "failed":
+                raise job_error(job, answer.get("error"))
+            if state == "cancelled":
+                raise RemoteError(f"job {job} was cancelled")
+            if state != "done":
+                self.wait(job)
+            inline = decode_values(answer.get("values"))
+            out: dict[str, Any] = {n: inline[n] if n in inline else self.fetch(job, n)
+                                   for n in fetch if n not in kept}
+            if kept:
+                holder = RemoteJob(self, job)
+                out.update((n, RemoteValue(self, f"{job}:{n}", ty, holder)) for n, ty in kept.items())
+                keep_job = True
+            return out
         except RemoteError as e:
             if resubmit is None or not _lost_holder(e):
                 raise
             log.warning("job %s: an output's executor is gone (%s); running the job again", job, e)
-            return self.collect(resubmit(), fetch)
+            return self.finish(resubmit(), fetch, kept)
         except KeyboardInterrupt:
             self._interrupted(job)
             raise KeyboardInterrupt from None  # the user pressed Ctrl-C: no transport internals
         finally:
-            if self.release_values:
+            if self.release_values and not keep_job:
                 self.keeper.queue("jobs", job)
+
+    def collect(self, job: str, fetch: Sequence[str],
+                resubmit: Callable[[], str] | None = None) -> dict[str, np.ndarray]:
+        """Wait for the submitted ``job`` and fetch ``fetch`` as host arrays (:meth:`finish`)."""
+        again = (lambda: {"id": resubmit(), "state": "queued"}) if resubmit is not None else None
+        return self.finish({"id": job, "state": "queued"}, fetch, None, again)
+
+    def fetch_value(self, value: RemoteValue) -> np.ndarray:
+        """The host copy of a value kept on the cluster (a job's output or an upload)."""
+        if self._closed:
+            raise RemoteError(f"{value} was held by the cluster session {self.url}, which is closed: "
+                              "read values (.numpy(), state_dict()) before tp.disconnect()")
+        if value.job is None:  # an upload (a checkpoint copy): read through a one-node job
+            from triplane.sdk.tensor import Tensor, apply
+
+            src = Tensor("input", (), Attrs(), value.type, value=value)
+            n = value.type.size
+            flat = apply("reshape", [src], shape=(n,) if len(value.shape) != 1 else (n, 1))
+            (arr,) = self._evaluate([flat], frozenset())
+            out = np.asarray(arr).reshape(value.shape)
+            out.flags.writeable = False
+            return out
+        job, node = value.ref.split(":", 1)
+        return self.fetch(job, node)
+
+    def job_unused(self, job: str) -> None:
+        """No value of ``job`` is alive any more: queue its release (a finalizer: no I/O)."""
+        if not self._closed:
+            self.keeper.queue("jobs", job)
 
     # --- the REST calls --------------------------------------------------------------------
 
@@ -200,21 +286,24 @@ class RemoteSession:
 
     def submit(self, graph_doc: dict[str, Any], fetch: list[str]) -> str:
         """``POST /v1/jobs``; the job id. Never retried once the request may have arrived."""
-        body = canonical_json({"graph": graph_doc, "fetch": fetch})
-        r = self._call("POST", "/v1/jobs", content=body, retry_sent=False,
-                       headers={"Content-Type": "application/json", **self._lease_header()})
-        self.last_submit = r.json()
-        self.last_job = str(self.last_submit["id"])
-        return self.last_job
+        return str(self.submit_job({"graph": graph_doc, "fetch": fetch})["id"])
 
-    def submit_bound(self, plan: str, args: list[Any], fetch: list[str]) -> str:
-        """``POST /v1/jobs`` of a compiled step (``remote_steps.py``); the job id. A 409
-        ``unknown plan`` RemoteError when the scheduler does not know ``plan``."""
-        body = canonical_json({"plan": plan, "args": args, "fetch": fetch})
-        r = self._call("POST", "/v1/jobs", content=body, retry_sent=False,
+    def submit_job(self, request: dict[str, Any], inline: Sequence[str] | None = None) -> dict[str, Any]:
+        """``POST /v1/jobs`` of a graph (``{"graph", "fetch"}``) or a compiled step
+        (``{"plan", "args", "fetch"}``, ``remote_steps.py``); the response. With ``inline``
+        (names in ``fetch``) the scheduler answers when the job ends or after ``wait_s``,
+        with those outputs of at most 64 KiB in ``values``: a short step is ONE request.
+        Never retried once the request may have arrived. A 409 ``unknown plan`` RemoteError
+        when the scheduler does not know a compiled step's ``plan``."""
+        if inline is not None and self.wait_s:
+            request = {**request, "wait_s": self.wait_s, "inline": list(inline)}
+        r = self._call("POST", "/v1/jobs", content=canonical_json(request), retry_sent=False,
                        headers={"Content-Type": "application/json", **self._lease_header()})
-        self.last_job = str(r.json()["id"])
-        return self.last_job
+        answer = r.json()
+        if "graph" in request:
+            self.last_submit = answer
+        self.last_job = str(answer["id"])
+        return dict(answer)
 
     def upload_once(self, arr: np.ndarray) -> str:
         """The upload id of ``arr``, uploading it unless this session did before."""
@@ -259,7 +348,20 @@ class RemoteSession:
 
     def fetch(self, job: str, node: str) -> np.ndarray:
         """``GET /v1/jobs/{job}/tensors/{node}`` as a read-only array."""
-        r = self._call("GET", f"/v1/jobs/{job}/tensors/{node}", retry_sent=True)
+        return self._array(self._call("GET", f"/v1/jobs/{job}/tensors/{node}", retry_sent=True), job, node)
+
+    def copy_values(self, refs: Sequence[str]) -> list[str]:
+        """``POST /v1/tensors/copy``: each ref's value copied into the scheduler's upload
+        store (its disk; owned by this session's lease), in batches of 1,000; their ids."""
+        ids: list[str] = []
+        for i in range(0, len(refs), 1000):
+            body = canonical_json({"from": list(refs[i:i + 1000])})
+            r = self._call("POST", "/v1/tensors/copy", content=body, retry_sent=True,
+                           headers={"Content-Type": "application/json", **self._lease_header()})
+            ids.extend(str(u) for u in r.json()["ids"])
+        return ids
+
+    def _array(self, r: httpx.Response, job: str, node: str) -> np.ndarray:
         shape_h = r.headers.get("X-Triplane-Shape", "")
         try:
             shape = tuple(int(s) for s in shape_h.split(",") if s.strip())
@@ -298,12 +400,21 @@ class RemoteSession:
         """``DELETE /v1/tensors/{id}``: delete an upload on the scheduler and its executors."""
         self._call("DELETE", f"/v1/tensors/{upload_id}", retry_sent=True)
 
-    def close(self) -> None:
+    def close(self, download: bool = False) -> None:
         """Release everything this session holds (queued releases, then the lease: the
         scheduler frees its uploads and jobs) and close the connection. Idempotent; a
-        scheduler that is gone is not waited for (its lease expires anyway)."""
+        scheduler that is gone is not waited for (its lease expires anyway). With
+        ``download`` (``tp.disconnect()``), every value kept on the cluster that a Tensor
+        still holds is fetched first (one request each), so the model goes on in-process;
+        without, reading such a value afterwards raises :class:`RemoteError`."""
         if self._closed:
             return
+        if download:
+            for t, v in list(self.holders.live(self)):
+                try:
+                    t._value = v.numpy()
+                except RemoteError as e:  # lost with its executor: it stays unreadable
+                    log.warning("tp.disconnect(): could not fetch %s: %s", v, e)
         self._closed = True
         _open_sessions.discard(self)
         self.keeper.close()
@@ -479,13 +590,14 @@ def _lost_holder(e: RemoteError) -> bool:
 
 def disconnect() -> None:
     """Release everything the current cluster session holds (its uploads and jobs, on the
-    scheduler and the executors) and go back to the embedded session. No-op when not
-    connected."""
+    scheduler and the executors) and go back to the embedded session. Values kept on the
+    cluster that Tensors still hold (parameters, optimiser state) are fetched first, so
+    the model goes on in-process. No-op when not connected."""
     from triplane.sdk.session import set_default_session
 
     prev = set_default_session(None)
     if isinstance(prev, RemoteSession):
-        prev.close()
+        prev.close(download=True)
     else:
         set_default_session(prev)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import re
 from typing import Any
 
 import httpx
@@ -94,7 +95,9 @@ def test_a_known_structure_is_one_small_request_with_inline_inputs(fake: Compili
     assert remote.counters() == {"trace_hits": 3, "trace_misses": 2, "unknown_plan": 0}
     assert len(fake.bound) == 3
     uploads_after_graphs = fake.calls["POST /v1/tensors"]
-    assert all(isinstance(a, dict) for b in fake.bound for a in b["args"])  # all small: inline
+    # small host inputs inline; parameters and Adam's state kept on the cluster, bound by ref
+    assert all(isinstance(a, dict) or re.fullmatch(r"j\w+:n\d+", a) for b in fake.bound for a in b["args"])
+    assert sum(isinstance(a, str) for a in fake.bound[-1]["args"]) == 3 * 4  # 4 params, m, v
     _train(remote, 0)
     assert fake.calls["POST /v1/tensors"] == uploads_after_graphs
     remote.close()
