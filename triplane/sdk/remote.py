@@ -35,13 +35,11 @@ import atexit
 import contextlib
 import json
 import logging
-import os
 import threading
 import time
 import weakref
 from collections.abc import Callable, Collection, Mapping, Sequence
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -205,7 +203,8 @@ class RemoteSession:
             raise locate_kernel_error(e, rename, tensors) from None
 
     def finish(self, answer: dict[str, Any], fetch: Sequence[str],
-               kept: Mapping[str, TensorType] | None = None, resubmit: Callable[[], dict[str, Any]] | None = None) -> dict[str, Any]:
+               kept: Mapping[str, TensorType] | None = None,
+               resubmit: Callable[[], dict[str, Any]] | None = None) -> dict[str, Any]:
         """The values of a submitted job (``answer``: its submit response): those in
         ``fetch`` but not ``kept`` as host arrays (inline in the answer when the job ended
         within ``wait_s``, else waited for and fetched), the ``kept`` ones as
@@ -521,55 +520,6 @@ class RemoteSession:
         return r
 
 
-# --- tp.connect --------------------------------------------------------------------------------
-
-class LocalCluster(NamedTuple):
-    """What the run directory of ``triplane up`` records: the cluster's URL (None when
-    none is recorded) and token, and the directory's path (for error messages)."""
-
-    url: str | None
-    token: str | None
-    where: str
-
-
-# Reads the run directory. The launcher owns it and sits above the SDK, so the top of the
-# package installs the lookup (triplane/embedded.py); without one, no cluster is recorded.
-_local_cluster: Callable[[str | os.PathLike[str] | None], LocalCluster] | None = None
-
-
-def set_local_cluster_lookup(lookup: Callable[[str | os.PathLike[str] | None], LocalCluster]) -> None:
-    """Install what :func:`resolve_target` asks for the cluster of ``triplane up``."""
-    global _local_cluster
-    _local_cluster = lookup
-
-
-def _recorded(home: str | os.PathLike[str] | None) -> LocalCluster:
-    if _local_cluster is None:
-        return LocalCluster(None, None, "the run directory (no lookup installed)")
-    return _local_cluster(home)
-
-
-def resolve_target(url: str | None = None, token: str | None = None,
-                   home: str | os.PathLike[str] | None = None) -> tuple[str, str | None]:
-    """Where to connect: the arguments, else ``TRIPLANE_URL`` / ``TRIPLANE_TOKEN``, else the
-    run directory of ``triplane up`` (``home``, ``TRIPLANE_HOME``, default ``~/.triplane``).
-    Raises :class:`RemoteError` naming all three places when none gives a URL."""
-    url = url or os.environ.get("TRIPLANE_URL") or None
-    token = token or os.environ.get("TRIPLANE_TOKEN") or None
-    if url is None:
-        found = _recorded(home)
-        if found.url is None:
-            raise RemoteError(f"no cluster to connect to: pass tp.connect(url, token), set TRIPLANE_URL, "
-                              f"or start one with `triplane up` (nothing found in {found.where})")
-        url = found.url
-        token = token or found.token
-    elif token is None:
-        found = _recorded(home)
-        if found.url is not None and found.url.rstrip("/") == url.rstrip("/"):
-            token = found.token
-    return url, token
-
-
 _open_sessions: weakref.WeakSet[RemoteSession] = weakref.WeakSet()
 
 
@@ -588,43 +538,11 @@ def _lost_holder(e: RemoteError) -> bool:
     return (e.status == 503 and "cannot read" in msg) or (e.status == 404 and "which is gone" in msg)
 
 
-def disconnect() -> None:
-    """Release everything the current cluster session holds (its uploads and jobs, on the
-    scheduler and the executors) and go back to the embedded session. Values kept on the
-    cluster that Tensors still hold (parameters, optimiser state) are fetched first, so
-    the model goes on in-process. No-op when not connected."""
-    from triplane.sdk.session import set_default_session
-
-    prev = set_default_session(None)
-    if isinstance(prev, RemoteSession):
-        prev.close(download=True)
-    else:
-        set_default_session(prev)
-
-
-def connect(url: str | None = None, token: str | None = None, *,
-            home: str | os.PathLike[str] | Path | None = None,
-            transport: httpx.BaseTransport | None = None, check: bool = True,
-            **options: Any) -> RemoteSession:
-    """Make ``.numpy()`` run on a cluster: sets (and returns) the process's default session.
-
-    With no arguments, uses ``TRIPLANE_URL`` / ``TRIPLANE_TOKEN``, else the cluster that
-    ``triplane up`` recorded in its run directory. With ``check`` (default) the scheduler
-    is asked for its nodes at once, so a wrong URL or token fails here with a clear
-    :class:`RemoteError` instead of at the first ``.numpy()``. ``options`` go to
-    :class:`RemoteSession`. ``set_default_session(None)`` (triplane.sdk.session) goes back
-    to the embedded session.
-    """
-    from triplane.sdk.session import set_default_session
-
-    url, token = resolve_target(url, token, home)
-    session = RemoteSession(url, token, transport, **options)
-    if check:
-        try:
-            session.nodes()
-        except BaseException:
-            session.close()
-            raise
-    set_default_session(session)
-    return session
-
+# tp.connect lives beside the session (remote_connect.py); these names stay importable here.
+from triplane.sdk.remote_connect import (  # noqa: E402
+    LocalCluster,
+    connect,
+    disconnect,
+    resolve_target,
+    set_local_cluster_lookup,
+)
