@@ -141,7 +141,7 @@ class RemoteSession:
         if done is not None:
             self.last_stats = {"job": self.last_job, "compiled": True, "seconds": time.perf_counter() - t0}
             return done
-        graph, tensors, bindings = build_graph(outputs, remote=True)
+        graph, tensors, bindings = build_graph(outputs)
         cgraph, rename, args = graph.canonical()
         doc = json.loads(cgraph.to_json())  # the wire form (constants encoded as the IR says)
         uploaded = 0

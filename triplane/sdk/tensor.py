@@ -499,12 +499,12 @@ def scalar(x: bool | int | float, d: dt.DType) -> Tensor:
 # --- graphs and evaluation ----------------------------------------------------------------
 
 
-def build_graph(outputs: Sequence[Tensor], *, cut_realized: bool = True, remote: bool = False
+def build_graph(outputs: Sequence[Tensor], *, cut_realized: bool = True
                 ) -> tuple[Graph, dict[str, Tensor], dict[str, Any]]:
     """The graph computing ``outputs``. Leaves with data (and, with ``cut_realized``,
     every already-computed tensor) become ``input`` nodes bound to their values.
-    Returns the graph, node id -> Tensor, and the bindings (tensor id -> array; with
-    ``remote``, values kept on a cluster stay :class:`RemoteValue`, else are fetched)."""
+    Returns the graph, node id -> Tensor, and the bindings (tensor id -> array, or the
+    :class:`RemoteValue` of a value kept on a cluster: not fetched here)."""
     tensors: dict[str, Tensor] = {}
     nodes: dict[str, Node] = {}
     bindings: dict[str, Any] = {}
@@ -528,8 +528,7 @@ def build_graph(outputs: Sequence[Tensor], *, cut_realized: bool = True, remote:
                 nodes[t._id] = Node("input", (), Attrs({"tensor": t._id, "shape": t.shape,
                                                         "dtype": t.dtype.name}),
                                     t.shape, t.dtype.name)
-                v = t._value
-                bindings[t._id] = v if remote or type(v) is np.ndarray else t.numpy()
+                bindings[t._id] = t._value
             else:
                 nodes[t._id] = Node(t._op, tuple(i._id for i in t._inputs), t._attrs,
                                     t.shape, t.dtype.name)

@@ -45,7 +45,8 @@ class CompilingFake(FakeScheduler):
             doc = copy.deepcopy(doc)
             for nid, a in zip(arg_nodes, body["args"], strict=True):
                 doc["nodes"][nid]["attrs"]["tensor"] = a if isinstance(a, str) else self._inline(a)
-            return super()._submit({"graph": doc, "fetch": body["fetch"]})
+            rest = {k: v for k, v in body.items() if k not in ("plan", "args")}
+            return super()._submit({"graph": doc, **rest})
         r = super()._submit(body)
         _, _, args = Graph.from_dict(body["graph"]).canonical()
         by_tensor = {n["attrs"]["tensor"]: nid for nid, n in body["graph"]["nodes"].items()
@@ -104,7 +105,7 @@ def test_a_known_structure_is_one_small_request_with_inline_inputs(fake: Compili
 
 
 def test_a_compiled_step_whose_output_was_lost_runs_again(fake: CompilingFake) -> None:
-    remote = RemoteSession(URL, TOKEN, httpx.MockTransport(fake), reconnect_s=1.0, poll_s=0.01)
+    remote = RemoteSession(URL, TOKEN, httpx.MockTransport(fake), reconnect_s=1.0, poll_s=0.01, wait_s=0)
     w = tp.tensor(np.ones((3, 2), np.float32))
     with use_session(remote):
         for i in range(2):
