@@ -158,8 +158,8 @@ class ClusterView:
 
     def ran(self, node: str, uploads: Sequence[str]) -> None:
         """A task that read ``uploads`` ran on ``node``: the executor keeps what it read."""
-        if uploads:
-            self.residency.learn(node, uploads)
+        if uploads:  # the job tiles refs bind are pulled for the task only, never cached
+            self.residency.learn(node, [u for u in uploads if u.startswith("u-")])
 
     def calibrate(self, layout: Layout | None, factors: Factors, task: str, node: str,
                   kernel_s: float) -> None:

@@ -12,13 +12,14 @@ They extend the ``TriplaneError`` tree (``triplane/proto/errors.py``)::
         ├── TooLarge          "too_large"    over a size bound (a body, a plan to place on demand)
         ├── Unauthorized      "unauthorized" no or a wrong credential
         ├── Forbidden         "forbidden"    the credential may not do this
+        ├── Lost              "lost"         a ref's value died with the executor holding it
         ├── Unavailable       "unavailable"  no executor, the metadb or an executor is unreachable
         └── Standby           "standby"      this replica is not the leader (``leader_id`` names it)
 
 Each carries ``kind`` (machine-readable), ``message``, and the ``node`` and ``op`` of the
-submitted graph it is about, if any. Nothing here knows a transport: the REST API maps
-``kind`` to a status code in one table (``triplane/scheduler/api/errors.py``), a gRPC front
-end would map it to its own codes.
+submitted graph it is about, if any; an error about a ref (``refs.py``) also its ``ref``.
+Nothing here knows a transport: the REST API maps ``kind`` to a status code in one
+table (``triplane/scheduler/api/errors.py``), a gRPC front end would map it to its own codes.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from typing import Any
 from triplane.proto.errors import GraphError, TriplaneError
 
 __all__ = [
-    "BadRequest", "Conflict", "Forbidden", "NotFound", "NotReady", "SchedulerError", "Standby",
+    "BadRequest", "Conflict", "Forbidden", "Lost", "NotFound", "NotReady", "SchedulerError", "Standby",
     "TooLarge", "Unauthorized", "Unavailable", "error_body",
 ]
 
@@ -39,11 +40,12 @@ class SchedulerError(TriplaneError):
     kind = "internal"
 
     def __init__(self, message: str, *, node: str | None = None, op: str | None = None,
-                 kind: str | None = None) -> None:
+                 kind: str | None = None, ref: str | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.node = node
         self.op = op
+        self.ref = ref
         if kind is not None:
             self.kind = kind
 
@@ -76,6 +78,12 @@ class Forbidden(SchedulerError):
     kind = "forbidden"
 
 
+class Lost(SchedulerError):
+    """The executor holding a ref's value is gone (``ref`` names it): the value is lost."""
+
+    kind = "lost"
+
+
 class Unavailable(SchedulerError):
     kind = "unavailable"
 
@@ -93,9 +101,12 @@ class Standby(SchedulerError):
 
 def error_body(e: TriplaneError) -> dict[str, Any]:
     """The ``{"kind", "message", "node", "op"}`` body of a domain error (a GraphError's
-    message names its node and op already)."""
+    message names its node and op already), with ``ref`` for an error about a ref."""
     if isinstance(e, SchedulerError):
-        return {"kind": e.kind, "message": e.message, "node": e.node, "op": e.op}
+        body = {"kind": e.kind, "message": e.message, "node": e.node, "op": e.op}
+        if e.ref is not None:
+            body["ref"] = e.ref
+        return body
     if isinstance(e, GraphError):
         return {"kind": e.kind, "message": str(e), "node": e.node, "op": e.op}
     return {"kind": e.kind, "message": str(e), "node": getattr(e, "node", None), "op": getattr(e, "op", None)}

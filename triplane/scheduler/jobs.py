@@ -52,6 +52,7 @@ from triplane.scheduler.dispatch.state import CancelJob, JobFinished, SubmitJob
 from triplane.scheduler.earlier import BINDINGS, REBUILD_ERRORS, plan_again
 from triplane.scheduler.errors import BadRequest, Conflict, NotFound, Unavailable
 from triplane.scheduler.journal import FAILED, Journal
+from triplane.scheduler.refs import Held, Refs, refs_in_args, refs_in_graph
 from triplane.scheduler.store import TensorStore
 
 if TYPE_CHECKING:
@@ -101,6 +102,7 @@ class LiveJob:
     # the job is dropped then): fetches and releases read it.
     holders: dict[str, str] = field(default_factory=dict)
     done: int = 0  # tasks done, set when the job ends
+    failure: dict[str, Any] | None = None  # set before cancelling it: it fails with this error
 
     def name_of(self, task: str) -> str:
         """The submitted node a task came from (a tile task: the tensor it is part of)."""
@@ -137,6 +139,7 @@ class Jobs:
         live: dict[str, LiveJob],
         templates: dict[str, dict[str, TaskTemplate]],
         require_leader: Callable[[], Awaitable[None]],
+        refs: Refs,
         retain: int = RETAIN_FINISHED,
     ) -> None:
         self.db, self.store, self.shell, self.journal = db, store, shell, journal
@@ -144,6 +147,7 @@ class Jobs:
         self.live = live
         self.templates = templates
         self.require_leader = require_leader
+        self.refs = refs
         self.retain = retain
         self._ended: deque[str] = deque()  # finished jobs of ``live``, oldest first
         # Clear while the unfinished jobs of the metadb are being resumed (after a restart
@@ -167,15 +171,37 @@ class Jobs:
         if not isinstance(fetch, list) or len(fetch) > MAX_FETCH or not all(type(f) is str for f in fetch):
             raise BadRequest(f"'fetch' must be a list of at most {MAX_FETCH} node ids")
         cluster, engines, factors = await self.cluster.snapshot()
-        plan = await asyncio.to_thread(self.compile, graph_doc, fetch, cluster)
-        assert plan.graph is not None
-        key = plan.graph.hash()  # computed (and kept on the graph) by the plan cache already
-        self.structures[key] = (plan.graph, dict(plan.fetch), tuple(fetch))
-        self.structures.move_to_end(key)
-        while len(self.structures) > self.plans.capacity:
-            self.structures.popitem(last=False)
-        body = await self._start(plan, fetch, deadline_s, owner, engines, factors)
-        return {**body, "plan": key, "args": list(plan.args)}
+        held = await self.refs.resolve(refs_in_graph(graph_doc), owner)
+        try:
+            def compile_now() -> JobPlan:
+                return self.compile(graph_doc, fetch, Refs.snapshot(cluster, held), held.bind)
+
+            plan = await self._with_refs(await asyncio.to_thread(compile_now), held, owner, compile_now)
+            assert plan.graph is not None
+            key = plan.graph.hash()  # computed (and kept on the graph) by the plan cache already
+            self.structures[key] = (plan.graph, dict(plan.fetch), tuple(fetch))
+            self.structures.move_to_end(key)
+            while len(self.structures) > self.plans.capacity:
+                self.structures.popitem(last=False)
+            body = await self._start(plan, fetch, deadline_s, owner, engines, factors, held)
+        except BaseException:
+            self.refs.drop(held)
+            raise
+        given = {r.tile: ref for ref, r in held.refs.items()}  # a ref is answered as given
+        return {**body, "plan": key, "args": [given.get(a, a) for a in plan.args]}
+
+    async def _with_refs(self, plan: JobPlan, held: Held, owner: str | None,
+                         compile_again: Callable[[], JobPlan]) -> JobPlan:
+        """``plan`` checked against its refs' types, compiled again if it reads a ref by
+        regions (bound to a copy then, ``refs.py``), its tasks preferring the refs' holders."""
+        if not held.refs:
+            return plan
+        self.refs.check_types(plan, held)
+        by_region = Refs.read_by_region(plan, held)
+        if by_region:
+            await self.refs.copy_into(held, by_region, owner)
+            plan = await asyncio.to_thread(compile_again)
+        return Refs.prefer_holders(plan, held)
 
     async def submit_bound(self, plan_hash: str, args: list[str], fetch: list[str],
                            deadline_s: float | None = None, *, owner: str | None = None) -> dict[str, Any]:
@@ -195,19 +221,31 @@ class Jobs:
         if len(args) != nargs:
             raise BadRequest(f"plan {plan_hash[:16]} binds {nargs} inputs, the request gives {len(args)}")
         cluster, engines, factors = await self.cluster.snapshot()
-        plan = await asyncio.to_thread(compile_job, cgraph, fetch_map, cluster, cache=self.plans, args=args)
-        return await self._start(plan, fetch, deadline_s, owner, engines, factors)
+        held = await self.refs.resolve(refs_in_args(args), owner)
+        try:
+            def compile_now() -> JobPlan:
+                bind = held.bind
+                return compile_job(cgraph, fetch_map, Refs.snapshot(cluster, held), cache=self.plans,
+                                   args=[bind.get(a, a) for a in args])
+
+            plan = await self._with_refs(await asyncio.to_thread(compile_now), held, owner, compile_now)
+            return await self._start(plan, fetch, deadline_s, owner, engines, factors, held)
+        except BaseException:
+            self.refs.drop(held)
+            raise
 
     async def _start(self, plan: JobPlan, fetch: list[str], deadline_s: float | None, owner: str | None,
-                     engines: Any, factors: Factors) -> dict[str, Any]:
+                     engines: Any, factors: Factors, held: Held) -> dict[str, Any]:
         """Check, store and dispatch a compiled job; its status body."""
         bindings = bindings_of(plan)
+        if held.refs:
+            bindings["refs"] = self.refs.recorded(held)  # a resumed job finds them again
         if deadline_s is not None:
             bindings["deadline_s"] = deadline_s  # a resumed job keeps its deadline
         if len(json.dumps(bindings)) > 60_000:
             raise LimitError(f"{len(plan.args)} uploaded inputs and {len(fetch)} fetched names "
                              "do not fit one job's record; submit fewer at once")
-        self._check_uploads(plan)
+        self._check_uploads(plan, held)
         if plan.specs:
             if not self.shell.nodes and not engines:
                 raise Unavailable("no executor is registered")
@@ -226,10 +264,12 @@ class Jobs:
                 await asyncio.to_thread(self.store_job, plan, fetch, bindings, now, owner)
             except Exception as e:
                 raise _store_failed(plan.job, e) from None
+            self.refs.bind(plan.job, held)
             return self.body(plan.job, self._dispatch(plan, now, (), factors, deadline_s))
         # Dispatch first and store meanwhile: the executors start while ~10^4 task rows are
         # inserted. The journal holds the job's writes back until its rows exist.
         self.journal.hold(plan.job)
+        self.refs.bind(plan.job, held)
         live = self._dispatch(plan, now, (), factors, deadline_s)
         try:
             await asyncio.to_thread(self.store_job, plan, fetch, bindings, now, owner)
@@ -242,13 +282,18 @@ class Jobs:
             self.journal.release(plan.job)
         return self.body(plan.job, live)
 
-    def compile(self, graph_doc: Any, fetch: list[str], cluster: ClusterSnapshot) -> JobPlan:
+    def compile(self, graph_doc: Any, fetch: list[str], cluster: ClusterSnapshot,
+                bind: dict[str, str] | None = None) -> JobPlan:
         """Parse and compile a submitted graph (CPU-bound: a worker thread, so that the
-        event loop keeps answering replies, health checks and the registry's keep-alives)."""
-        return compile_job(Graph.from_dict(graph_doc), fetch, cluster, cache=self.plans)
+        event loop keeps answering replies, health checks and the registry's keep-alives);
+        ``bind``: its refs -> what they resolved to."""
+        return compile_job(Graph.from_dict(graph_doc), fetch, cluster, cache=self.plans, bind=bind)
 
-    def _check_uploads(self, plan: JobPlan) -> None:
+    def _check_uploads(self, plan: JobPlan, held: Held) -> None:
+        tiles = held.by_tile() if held.refs else {}
         for nid, tensor in plan.uploads.items():
+            if tensor in tiles:
+                continue  # a ref's tile: resolved and type-checked already
             stored = self.store.get(tensor)
             node = plan.plan.graph.nodes[nid]
             name = plan.back.get(nid, nid)
@@ -322,11 +367,17 @@ class Jobs:
             except REBUILD_ERRORS as e:  # not a graph we accepted
                 await asyncio.to_thread(self._set_failed, info.id, f"cannot resume: {e}")
                 continue
+            try:
+                held = await self.refs.reattach(bindings.get("refs") or {})
+            except Exception as e:  # a ref's value is gone (its job released, its holder down)
+                await asyncio.to_thread(self._set_failed, info.id, f"cannot resume: {e}")
+                continue
             done = tuple((t.task_id, t.node) for t in tasks
                          if t.state == "done" and t.node in live_nodes and t.task_id in plan.templates)
             deadline_s = bindings.get("deadline_s")  # from submit's time, as the first process had it
             if type(deadline_s) not in (int, float):
                 deadline_s = None
+            self.refs.bind(info.id, held)
             self._dispatch(plan, info.created_at, done, None, deadline_s)
             log.info("resumed job %s (%d of %d tasks already done)", info.id, len(done), len(plan.specs))
 
@@ -418,13 +469,16 @@ class Jobs:
         live.updated = time.time()
         if f.state == "failed":
             live.error = self._failure(live, f)
+        elif f.state == "cancelled" and live.failure is not None:  # failed from outside (a lost ref)
+            live.state, live.error = "failed", live.failure
         live.holders = {tid: t.node for tid, t in js.tasks.items() if t.node}
         live.done = len(js.tasks) - js.remaining
-        self.journal.job_ended(f.job, f.state, live.done, live.error["message"] if live.error else None,
+        self.journal.job_ended(f.job, live.state, live.done, live.error["message"] if live.error else None,
                                live.error)
         # The dispatcher is done with the job: what outlives it is on ``live``.
         del self.shell.state.jobs[f.job]
         self.templates.pop(f.job, None)
+        self.refs.ended(f.job)
         live.ended.set()
         asyncio.get_running_loop().create_task(self.results.release(f.job, live, keep_fetched=True))
         self._ended.append(f.job)

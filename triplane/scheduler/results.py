@@ -71,6 +71,10 @@ class Results:
         self.cluster, self.earlier, self.live = cluster, earlier, live
         self.require_leader = require_leader
         self._late: set[asyncio.Task[None]] = set()
+        # job -> how many running jobs read its tiles by ref (refs.py): its tiles stay until
+        # they end; a release meanwhile is carried out then (the deletions wait here)
+        self._pins: dict[str, int] = {}
+        self._deferred: dict[str, list[dict[str, list[str]]]] = {}
 
     # --- tensors -----------------------------------------------------------------------------
 
@@ -256,7 +260,31 @@ class Results:
         except mdb.MetaDBError as e:
             log.error("cannot record the release of job %s: %s", job, e)
 
+    def pin(self, job: str) -> None:
+        """A running job reads ``job``'s tiles (a ref): releasing them waits for :meth:`unpin`."""
+        self._pins[job] = self._pins.get(job, 0) + 1
+
+    def unpin(self, job: str) -> None:
+        """A reader of ``job``'s tiles ended: the last one carries out the releases that waited."""
+        left = self._pins.get(job, 0) - 1
+        if left > 0:
+            self._pins[job] = left
+            return
+        self._pins.pop(job, None)
+        waiting = self._deferred.pop(job, None)
+        if waiting:
+            async def carry_out() -> None:
+                for by_node in waiting:
+                    await self._delete_tiles(job, by_node)
+
+            task = asyncio.get_running_loop().create_task(carry_out(), name=f"release-unpinned-{job}")
+            self._late.add(task)
+            task.add_done_callback(self._late.discard)
+
     async def _delete_tiles(self, job: str, by_node: dict[str, list[str]]) -> None:
+        if job in self._pins and by_node:
+            self._deferred.setdefault(job, []).append(by_node)
+            return
         for node, tiles in by_node.items():
             info = self.shell.nodes.get(node)
             if info is None:

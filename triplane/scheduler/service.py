@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -39,13 +40,14 @@ from triplane.scheduler.cluster import ClusterView
 from triplane.scheduler.compiler.jobplan import TaskTemplate, tile_id
 from triplane.scheduler.compiler.pipeline import PlanCache
 from triplane.scheduler.dispatch.shell import DispatchShell, Hooks
-from triplane.scheduler.dispatch.state import DispatchState, Free, Policy, Send
+from triplane.scheduler.dispatch.state import CancelJob, DispatchState, Free, Policy, Send
 from triplane.scheduler.earlier import EarlierJobs
 from triplane.scheduler.errors import Conflict, Standby
 from triplane.scheduler.freeing import TileFreer
 from triplane.scheduler.jobs import RETAIN_FINISHED, Jobs, LiveJob
 from triplane.scheduler.journal import Journal
 from triplane.scheduler.leading import Leading
+from triplane.scheduler.refs import Refs
 from triplane.scheduler.results import Opened, Results
 from triplane.scheduler.sessions import DEFAULT_TTL_S, Held, Sessions, reap, release_held
 from triplane.scheduler.store import StoredTensor, TensorStore, UploadTiles
@@ -106,11 +108,13 @@ class Scheduler(Leading):
                                cluster=self.cluster, earlier=EarlierJobs(db, self.plans), live=live,
                                require_leader=self.require_leader)
         self.journal = Journal(db, lambda job: self.jobs.progress(job))
+        self._inline: dict[str, list[str]] = {}  # job -> its own uploads (sent inline, copies of refs)
+        self.refs = Refs(live=live, results=self.results, shell=self.shell, store=self.store,
+                         job_uploads=self._inline)
         self.jobs = Jobs(db=db, store=self.store, shell=self.shell, journal=self.journal, plans=self.plans,
                          cluster=self.cluster, results=self.results, live=live, templates=self.templates,
-                         require_leader=self.require_leader, retain=retain_finished)
+                         require_leader=self.require_leader, refs=self.refs, retain=retain_finished)
         self.sessions = Sessions(session_ttl_s)
-        self._inline: dict[str, list[str]] = {}  # job -> uploads a compiled step sent inline
         self.freer = TileFreer(self.data_client, self._data_address)
         self.shell.hooks = Hooks(self.jobs.finished, self.journal.transitions, self.jobs.output,
                                  self._node_down, self._free, self._sending)
@@ -176,6 +180,14 @@ class Scheduler(Leading):
     def _node_down(self, node: str) -> None:
         log.warning("executor %s is gone", node)
         self.cluster.node_down(node)
+        # A running job reading a ref held there cannot get it any more: it fails (kind "lost").
+        for job, r in self.refs.lost_on(node):
+            live = self.jobs.live.get(job)
+            if live is None or live.state != "running":
+                continue
+            live.failure = {"kind": "lost", "message": f"ref {r.ref}: its value (tile {r.tile}) was held by "
+                            f"executor {node}, which is gone", "node": None, "op": None, "ref": r.ref}
+            self.shell.handle(CancelJob(f"lost:{job}", job, time.time()))
 
     # intermediate tiles (docs/scheduler.md, "Intermediates"): deleted in batches per node
     def _free(self, f: Free) -> None:

@@ -33,6 +33,7 @@ from triplane.scheduler.api import errors
 from triplane.scheduler.api.auth import ANYONE, CHANGERS, Authenticator, Principal
 from triplane.scheduler.api.bound import BoundRequest, parse_bound_request
 from triplane.scheduler.errors import BadRequest, Forbidden, NotFound, TooLarge
+from triplane.scheduler.refs import refs_in_args, refs_in_graph
 from triplane.scheduler.service import VERSION, Scheduler
 from triplane.scheduler.sessions import Lease
 from triplane.scheduler.store import UploadError, expected_bytes, parse_dtype, parse_shape
@@ -223,6 +224,10 @@ def create_app(
         else:
             parsed = parse_job_request(body)
         lease = session_of(request, p)
+        # whoever may fetch a tensor may use it as a ref (a submit token: its own jobs')
+        named = refs_in_args(parsed.args) if isinstance(parsed, BoundRequest) else refs_in_graph(parsed[0])
+        for ref in named:
+            owners.check(p, ref.partition(":")[0])
         if isinstance(parsed, BoundRequest):  # a compiled step: new inputs for a known plan
             body_out = await scheduler.submit_bound(*parsed, owner=p.name)
             if lease is not None:

@@ -2,9 +2,10 @@
 "fetch": [...]}`` instead of a graph (docs/runtime.md, "Compiled steps").
 
 ``plan`` is the hash a full submit of the same structure answered with; ``args`` binds
-``arg0, arg1, ...`` in order, each an uploaded tensor id (``"u-..."``) or a small tensor
-inline, ``{"shape": [...], "dtype": "float32", "data": <base64 of its raw little-endian
-C-order bytes>}`` of at most :data:`INLINE_MAX_BYTES`; ``fetch`` is the list the full
+``arg0, arg1, ...`` in order, each an uploaded tensor id (``"u-..."``), a ref to a fetched
+output of a done job (``"<job>:<name>"``, ``scheduler/refs.py``) or a small tensor inline,
+``{"shape": [...], "dtype": "float32", "data": <base64 of its raw little-endian C-order
+bytes>}`` of at most :data:`INLINE_MAX_BYTES`; ``fetch`` is the list the full
 submit gave. Checked here at the front door (400 naming the field); the scheduler answers
 409 ``unknown_plan`` for a structure it does not know, and the client sends the graph.
 """
@@ -17,6 +18,7 @@ from typing import Any, NamedTuple
 
 from triplane.proto.limits import MAX_RANK
 from triplane.scheduler.errors import BadRequest
+from triplane.scheduler.refs import parse_ref
 from triplane.scheduler.store import UploadError, expected_bytes, parse_dtype
 
 INLINE_MAX_BYTES = 64 * 1024
@@ -55,8 +57,8 @@ def parse_bound_request(doc: dict[str, Any]) -> BoundRequest:
 
 def _arg(i: int, a: Any) -> Arg:
     if isinstance(a, str):
-        if not a.startswith("u-") or len(a) > 64:
-            raise BadRequest(f"args[{i}]: {a[:40]!r} is not an uploaded tensor id")
+        if (not a.startswith("u-") or len(a) > 64) and parse_ref(a) is None:
+            raise BadRequest(f"args[{i}]: {a[:40]!r} is not an uploaded tensor id or a ref (<job>:<name>)")
         return a
     if not isinstance(a, dict) or set(a) != {"shape", "dtype", "data"}:
         raise BadRequest(f"args[{i}]: an upload id or {{'shape', 'dtype', 'data'}}")

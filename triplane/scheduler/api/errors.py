@@ -35,6 +35,7 @@ STATUS: dict[str, int] = {
     "not_found": 404,
     "method_not_allowed": 405,
     "not_ready": 409, "conflict": 409, "unknown_plan": 409,
+    "lost": 410,
     "too_large": 413,
     "internal": 500,
     "unavailable": 503, "standby": 503,

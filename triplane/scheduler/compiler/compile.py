@@ -68,6 +68,7 @@ def compile_job(
     args: Sequence[str] | None = None,
     options: CompileOptions | None = None,
     explicit: Mapping[str, Mapping[str, object]] | None = None,
+    bind: Mapping[str, str] | None = None,
 ) -> JobPlan:
     """The execution plan of ``graph`` for ``cluster`` (see the module doc).
 
@@ -76,11 +77,15 @@ def compile_job(
     ``arg0, arg1, ...``): ``graph`` is its canonical graph and ``fetch`` maps each fetched
     name to its canonical id, as the job's ``job.bindings`` record holds them; a tiled job
     must be given the figures it was laid out for, so that its task ids and tiles are the
-    same as the first time. ``explicit`` fixes the cut of chosen plan nodes (tests, bench)."""
+    same as the first time. ``explicit`` fixes the cut of chosen plan nodes (tests, bench).
+    ``bind`` replaces bound tensor names of a submitted graph (a ref ``<job>:<name>`` ->
+    the tile or upload it resolved to, ``scheduler/refs.py``)."""
     if args is None:
         names = list(fetch)
         cgraph, rename, bound = with_fetch(graph, names).canonical()
         fetch_map = {name: rename[name] for name in names}
+        if bind:
+            bound = [bind.get(b, b) for b in bound]
         back = {v: k for k, v in rename.items()}
     else:
         if not isinstance(fetch, Mapping):

@@ -48,6 +48,7 @@ MAX_ATTRS_BYTES = 48 * 1024  # a task packet is at most 64 KiB framed; leave roo
 
 _JOB_ID = re.compile(r"j[0-9a-f]{16}")
 _TENSOR_ID = re.compile(r"u-[0-9a-f]{32}")
+_TILE_ID = re.compile(r"j[0-9a-f]{16}\.[nt][0-9]+")
 
 
 def new_job_id() -> str:
@@ -66,6 +67,11 @@ def is_job_id(s: str) -> bool:
 
 def is_tensor_id(s: str) -> bool:
     return _TENSOR_ID.fullmatch(s) is not None
+
+
+def is_job_tile(s: str) -> bool:
+    """A task's output tile ``<job>.<task>``: what a ref (``scheduler/refs.py``) binds an input to."""
+    return _TILE_ID.fullmatch(s) is not None
 
 
 def tile_id(job: str, task: str) -> str:
@@ -282,14 +288,16 @@ def _surely_small(attrs: Mapping[str, Any], budget: int = MAX_ATTRS_BYTES // 2) 
 
 
 def _uploads(g: Graph, args: Sequence[str], back: Mapping[str, str]) -> dict[str, str]:
-    """Input node -> uploaded tensor id; GraphError for a binding that is not an upload id."""
+    """Input node -> uploaded tensor id (or the job tile a ref resolved to, pulled from its
+    holder); GraphError for a binding that is neither."""
     uploads: dict[str, str] = {}
     for nid, node in g.nodes.items():
         if node.op == "input":
             tensor = args[int(str(node.attrs["tensor"])[3:])]
-            if not is_tensor_id(tensor):
+            if not is_tensor_id(tensor) and not is_job_tile(tensor):
                 raise GraphError(
-                    f"input tensor {tensor!r} is not an uploaded tensor id (u-<32 hex>)",
+                    f"input tensor {tensor!r} is not an uploaded tensor id (u-<32 hex>) "
+                    "or a ref (<job>:<name>)",
                     node=back.get(nid, nid),
                     op="input",
                 )
@@ -308,7 +316,8 @@ def _upload_region(
     """(input tiles, attrs) reading a region tile for a step-1 ``slice`` of a whole upload
     of rank >= 1, else None. The slice stays (as an identity on the region) so the executor
     still checks the type it receives."""
-    if node.op != "slice" or len(node.inputs) != 1 or node.inputs[0] not in uploads:
+    if node.op != "slice" or len(node.inputs) != 1 or node.inputs[0] not in uploads \
+            or not is_tensor_id(uploads[node.inputs[0]]):  # an executor serves no regions of a ref
         return None
     src = g.nodes[node.inputs[0]]
     steps = tuple(node.attrs.get("steps") or ())

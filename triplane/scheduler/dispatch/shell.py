@@ -122,6 +122,9 @@ class DispatchShell:
         self.tick_s = tick_s
         self.slots = slots
         self.nodes: dict[str, NodeInfo] = {}
+        # input tile -> the executor to pull it from, for the job tiles that refs bind as
+        # inputs (scheduler/refs.py); any other input of ``TaskTemplate.uploads`` is an upload
+        self.sources: dict[str, str] = {}
         self._suspects: dict[str, NodeInfo] = {}  # down for us, still registered: probed
         self.stats = ShellStats()
         self.tcp_guard = ConnectionGuard()
@@ -327,6 +330,10 @@ class DispatchShell:
         """The signed packet of one Send instruction."""
         tpl = self.templates[s.job][s.task]
         pull = dict.fromkeys(tpl.uploads, SCHEDULER_NODE)
+        if self.sources:
+            for tile in tpl.uploads:
+                if tile in self.sources:
+                    pull[tile] = self.sources[tile]
         for dep, node in s.pull_from:
             pull[tile_id(s.job, dep)] = node
         p = TaskPacket(

@@ -1,0 +1,199 @@
+"""Refs on a real local cluster (issue 12, "resident parameters"; docs/runtime.md, "Refs"):
+a done job's fetched output bound as an input of the next job, in a full submit and in a
+compiled step, read where it lives; the errors of an unknown, released, unfinished or
+mistyped ref; a release while a reader runs; a holder SIGKILLed (410 ``lost`` at submit,
+job error ``lost`` while running)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+from triplane.launcher import ClusterConfig, LocalCluster
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    pytest.importorskip("uvicorn", reason="the cluster extra is not installed")
+    c = LocalCluster(tmp_path_factory.mktemp("refs"), ClusterConfig(executors=2, memory="256MiB",
+                                                                    ready_timeout_s=60.0))
+    try:
+        c.start()
+        yield c
+    finally:
+        c.stop(grace_s=3.0)
+        c.run.clear_cluster()
+
+
+def api(c: LocalCluster) -> httpx.Client:
+    return httpx.Client(base_url=c.url, headers={"Authorization": f"Bearer {c.token}"}, timeout=30.0)
+
+
+def upload(h: httpx.Client, arr: np.ndarray) -> str:
+    r = h.post("/v1/tensors", content=arr.tobytes(), headers={
+        "X-Triplane-Shape": ",".join(map(str, arr.shape)), "X-Triplane-Dtype": str(arr.dtype)})
+    assert r.status_code == 201, r.text
+    return r.json()["id"]
+
+
+def inp(tensor: str, shape: list[int], dtype: str = "float32") -> dict[str, Any]:
+    return {"op": "input", "shape": shape, "dtype": dtype,
+            "attrs": {"tensor": tensor, "shape": shape, "dtype": dtype}}
+
+
+def op(name: str, inputs: list[str], shape: list[int], **attrs: Any) -> dict[str, Any]:
+    return {"op": name, "inputs": inputs, "shape": shape, "dtype": "float32", "attrs": attrs}
+
+
+def submit(h: httpx.Client, nodes: dict[str, Any], fetch: list[str], status: int = 201,
+           **extra: Any) -> dict[str, Any]:
+    r = h.post("/v1/jobs", json={"graph": {"version": 1, "nodes": nodes, "outputs": fetch},
+                                 "fetch": fetch, **extra})
+    assert r.status_code == status, r.text
+    return r.json()
+
+
+def wait_done(h: httpx.Client, job: str, state: str = "done") -> dict[str, Any]:
+    body = h.get(f"/v1/jobs/{job}/wait", params={"timeout": 60}).json()
+    assert body["state"] == state, body
+    return body
+
+
+def fetch(h: httpx.Client, job: str, name: str) -> np.ndarray:
+    r = h.get(f"/v1/jobs/{job}/tensors/{name}")
+    assert r.status_code == 200, r.text
+    shape = tuple(int(d) for d in r.headers["x-triplane-shape"].split(",") if d)
+    return np.frombuffer(r.content, np.float32).reshape(shape)
+
+
+def double(ref: str, shape: list[int]) -> dict[str, Any]:
+    return {"p": inp(ref, shape), "z": op("add", ["p", "p"], shape)}
+
+
+def test_a_chain_of_refs_in_full_submits_and_compiled_steps_equals_numpy(cluster: LocalCluster) -> None:
+    x = np.arange(12, dtype=np.float32).reshape(3, 4) / 10
+    with api(cluster) as h:
+        u = upload(h, x)
+        j1 = submit(h, {"x": inp(u, [3, 4]), "y": op("exp", ["x"], [3, 4])}, ["y"])["id"]
+        wait_done(h, j1)
+        first = submit(h, double(f"{j1}:y", [3, 4]), ["z"])
+        assert first["args"] == [f"{j1}:y"]
+        wait_done(h, first["id"])
+        want = np.exp(x) * 2
+        np.testing.assert_allclose(fetch(h, first["id"], "z"), want, rtol=1e-6)
+        prev = first["id"]
+        for _ in range(3):  # compiled steps, each reading the previous step's output
+            r = h.post("/v1/jobs", json={"plan": first["plan"], "args": [f"{prev}:z"], "fetch": ["z"]})
+            assert r.status_code == 201, r.text
+            prev = r.json()["id"]
+            wait_done(h, prev)
+            want = want * 2
+        np.testing.assert_allclose(fetch(h, prev, "z"), want, rtol=1e-6)
+        # a ref mixed with an upload, in one graph
+        nodes = {"p": inp(f"{prev}:z", [3, 4]), "x": inp(u, [3, 4]), "s": op("add", ["p", "x"], [3, 4])}
+        j = submit(h, nodes, ["s"])["id"]
+        wait_done(h, j)
+        np.testing.assert_allclose(fetch(h, j, "s"), want + x, rtol=1e-6)
+
+
+def test_ref_errors_name_the_ref(cluster: LocalCluster) -> None:
+    with api(cluster) as h:
+        u = upload(h, np.ones((3, 4), np.float32))
+        j1 = submit(h, {"x": inp(u, [3, 4]), "y": op("exp", ["x"], [3, 4])}, ["y"])["id"]
+        wait_done(h, j1)
+        cases = [
+            (f"j{'0' * 16}:y", [3, 4], 404, "not_found"),  # unknown job
+            (f"{j1}:nope", [3, 4], 404, "not_found"),  # a name the job did not fetch
+            (f"{j1}:y", [4, 3], 400, "request"),  # the input declares another type
+        ]
+        for ref, shape, status, kind in cases:
+            err = submit(h, double(ref, shape), ["z"], status)["error"]
+            assert err["kind"] == kind and err["ref"] == ref and ref in err["message"], err
+        # compiled step: same errors
+        first = submit(h, double(f"{j1}:y", [3, 4]), ["z"])
+        r = h.post("/v1/jobs", json={"plan": first["plan"], "args": [f"{j1}:nope"], "fetch": ["z"]})
+        assert r.status_code == 404 and r.json()["error"]["ref"] == f"{j1}:nope", r.text
+        r = h.post("/v1/jobs", json={"plan": first["plan"], "args": ["not a ref"], "fetch": ["z"]})
+        assert r.status_code == 400 and "args[0]" in r.json()["error"]["message"], r.text
+        # released: 404
+        wait_done(h, first["id"])
+        assert h.delete(f"/v1/jobs/{j1}").status_code == 200
+        err = submit(h, double(f"{j1}:y", [3, 4]), ["z"], 404)["error"]
+        assert err["kind"] == "not_found" and "released" in err["message"], err
+
+
+def long_chain(ref: str, w: str, n: int, depth: int) -> dict[str, Any]:
+    nodes: dict[str, Any] = {"p": inp(ref, [n, n]), "w": inp(w, [n, n])}
+    last = "p"
+    for i in range(depth):
+        nodes[f"m{i}"] = op("matmul", [last, "w"], [n, n])
+        nodes[f"h{i}"] = op("tanh", [f"m{i}"], [n, n])
+        last = f"h{i}"
+    nodes["out"] = op("add", [last, "p"], [n, n])
+    return nodes
+
+
+def test_not_ready_and_a_release_while_a_reader_runs(cluster: LocalCluster) -> None:
+    n = 512
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((n, n), dtype=np.float32)
+    w = (rng.standard_normal((n, n), dtype=np.float32) * 0.05).astype(np.float32)
+    with api(cluster) as h:
+        ux, uw = upload(h, x), upload(h, w)
+        j1 = submit(h, {"x": inp(ux, [n, n]), "y": op("exp", ["x"], [n, n])}, ["y"])["id"]
+        # j2 reads j1's output while j1 may still run: 409 not_ready (or it is done already)
+        r = h.post("/v1/jobs", json={"graph": {"version": 1, "nodes": double(f"{j1}:y", [n, n]),
+                                               "outputs": ["z"]}, "fetch": ["z"]})
+        assert r.status_code in (201, 409), r.text
+        if r.status_code == 409:
+            assert r.json()["error"]["kind"] == "not_ready"
+        wait_done(h, j1)
+        j2 = submit(h, long_chain(f"{j1}:y", uw, n, 30), ["out"])["id"]
+        assert h.delete(f"/v1/jobs/{j1}").json()["id"] == j1  # released while j2 reads it
+        wait_done(h, j2)
+        want = np.exp(x)
+        p = want
+        for _ in range(30):
+            want = np.tanh(want @ w)
+        np.testing.assert_allclose(fetch(h, j2, "out"), want + p, rtol=1e-3, atol=1e-4)
+
+
+def test_holder_sigkilled_lost_while_running_and_at_submit(tmp_path_factory: pytest.TempPathFactory) -> None:
+    pytest.importorskip("uvicorn", reason="the cluster extra is not installed")
+    c = LocalCluster(tmp_path_factory.mktemp("refs-lost"), ClusterConfig(executors=1, memory="256MiB",
+                                                                         ready_timeout_s=60.0))
+    n = 512
+    rng = np.random.default_rng(1)
+    try:
+        c.start()
+        with api(c) as h:
+            ux = upload(h, rng.standard_normal((n, n), dtype=np.float32))
+            uw = upload(h, (rng.standard_normal((n, n), dtype=np.float32) * 0.05).astype(np.float32))
+            j1 = submit(h, {"x": inp(ux, [n, n]), "y": op("exp", ["x"], [n, n])}, ["y"])["id"]
+            wait_done(h, j1)  # held by executor-0, the only one
+            c.add_executor()
+            j2 = submit(h, long_chain(f"{j1}:y", uw, n, 400), ["out"])["id"]
+            time.sleep(0.5)
+            c.kill_executor(0)
+            body = wait_done(h, j2, "failed")
+            assert body["error"]["kind"] == "lost" and body["error"]["ref"] == f"{j1}:y", body
+            # once the scheduler knows the holder is gone, a submit naming the ref is 410
+            deadline = time.monotonic() + 20
+            while True:
+                r = h.post("/v1/jobs", json={"graph": {"version": 1, "nodes": double(f"{j1}:y", [n, n]),
+                                                       "outputs": ["z"]}, "fetch": ["z"]})
+                if r.status_code != 201 or time.monotonic() > deadline:
+                    break
+                time.sleep(0.5)
+            assert r.status_code == 410, r.text
+            assert r.json()["error"] == {**r.json()["error"], "kind": "lost", "ref": f"{j1}:y"}
+            # the status read back from the metadb says the same
+            assert h.get(f"/v1/jobs/{j2}").json()["error"]["kind"] == "lost"
+    finally:
+        c.stop(grace_s=3.0)
+        c.run.clear_cluster()
