@@ -294,10 +294,18 @@ class RemoteSession:
         with those outputs of at most 64 KiB in ``values``: a short step is ONE request.
         Never retried once the request may have arrived. A 409 ``unknown plan`` RemoteError
         when the scheduler does not know a compiled step's ``plan``."""
+        body = request
         if inline is not None and self.wait_s:
-            request = {**request, "wait_s": self.wait_s, "inline": list(inline)}
-        r = self._call("POST", "/v1/jobs", content=canonical_json(request), retry_sent=False,
-                       headers={"Content-Type": "application/json", **self._lease_header()})
+            body = {**request, "wait_s": self.wait_s, "inline": list(inline)}
+        try:
+            r = self._call("POST", "/v1/jobs", content=canonical_json(body), retry_sent=False,
+                           headers={"Content-Type": "application/json", **self._lease_header()})
+        except RemoteError as e:
+            if body is request or e.status != 400 or "wait_s" not in str(e):
+                raise
+            self.wait_s = 0  # a scheduler that predates wait_s refused the request: poll instead
+            r = self._call("POST", "/v1/jobs", content=canonical_json(request), retry_sent=False,
+                           headers={"Content-Type": "application/json", **self._lease_header()})
         answer = r.json()
         if "graph" in request:
             self.last_submit = answer
