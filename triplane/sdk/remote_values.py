@@ -143,9 +143,20 @@ class Resident:
         self.restores = 0
 
     def before_step(self) -> None:
+        from triplane.sdk.remote import RemoteError
+
         self.steps += 1
         if self.every and self.steps > 1 and (self.steps - 1) % self.every == 0:
-            self.checkpoint()
+            try:
+                self.checkpoint()
+            except RemoteError as e:  # training goes on; a loss before the next one fails
+                log = logging.getLogger("triplane.sdk.remote")
+                if e.status in (404, 405):  # a scheduler without /v1/tensors/copy
+                    self.every = 0
+                    log.warning("the scheduler cannot copy values (%s): no checkpoints, an executor "
+                                "lost will fail the step", e)
+                else:
+                    log.warning("checkpoint after step %d failed (%s); the last one stays", self.steps - 1, e)
 
     def checkpoint(self) -> Checkpoint:
         """Copy every live remote value (one ``POST /v1/tensors/copy``); values already
