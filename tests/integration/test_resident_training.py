@@ -91,7 +91,11 @@ def test_a_training_step_is_one_request_and_keeps_values_on_the_cluster(cluster:
             assert all(isinstance(p._value, RemoteValue) for p in tr.model.parameters())
             jobs = {p._value.job_id for p in tr.model.parameters()}
             sd = tr.model.state_dict()
-        assert steady == Counter({"POST /v1/jobs": 10}), steady  # the loss comes back inline
+        if s.wait_s:  # the loss comes back inline in the submit's answer
+            assert steady == Counter({"POST /v1/jobs": 10}), steady
+        else:  # a scheduler without wait_s: submit, wait, fetch the loss
+            assert steady == Counter({"POST /v1/jobs": 10, "GET /v1/jobs/*/wait": 10,
+                                      "GET /v1/jobs/*/tensors/*": 10}), steady
         assert len(jobs) == 1
         ref = Trainer()
         with use_session(EmbeddedSession()):
@@ -180,5 +184,7 @@ def test_the_resident_values_example_of_the_cluster_docs_runs(cluster: LocalClus
     loss = float(capsys.readouterr().out.split("loss ")[1])
     assert loss < 0.5 * np.log(4), loss  # learnt something
     assert sorted(ns["weights"]) == ["0.bias", "0.weight", "2.bias", "2.weight"]
-    assert ns["session"].resident.last is not None and ns["session"].resident.last.step == 40
+    resident = ns["session"].resident
+    if resident.every:  # (0: the scheduler has no /v1/tensors/copy, a warning said so)
+        assert resident.last is not None and resident.last.step == 40
     assert all(type(p._value) is np.ndarray for p in ns["model"].parameters())  # fetched at disconnect
