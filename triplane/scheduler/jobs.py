@@ -197,10 +197,10 @@ class Jobs:
         if not held.refs:
             return plan
         self.refs.check_types(plan, held)
-        by_region = Refs.read_by_region(plan, held)
-        if by_region:
-            await self.refs.copy_into(held, by_region, owner)
-            plan = await asyncio.to_thread(compile_again)
+        plan, copy = Refs.bind_regions(plan, held)
+        if copy:
+            await self.refs.copy_into(held, copy, owner)
+            plan, _ = Refs.bind_regions(await asyncio.to_thread(compile_again), held)
         return Refs.prefer_holders(plan, held)
 
     async def submit_bound(self, plan_hash: str, args: list[str], fetch: list[str],
@@ -238,8 +238,9 @@ class Jobs:
                      engines: Any, factors: Factors, held: Held) -> dict[str, Any]:
         """Check, store and dispatch a compiled job; its status body."""
         bindings = bindings_of(plan)
-        if held.refs:
-            bindings["refs"] = self.refs.recorded(held)  # a resumed job finds them again
+        if held.refs:  # a resumed job finds them again (once their holders are back)
+            bindings["refs"] = self.refs.recorded(held)
+            bindings["ref_nodes"] = sorted({h for r in held.refs.values() for _, h in r.held()})
         if deadline_s is not None:
             bindings["deadline_s"] = deadline_s  # a resumed job keeps its deadline
         if len(json.dumps(bindings)) > 60_000:
@@ -469,6 +470,9 @@ class Jobs:
         live.updated = time.time()
         if f.state == "failed":
             live.error = self._failure(live, f)
+            ref = self.refs.ref_of(f.job, f.error.input) if f.error is not None and f.error.input else None
+            if ref is not None and f.error is not None and f.error.kind == "infra":  # its holder is gone
+                live.error = {**live.error, "kind": "lost", "ref": ref}
         elif f.state == "cancelled" and live.failure is not None:  # failed from outside (a lost ref)
             live.state, live.error = "failed", live.failure
         live.holders = {tid: t.node for tid, t in js.tasks.items() if t.node}

@@ -10,8 +10,9 @@ scheduler never needs an outside restart and two replicas never both dispatch fo
 Resume waits for the executors: a restarted scheduler (above all one serving the memory
 registry itself, which starts empty) may lead before the executors holding the tiles of
 its unfinished jobs have registered again. It waits, at most ``resume_wait_s``, for every
-executor named by a done task row, then counts the tasks done there as done; the jobs are
-resumed in the background, so the API (and a registry it serves) is up meanwhile.
+executor named by a done task row (or holding a ref a job reads, ``refs.py``), then counts
+the tasks done there as done; the jobs are resumed in the background, so the API (and a
+registry it serves) is up meanwhile.
 """
 
 from __future__ import annotations
@@ -132,6 +133,7 @@ class Leading:
         if not resumable:
             return
         wanted = {t.node for _, _, _, tasks in resumable for t in tasks if t.state == "done" and t.node}
+        wanted |= {n for _, _, b, _ in resumable for n in b.get("ref_nodes") or () if isinstance(n, str)}
         missing = wanted - set(self.shell.nodes)
         if missing:
             log.info("resuming %d job(s): waiting up to %.1f s for executor(s) %s, which hold tiles of "

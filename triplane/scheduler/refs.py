@@ -11,9 +11,12 @@ is bound to (:meth:`Refs.resolve`):
   task placed there reads it in place and any other pulls it over the data port;
   placement counts it as held there (a laid-out job: as a cached upload tile; a job the
   dispatcher places: its readers prefer the holder when the ref is their largest input).
-* an output held in several tiles (a tiled job), or a ref a tiled job would read by
-  regions (an executor serves whole tiles only): a *copy* in the upload store, made at
-  submit (the value read once through the scheduler and written to its disk, as
+* an output held in several tiles (a tiled job) read by a tiled job whose regions of it
+  are exactly its tiles (the same structure laid out the same way, as a training step's
+  next step is): each region is bound to the tile holding it, on its holder, as above.
+* any other read an executor cannot serve (a region of a ref that is not one of its
+  tiles, a whole read of a tiled output): a *copy* in the upload store, made at submit
+  (the value read once through the scheduler and written to its disk, as
   ``POST /v1/tensors/copy`` does), bound as that upload. The copy belongs to the job and
   is deleted with its release. This costs what uploading the value would.
 * a fetched name that is itself an upload: that upload.
@@ -44,6 +47,7 @@ from triplane import metadb as mdb
 from triplane.net.dataport import DataPortError
 from triplane.scheduler.compiler.compile import ClusterSnapshot
 from triplane.scheduler.compiler.jobplan import JobPlan, is_tensor_id, tile_id
+from triplane.scheduler.compiler.tiling import Region
 from triplane.scheduler.dispatch.shell import DispatchShell
 from triplane.scheduler.earlier import REBUILD_ERRORS, read_released
 from triplane.scheduler.errors import BadRequest, Lost, NotFound, NotReady, Unavailable
@@ -90,7 +94,8 @@ def refs_in_args(args: Iterable[Any]) -> list[str]:
 class Resolved:
     """What a ref is bound to: ``tile`` (``<job>.<task>`` on ``holder``, or an upload id
     with no holder), ``owner`` the job whose tile it is (pinned while a reader runs; None
-    once copied), the value's type, and ``tiles`` it is held in (over 1: copied first)."""
+    once copied), the value's type, and for a value held in several tiles, ``parts``:
+    (region, tile, holder) of each (``tile`` is then the first, standing for the whole)."""
 
     ref: str
     tile: str
@@ -98,7 +103,17 @@ class Resolved:
     owner: str | None
     shape: tuple[int, ...]
     dtype: str
-    tiles: int = 1
+    parts: tuple[tuple[Region, str, str], ...] = ()
+
+    @property
+    def tiles(self) -> int:
+        return len(self.parts) or 1
+
+    def held(self) -> list[tuple[str, str]]:
+        """(tile, holder) of each executor tile of the value."""
+        if self.parts:
+            return [(t, h) for _, t, h in self.parts]
+        return [(self.tile, self.holder)] if self.holder is not None else []
 
 
 @dataclass
@@ -140,8 +155,6 @@ class Refs:
                 if r.owner is not None:
                     self.results.pin(r.owner)
                 held.refs[ref] = r
-                if r.tiles > 1:
-                    await self.copy_into(held, [ref], owner)
         except BaseException:
             self.drop(held)
             raise
@@ -167,9 +180,11 @@ class Refs:
             return self._alive(Resolved(ref, tensor, owner_holders.get(task), owner, shape, dtype))
         grid = plan.fetch_grid(name)
         if grid is not None and len(grid) > 1:
-            for task in grid.tiles.values():
-                self._alive(Resolved(ref, tile_id(job, task), holders.get(task), job, shape, dtype))
-            return Resolved(ref, "", None, job, tuple(grid.shape), grid.dtype, len(grid))
+            parts = []
+            for cell, task in sorted(grid.tiles.items()):
+                r = self._alive(Resolved(ref, tile_id(job, task), holders.get(task), job, shape, dtype))
+                parts.append((grid.region(cell), r.tile, r.holder or ""))
+            return Resolved(ref, parts[0][1], parts[0][2], job, tuple(grid.shape), grid.dtype, tuple(parts))
         tile, task = plan.fetch_tile(name)
         return self._alive(Resolved(ref, tile, holders.get(task or ""), job, shape, dtype))
 
@@ -205,7 +220,7 @@ class Refs:
         return plan, holders
 
     def _alive(self, r: Resolved) -> Resolved:
-        if r.holder is None or r.holder not in self.shell.nodes:
+        if r.holder is None or (r.holder not in self.shell.nodes and not self.shell.suspected(r.holder)):
             where = f"executor {r.holder}, which is gone" if r.holder else "no executor"
             raise Lost(f"ref {r.ref}: its value (tile {r.tile}) was held by {where}", ref=r.ref)
         return r
@@ -279,23 +294,40 @@ class Refs:
                                  f"{node.dtype}{list(node.shape)}", node=name, op="input", ref=r.ref)
 
     @staticmethod
-    def read_by_region(plan: JobPlan, held: Held) -> list[str]:
-        """The refs of ``held`` that ``plan``'s tasks would read by regions (a tiled job)."""
-        by_tile = {r.tile: ref for ref, r in held.refs.items() if r.holder is not None}
-        if not by_tile:
-            return []
-        out: dict[str, None] = {}
-        for tpl in plan.templates.values():
+    def bind_regions(plan: JobPlan, held: Held) -> tuple[JobPlan, list[str]]:
+        """``plan`` with each region of a tiled ref that is one of its tiles read from that
+        tile, and the refs it reads in a way no executor serves (to copy, module doc)."""
+        refs = {r.tile: r for r in held.refs.values() if r.holder is not None}
+        if not refs:
+            return plan, []
+        tiles = {r.tile: {reg: t for reg, t, _ in r.parts} for r in refs.values()}
+        copy: dict[str, None] = {}
+        templates = dict(plan.templates)
+        for task, tpl in plan.templates.items():
+            swap = {}
             for t in tpl.uploads:
-                base, at, _ = t.partition("@")
-                if at and base in by_tile:
-                    out[by_tile[base]] = None
-        return list(out)
+                base, at, spec = t.partition("@")
+                r = refs.get(base)
+                if r is None:
+                    continue
+                part = tiles[base].get(_region(spec)) if at else None
+                if part is not None:
+                    swap[t] = part
+                elif at or r.parts:  # a region that is no tile, or the whole of a tiled value
+                    copy[r.ref] = None
+            if swap:
+                templates[task] = dataclasses.replace(
+                    tpl, inputs=tuple(swap.get(t, t) for t in tpl.inputs),
+                    uploads=tuple(dict.fromkeys(swap.get(t, t) for t in tpl.uploads)))
+        if copy:
+            return plan, list(copy)
+        return (dataclasses.replace(plan, templates=templates) if templates != plan.templates else plan), []
 
     @staticmethod
     def snapshot(cluster: ClusterSnapshot, held: Held) -> ClusterSnapshot:
         """``cluster`` whose cached-tile lookup also names the holders of ``held``'s tiles."""
         where = {r.tile: r.holder for r in held.refs.values() if r.holder is not None}
+        parts = {r.tile: {reg: h for reg, _, h in r.parts} for r in held.refs.values() if r.parts}
         if not where:
             return cluster
         base = cluster.cached
@@ -308,6 +340,9 @@ class Refs:
                     tensor = args[int(arg[3:])]
                 except (ValueError, IndexError):
                     tensor = ""
+                if tensor in parts:
+                    h = parts[tensor].get(tuple(tuple(x) for x in region)) if region is not None else None
+                    return (h,) if h else ()
                 if region is None and tensor in where:
                     return (where[tensor],)
                 return inner(arg, region) if inner is not None else ()
@@ -348,9 +383,9 @@ class Refs:
             return
         self._running[job] = held
         for r in held.refs.values():
-            if r.holder is not None:
-                self._sources[r.tile] = self._sources.get(r.tile, 0) + 1
-                self.shell.sources[r.tile] = r.holder
+            for tile, holder in r.held():
+                self._sources[tile] = self._sources.get(tile, 0) + 1
+                self.shell.sources[tile] = holder
 
     def drop(self, held: Held) -> None:
         """The job was refused: unpin its refs and delete its copies (never pulled)."""
@@ -369,21 +404,28 @@ class Refs:
         if held is None:
             return
         for r in held.refs.values():
-            if r.holder is not None:
-                left = self._sources.get(r.tile, 0) - 1
+            for tile, _ in r.held():
+                left = self._sources.get(tile, 0) - 1
                 if left > 0:
-                    self._sources[r.tile] = left
+                    self._sources[tile] = left
                 else:
-                    self._sources.pop(r.tile, None)
-                    self.shell.sources.pop(r.tile, None)
+                    self._sources.pop(tile, None)
+                    self.shell.sources.pop(tile, None)
             if r.owner is not None:
                 self.results.unpin(r.owner)
+
+    def ref_of(self, job: str, tile: str) -> str | None:
+        """The ref of running ``job`` that ``tile`` is (a part of), if any."""
+        held = self._running.get(job)
+        if held is None:
+            return None
+        return next((r.ref for r in held.refs.values() if any(t == tile for t, _ in r.held())), None)
 
     def lost_on(self, node: str) -> list[tuple[str, Resolved]]:
         """(running job, its first ref held on ``node``) for each job reading a ref there."""
         out = []
         for job, held in self._running.items():
-            r = next((r for r in held.refs.values() if r.holder == node), None)
+            r = next((r for r in held.refs.values() if any(h == node for _, h in r.held())), None)
             if r is not None:
                 out.append((job, r))
         return out
@@ -401,6 +443,14 @@ class Refs:
                 self.drop(held)
                 raise Lost(f"ref {ref}: its value is no longer tile {tile}", ref=ref)
         return held
+
+
+def _region(spec: str) -> Region | None:
+    """The region of a region tile's ``lo:hi,lo:hi`` (None if malformed)."""
+    try:
+        return tuple((int(a), int(b)) for a, b in (p.split(":") for p in spec.split(",")))
+    except ValueError:
+        return None
 
 
 def _nbytes(r: Resolved) -> int:

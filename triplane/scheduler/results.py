@@ -25,7 +25,7 @@ from triplane import metadb as mdb
 from triplane.net.dataport import DataClient, DataPortError
 from triplane.proto.errors import GraphError
 from triplane.scheduler.cluster import ClusterView
-from triplane.scheduler.compiler.jobplan import JobPlan
+from triplane.scheduler.compiler.jobplan import JobPlan, is_job_tile
 from triplane.scheduler.compiler.planview import plan_document
 from triplane.scheduler.dispatch.shell import DispatchShell
 from triplane.scheduler.earlier import (
@@ -115,7 +115,15 @@ class Results:
         if grid is not None and len(grid) > 1:
             return await self._open_tiled(job, name, grid, holders)
         tile, task = plan.fetch_tile(name)
-        if task is None:
+        if task is None and is_job_tile(tile):  # an input bound to a ref: the other job's tile
+            owner, _, task = tile.partition(".")
+            live = self.live.get(owner)
+            try:
+                holders = live.holders if live is not None else (await self.earlier.get(owner)).holders
+            except (mdb.MetaDBError, *REBUILD_ERRORS) as e:
+                raise NotFound(f"{name!r} of job {job} is tile {tile} of job {owner}, unknown now: {e}",
+                               node=name) from None
+        elif task is None:
             t = self.store.get(tile)
             if t is None:
                 raise NotFound(f"uploaded tensor {tile} is gone")

@@ -180,7 +180,14 @@ class Scheduler(Leading):
     def _node_down(self, node: str) -> None:
         log.warning("executor %s is gone", node)
         self.cluster.node_down(node)
-        # A running job reading a ref held there cannot get it any more: it fails (kind "lost").
+        asyncio.get_running_loop().call_soon(self._refs_lost, node)
+
+    def _refs_lost(self, node: str) -> None:
+        """A running job reading a ref held on ``node`` cannot get it any more: it fails
+        (kind "lost"). Not for a node merely suspected (a peer's pull failed; it is probed
+        and comes back if it answers): its registration expiring takes it down for good."""
+        if node in self.shell.nodes or self.shell.suspected(node):
+            return
         for job, r in self.refs.lost_on(node):
             live = self.jobs.live.get(job)
             if live is None or live.state != "running":

@@ -99,6 +99,13 @@ def test_a_chain_of_refs_in_full_submits_and_compiled_steps_equals_numpy(cluster
         j = submit(h, nodes, ["s"])["id"]
         wait_done(h, j)
         np.testing.assert_allclose(fetch(h, j, "s"), want + x, rtol=1e-6)
+        # an input bound to a ref, fetched as it is, and used as a ref again
+        j = submit(h, {**double(f"{prev}:z", [3, 4])}, ["p", "z"])["id"]
+        wait_done(h, j)
+        np.testing.assert_allclose(fetch(h, j, "p"), want, rtol=1e-6)
+        k = submit(h, double(f"{j}:p", [3, 4]), ["z"])["id"]
+        wait_done(h, k)
+        np.testing.assert_allclose(fetch(h, k, "z"), want * 2, rtol=1e-6)
 
 
 def test_ref_errors_name_the_ref(cluster: LocalCluster) -> None:
@@ -167,7 +174,7 @@ def test_holder_sigkilled_lost_while_running_and_at_submit(tmp_path_factory: pyt
     pytest.importorskip("uvicorn", reason="the cluster extra is not installed")
     c = LocalCluster(tmp_path_factory.mktemp("refs-lost"), ClusterConfig(executors=1, memory="256MiB",
                                                                          ready_timeout_s=60.0))
-    n = 512
+    n = 96  # a chain of 100 small tasks: under 4 MiB in all, so not cut into tiles (p is read whole)
     rng = np.random.default_rng(1)
     try:
         c.start()
@@ -177,11 +184,11 @@ def test_holder_sigkilled_lost_while_running_and_at_submit(tmp_path_factory: pyt
             j1 = submit(h, {"x": inp(ux, [n, n]), "y": op("exp", ["x"], [n, n])}, ["y"])["id"]
             wait_done(h, j1)  # held by executor-0, the only one
             c.add_executor()
-            j2 = submit(h, long_chain(f"{j1}:y", uw, n, 400), ["out"])["id"]
-            time.sleep(0.5)
+            j2 = submit(h, long_chain(f"{j1}:y", uw, n, 50), ["out"])["id"]  # its last task reads p
             c.kill_executor(0)
             body = wait_done(h, j2, "failed")
             assert body["error"]["kind"] == "lost" and body["error"]["ref"] == f"{j1}:y", body
+            assert f"{j1}:y" in body["error"]["message"]
             # once the scheduler knows the holder is gone, a submit naming the ref is 410
             deadline = time.monotonic() + 20
             while True:
@@ -189,6 +196,8 @@ def test_holder_sigkilled_lost_while_running_and_at_submit(tmp_path_factory: pyt
                                                        "outputs": ["z"]}, "fetch": ["z"]})
                 if r.status_code != 201 or time.monotonic() > deadline:
                     break
+                body = wait_done(h, r.json()["id"], "failed")  # a job started meanwhile: lost too
+                assert body["error"]["kind"] == "lost", body
                 time.sleep(0.5)
             assert r.status_code == 410, r.text
             assert r.json()["error"] == {**r.json()["error"], "kind": "lost", "ref": f"{j1}:y"}
@@ -197,3 +206,64 @@ def test_holder_sigkilled_lost_while_running_and_at_submit(tmp_path_factory: pyt
     finally:
         c.stop(grace_s=3.0)
         c.run.clear_cluster()
+
+
+def upload_files(c: LocalCluster) -> set[str]:
+    return {p.name for p in (c.run.path / "tensors").glob("u-*.npy")}
+
+
+def test_a_tiled_output_as_a_ref_is_read_tile_by_tile_or_copied(cluster: LocalCluster) -> None:
+    n = 1536  # a matmul of 9 MiB operands: cut into tiles
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((n, n), dtype=np.float32)
+    w = (rng.standard_normal((n, n), dtype=np.float32) * 0.03).astype(np.float32)
+    xw = x.astype(np.float64) @ w.astype(np.float64)
+    with api(cluster) as h:
+        ux, uw = upload(h, x), upload(h, w)
+        mm = {"x": inp(ux, [n, n]), "w": inp(uw, [n, n]), "m": op("matmul", ["x", "w"], [n, n])}
+        j1 = submit(h, mm, ["m"])["id"]
+        wait_done(h, j1)
+        before = upload_files(cluster)
+        # a step: z = x @ w + p, its output cut as p was -- each of p's tiles read where it is
+        first = submit(h, {**mm, "p": inp(f"{j1}:m", [n, n]), "z": op("add", ["m", "p"], [n, n])}, ["z"])
+        prev = first["id"]
+        wait_done(h, prev)
+        for _ in range(2):
+            args = [f"{prev}:z" if a.startswith("j") else a for a in first["args"]]
+            r = h.post("/v1/jobs", json={"plan": first["plan"], "args": args, "fetch": ["z"]})
+            assert r.status_code == 201, r.text
+            prev = r.json()["id"]
+            wait_done(h, prev)
+        tasks = h.get(f"/v1/jobs/{prev}/plan").json()["tasks"]
+        assert len([t for t in tasks if t["op"] == "add"]) > 1  # it was cut into tiles
+        assert upload_files(cluster) == before  # no copy was made
+        np.testing.assert_allclose(fetch(h, prev, "z"), xw * 4, rtol=1e-3, atol=1e-3)
+        # a whole read of a tiled value (an elementwise job too cheap to cut): bound to a copy
+        j = submit(h, double(f"{prev}:z", [n, n]), ["z"])["id"]
+        assert len(upload_files(cluster) - before) == 1  # the copy
+        wait_done(h, j)
+        np.testing.assert_allclose(fetch(h, j, "z"), xw * 8, rtol=1e-3, atol=1e-3)
+        assert h.delete(f"/v1/jobs/{j}").status_code == 200
+        time.sleep(0.5)
+        assert upload_files(cluster) == before  # the copy went with its job
+
+
+def test_a_job_reading_a_ref_resumes_after_a_scheduler_restart(start_cluster: Any) -> None:
+    n = 512
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((n, n), dtype=np.float32)
+    w = (rng.standard_normal((n, n), dtype=np.float32) * 0.05).astype(np.float32)
+    with start_cluster(bound_s=120, executors=2) as c, api(c) as h:
+        ux, uw = upload(h, x), upload(h, w)
+        j1 = submit(h, {"x": inp(ux, [n, n]), "y": op("exp", ["x"], [n, n])}, ["y"])["id"]
+        wait_done(h, j1)
+        time.sleep(0.6)  # the journal writes j1's task rows (where its tile is)
+        j2 = submit(h, long_chain(f"{j1}:y", uw, n, 120), ["out"])["id"]
+        time.sleep(0.5)
+        c.restart_scheduler(kill=True)
+        with api(c) as h2:
+            wait_done(h2, j2)
+            want = p = np.exp(x)
+            for _ in range(120):
+                want = np.tanh(want @ w)
+            np.testing.assert_allclose(fetch(h2, j2, "out"), want + p, rtol=1e-3, atol=1e-4)

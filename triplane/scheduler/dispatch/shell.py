@@ -245,6 +245,11 @@ class DispatchShell:
         self.node_down(node)
         self._suspects[node] = info
 
+    def suspected(self, node: str) -> bool:
+        """Is ``node`` down for the dispatcher only because a peer could not read from it
+        (its data port is probed; its registration stands)?"""
+        return node in self._suspects
+
     async def _probe_suspects(self) -> None:
         while True:
             await asyncio.sleep(1.0)
