@@ -72,7 +72,8 @@ def _counting(s: RemoteSession) -> Counter[str]:
 
     def hook(request: httpx.Request) -> None:
         if threading.get_ident() == me:
-            calls[f"{request.method} {re.sub(r'/(j[0-9a-f]+|u-[0-9a-f]+|n[0-9]+)', '/*', request.url.path)}"] += 1
+            route = re.sub(r"/(j[0-9a-f]+|u-[0-9a-f]+|n[0-9]+)", "/*", request.url.path)
+            calls[f"{request.method} {route}"] += 1
 
     s._client.event_hooks["request"].append(hook)
     return calls
