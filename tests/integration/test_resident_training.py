@@ -186,6 +186,5 @@ def test_the_resident_values_example_of_the_cluster_docs_runs(cluster: LocalClus
     assert loss < 0.5 * np.log(4), loss  # learnt something
     assert sorted(ns["weights"]) == ["0.bias", "0.weight", "2.bias", "2.weight"]
     resident = ns["session"].resident
-    if resident.every:  # (0: the scheduler has no /v1/tensors/copy, a warning said so)
-        assert resident.last is not None and resident.last.step == 40
+    assert resident.last is not None and resident.last.step == 40
     assert all(type(p._value) is np.ndarray for p in ns["model"].parameters())  # fetched at disconnect

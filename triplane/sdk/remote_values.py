@@ -119,10 +119,11 @@ class Checkpoint:
     Tensor (weakly) -> upload id of its copy."""
 
     step: int
-    entries: list[tuple[weakref.ref[Tensor], str, TensorType]] = field(default_factory=list)
+    # (Tensor, the upload id of its copy -- or the host array, downloaded -- its type)
+    entries: list[tuple[weakref.ref[Tensor], str | np.ndarray, TensorType]] = field(default_factory=list)
 
     def uploads(self) -> set[str]:
-        return {uid for _, uid, _ in self.entries}
+        return {uid for _, uid, _ in self.entries if isinstance(uid, str)}
 
 
 class Resident:
@@ -141,6 +142,7 @@ class Resident:
         self.steps = 0  # evaluations that kept values
         self.last: Checkpoint | None = None
         self.restores = 0
+        self.copies = True  # the scheduler copies values (else checkpoints are downloaded)
 
     def before_step(self) -> None:
         from triplane.sdk.remote import RemoteError
@@ -150,24 +152,35 @@ class Resident:
             try:
                 self.checkpoint()
             except RemoteError as e:  # training goes on; a loss before the next one fails
-                log = logging.getLogger("triplane.sdk.remote")
-                if e.status in (404, 405):  # a scheduler without /v1/tensors/copy
-                    self.every = 0
-                    log.warning("the scheduler cannot copy values (%s): no checkpoints, an executor "
-                                "lost will fail the step", e)
-                else:
-                    log.warning("checkpoint after step %d failed (%s); the last one stays", self.steps - 1, e)
+                logging.getLogger("triplane.sdk.remote").warning(
+                    "checkpoint after step %d failed (%s); the last one stays", self.steps - 1, e)
 
     def checkpoint(self) -> Checkpoint:
         """Copy every live remote value (one ``POST /v1/tensors/copy``); values already
-        restored from a copy keep it. The previous checkpoint's other copies are released."""
+        restored from a copy keep it. The previous checkpoint's other copies are released.
+        A scheduler without the copy request (404/405) gets the values downloaded instead
+        (one request each, held in this process)."""
+        from triplane.sdk.remote import RemoteError
+
         s = self.session
         live = list(s.holders.live(s))
         refs = list(dict.fromkeys(v.ref for _, v in live if v.job is not None))
-        ids = dict(zip(refs, s.copy_values(refs), strict=True)) if refs else {}
+        copies: dict[str, Any] = {}
+        if refs and self.copies:
+            try:
+                copies = dict(zip(refs, s.copy_values(refs), strict=True))
+            except RemoteError as e:
+                if e.status not in (404, 405):
+                    raise
+                self.copies = False
+                logging.getLogger("triplane.sdk.remote").warning(
+                    "the scheduler cannot copy values (%s): checkpoints are downloaded instead", e)
         ck = Checkpoint(self.steps - 1)
         for t, v in live:
-            ck.entries.append((weakref.ref(t), ids.get(v.ref, v.ref), v.type))
+            if v.job is None:
+                ck.entries.append((weakref.ref(t), v.ref, v.type))
+            else:
+                ck.entries.append((weakref.ref(t), copies[v.ref] if v.ref in copies else v.numpy(), v.type))
         old, self.last = self.last, ck
         if old is not None and s.release_values:
             for uid in old.uploads() - ck.uploads():
@@ -195,7 +208,7 @@ class Resident:
         for wt, uid, ty in ck.entries:
             t = wt()
             if t is not None:
-                t._value = RemoteValue(s, uid, ty)
+                t._value = RemoteValue(s, uid, ty) if isinstance(uid, str) else uid
                 restored += 1
         for _, v in s.holders.live(s):
             if lost_job is not None and v.job_id == lost_job:

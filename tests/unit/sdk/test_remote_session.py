@@ -44,6 +44,7 @@ class FakeScheduler:
         self.lost_jobs: set[str] = set()  # their kept outputs died with an executor
         self.released: set[str] = set()  # jobs released (DELETE /v1/jobs/{id})
         self.copies = 0  # POST /v1/tensors/copy requests
+        self.can_copy = True  # False: a scheduler that predates the copy request (405)
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
         path = request.url.path
@@ -58,6 +59,8 @@ class FakeScheduler:
         if request.method == "POST" and path == "/v1/tensors":
             return self._upload(request)
         if request.method == "POST" and path == "/v1/tensors/copy":
+            if not self.can_copy:
+                return httpx.Response(405, json={"detail": "Method Not Allowed"})
             return self._copy(json.loads(request.content)["from"])
         m = re.fullmatch(r"/v1/jobs/(j\w+)", path)
         if m and request.method == "DELETE":

@@ -239,3 +239,24 @@ def test_a_restored_value_reads_back(fake: CompilingFake) -> None:
         assert isinstance(w._value, RemoteValue) and w._value.ref.startswith("u-")
         np.testing.assert_array_equal(w.numpy(), _copies(fake, s, [w])[0])
     s.close()
+
+
+def test_without_the_copy_request_checkpoints_are_downloaded(fake: CompilingFake,
+                                                             caplog: pytest.LogCaptureFixture) -> None:
+    fake.can_copy = False
+    s = _session(fake, checkpoint_every=3)
+    with use_session(s), caplog.at_level(logging.WARNING, logger="triplane.sdk.remote"):
+        tr = Trainer()
+        for _ in range(5):
+            tr.step()
+        assert s.resident.last is not None and not s.resident.last.uploads()
+        held = {id(wt()): v for wt, v, _ in s.resident.last.entries}
+        w = tr.model[0].weight
+        want = np.array(held[id(w)])
+        fake.lost_jobs.update(fake.jobs)
+        losses = [tr.step() for _ in range(3)]
+    assert all(np.isfinite(losses)) and s.resident.restores == 1
+    assert any("checkpoints are downloaded instead" in r.getMessage() for r in caplog.records)
+    assert any("checkpoint of step 3, 2 step(s) lost" in r.getMessage() for r in caplog.records)
+    assert want.shape == (8, 4) and isinstance(w._value, RemoteValue)  # trained on from there
+    s.close()
