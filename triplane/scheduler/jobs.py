@@ -171,7 +171,7 @@ class Jobs:
         if not isinstance(fetch, list) or len(fetch) > MAX_FETCH or not all(type(f) is str for f in fetch):
             raise BadRequest(f"'fetch' must be a list of at most {MAX_FETCH} node ids")
         cluster, engines, factors = await self.cluster.snapshot()
-        held = await self.refs.resolve(refs_in_graph(graph_doc), owner)
+        held = await self.refs.resolve(refs_in_graph(graph_doc))
         try:
             def compile_now() -> JobPlan:
                 return self.compile(graph_doc, fetch, Refs.snapshot(cluster, held), held.bind)
@@ -196,7 +196,7 @@ class Jobs:
         regions (bound to a copy then, ``refs.py``), its tasks preferring the refs' holders."""
         if not held.refs:
             return plan
-        self.refs.check_types(plan, held)
+        Refs.check_types(plan, held)
         plan, copy = Refs.bind_regions(plan, held)
         if copy:
             await self.refs.copy_into(held, copy, owner)
@@ -221,7 +221,7 @@ class Jobs:
         if len(args) != nargs:
             raise BadRequest(f"plan {plan_hash[:16]} binds {nargs} inputs, the request gives {len(args)}")
         cluster, engines, factors = await self.cluster.snapshot()
-        held = await self.refs.resolve(refs_in_args(args), owner)
+        held = await self.refs.resolve(refs_in_args(args))
         try:
             def compile_now() -> JobPlan:
                 bind = held.bind
@@ -505,6 +505,7 @@ class Jobs:
         them); the finished ones stay, their results are still fetchable."""
         for job in [j for j, live in self.live.items() if live.state == "running"]:
             del self.live[job]
+            self.refs.ended(job)
         self.templates.clear()
 
     @staticmethod

@@ -145,9 +145,8 @@ class Refs:
 
     # --- resolution ----------------------------------------------------------------------
 
-    async def resolve(self, refs: Sequence[str], owner: str | None = None) -> Held:
-        """Resolve and pin ``refs`` (a value held in several tiles is copied, see the
-        module doc); the errors of the module doc."""
+    async def resolve(self, refs: Sequence[str]) -> Held:
+        """Resolve and pin ``refs``; the errors of the module doc."""
         held = Held()
         try:
             for ref in refs:
@@ -280,7 +279,8 @@ class Refs:
 
     # --- a job's refs ----------------------------------------------------------------------
 
-    def check_types(self, plan: JobPlan, held: Held) -> None:
+    @staticmethod
+    def check_types(plan: JobPlan, held: Held) -> None:
         """BadRequest naming the ref and the input when a value's type is not the input's."""
         if not held.refs:
             return

@@ -91,6 +91,12 @@ class Results:
             raise NotFound(f"the tensors of job {job} were released")
         return await self._open_held(job, name, live.plan, live.holders)
 
+    def fetched_nbytes(self, job: str, name: str) -> int | None:
+        """The size of fetched ``name`` of a job in memory (None otherwise)."""
+        live = self.live.get(job)
+        nid = live.plan.fetch.get(name) if live is not None else None
+        return None if nid is None else live.plan.plan.graph.nodes[nid].type.nbytes  # type: ignore[union-attr]
+
     async def _open_earlier(self, job: str, name: str) -> Opened:
         await self.require_leader()
         try:

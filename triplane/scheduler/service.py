@@ -25,6 +25,7 @@ its tasks done. With ``elect=True`` (etcd) the scheduler campaigns for
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import logging
 import time
@@ -34,7 +35,7 @@ from typing import Any
 
 from triplane import metadb as mdb
 from triplane._version import __version__
-from triplane.net.dataport import DataClient, DataServer
+from triplane.net.dataport import DataClient, DataPortError, DataServer
 from triplane.registry import Leadership, RegistryBackend, leader
 from triplane.scheduler.cluster import ClusterView
 from triplane.scheduler.compiler.jobplan import TaskTemplate, tile_id
@@ -42,7 +43,7 @@ from triplane.scheduler.compiler.pipeline import PlanCache
 from triplane.scheduler.dispatch.shell import DispatchShell, Hooks
 from triplane.scheduler.dispatch.state import CancelJob, DispatchState, Free, Policy, Send
 from triplane.scheduler.earlier import EarlierJobs
-from triplane.scheduler.errors import Conflict, Standby
+from triplane.scheduler.errors import Conflict, SchedulerError, Standby
 from triplane.scheduler.freeing import TileFreer
 from triplane.scheduler.jobs import RETAIN_FINISHED, Jobs, LiveJob
 from triplane.scheduler.journal import Journal
@@ -55,6 +56,7 @@ from triplane.scheduler.store import StoredTensor, TensorStore, UploadTiles
 log = logging.getLogger(__name__)
 
 VERSION = __version__  # api/app.py reports it
+INLINE_MAX_BYTES = 64 * 1024  # values a submit that waits answers inline (api/waiting.py)
 
 
 class Scheduler(Leading):
@@ -236,6 +238,35 @@ class Scheduler(Leading):
 
     def status(self, job: str) -> dict[str, Any]:
         return self.jobs.status(job)
+
+    async def copy(self, refs: Sequence[str], owner: str | None = None) -> list[str]:
+        """``POST /v1/tensors/copy``: each ref's value stored as an upload of ``owner``
+        (``Refs.copy``; its errors)."""
+        await self.require_leader()
+        return await self.refs.copy(refs, owner)
+
+    async def waited(self, answer: dict[str, Any], wait_s: float, inline: Sequence[str]) -> dict[str, Any]:
+        """A submit's ``answer`` once its job is terminal or ``wait_s`` passed (``api/waiting.py``):
+        with ``job``, its status's ``state``, ``progress`` and ``error``, and ``values``: each
+        ``inline`` name of at most ``INLINE_MAX_BYTES`` of a done job, as ``{"shape", "dtype",
+        "data": <base64 of its raw little-endian C-order bytes>}``."""
+        job = answer["id"]
+        status = await self.jobs.wait(job, wait_s)  # the job's end is an asyncio.Event: no polling
+        values: dict[str, Any] = {}
+        if status["state"] == "done":
+            for name in inline:
+                size = self.results.fetched_nbytes(job, name)
+                if size is None or size > INLINE_MAX_BYTES:
+                    continue  # left out: fetched as usual
+                try:
+                    shape, dtype, _, chunks = await self.results.open_tensor(job, name)
+                    data = b"".join([c async for c in chunks])
+                except (SchedulerError, DataPortError) as e:  # released, or its holder went: fetch says why
+                    log.info("inline value %r of job %s left out: %s", name, job, e)
+                    continue
+                values[name] = {"shape": list(shape), "dtype": dtype, "data": base64.b64encode(data).decode()}
+        return {"job": job, **answer, "state": status["state"], "progress": status["progress"],
+                "error": status["error"], "values": values}
 
     def list_jobs(self, limit: int = 50, *, owner: str | None = None) -> list[dict[str, Any]]:
         return self.jobs.list(limit, owner=owner)

@@ -6,13 +6,16 @@ job error ``lost`` while running)."""
 
 from __future__ import annotations
 
+import base64
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import numpy as np
 import pytest
+from cluster_memory import settled_free
 
 from triplane.launcher import ClusterConfig, LocalCluster
 
@@ -267,3 +270,123 @@ def test_a_job_reading_a_ref_resumes_after_a_scheduler_restart(start_cluster: An
             for _ in range(120):
                 want = np.tanh(want @ w)
             np.testing.assert_allclose(fetch(h2, j2, "out"), want + p, rtol=1e-3, atol=1e-4)
+
+
+def value(v: dict[str, Any]) -> np.ndarray:
+    assert v["dtype"] == "float32"
+    return np.frombuffer(base64.b64decode(v["data"]), np.float32).reshape(v["shape"])
+
+
+def test_one_request_per_step_wait_and_inline_values(cluster: LocalCluster) -> None:
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    with api(cluster) as h:
+        u = upload(h, x)
+        big = upload(h, np.ones((128, 256), np.float32))  # 128 KiB: over the inline limit
+        nodes = {"x": inp(u, [3, 4]), "y": op("exp", ["x"], [3, 4]), "b": inp(big, [128, 256]),
+                 "c": op("add", ["b", "b"], [128, 256])}
+        t0 = time.monotonic()
+        first = submit(h, nodes, ["y", "c"], wait_s=30, inline=["y", "c"])
+        assert time.monotonic() - t0 < 30
+        assert first["state"] == "done" and first["job"] == first["id"] and first["error"] is None
+        assert set(first["values"]) == {"y"}  # c is too large: fetched as usual
+        np.testing.assert_allclose(value(first["values"]["y"]), np.exp(x), rtol=1e-6)
+        assert fetch(h, first["id"], "c").shape == (128, 256)
+        # compiled steps, each one request: bind the previous step's output by ref, read it inline
+        r = submit(h, double(f"{first['id']}:y", [3, 4]), ["z"], wait_s=30, inline=["z"])
+        plan, prev, want = r["plan"], r["id"], np.exp(x) * 2
+        np.testing.assert_allclose(value(r["values"]["z"]), want, rtol=1e-6)
+        for _ in range(3):
+            r = h.post("/v1/jobs", json={"plan": plan, "args": [f"{prev}:z"], "fetch": ["z"],
+                                         "wait_s": 30, "inline": ["z"]})
+            assert r.status_code == 201, r.text
+            body = r.json()
+            prev, want = body["id"], want * 2
+            assert body["state"] == "done" and body["job"] == prev
+            np.testing.assert_allclose(value(body["values"]["z"]), want, rtol=1e-6)
+        # a job that fails answers its error
+        n = 512
+        uw = upload(h, np.eye(n, dtype=np.float32))
+        chain: dict[str, Any] = {"w": inp(uw, [n, n])}
+        last = "w"
+        for i in range(200):
+            chain[f"m{i}"] = op("matmul", [last, "w"], [n, n])
+            last = f"m{i}"
+        body = submit(h, chain, [last], wait_s=30, deadline_s=0.2, inline=[last])
+        assert body["state"] == "failed" and body["error"]["kind"] == "deadline" and body["values"] == {}
+
+
+def test_checkpoint_copies_of_refs_are_uploads_of_the_session(cluster: LocalCluster) -> None:
+    n = 1536  # a tiled output (several tiles) beside a small one
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((n, n), dtype=np.float32)
+    w = (rng.standard_normal((n, n), dtype=np.float32) * 0.03).astype(np.float32)
+    with api(cluster) as h:
+        ux, uw = upload(h, x), upload(h, w)
+        nodes = {"x": inp(ux, [n, n]), "w": inp(uw, [n, n]), "m": op("matmul", ["x", "w"], [n, n]),
+                 "s": op("exp", ["m"], [n, n])}
+        small = {"x": inp(upload(h, x[:3, :4].copy()), [3, 4]), "y": op("exp", ["x"], [3, 4])}
+        j1 = submit(h, nodes, ["m"])["id"]
+        j2 = submit(h, small, ["y"])["id"]
+        wait_done(h, j1)
+        wait_done(h, j2)
+        sid = h.post("/v1/sessions").json()["id"]
+        r = h.post("/v1/tensors/copy", json={"from": [f"{j1}:m", f"{j2}:y"]},
+                   headers={"X-Triplane-Session": sid})
+        assert r.status_code == 201, r.text
+        big_id, small_id = r.json()["ids"]
+        assert all(u.startswith("u-") for u in (big_id, small_id))
+        # released jobs: the copies stay (they are uploads) and bind as inputs like any
+        for j in (j1, j2):
+            assert h.delete(f"/v1/jobs/{j}").status_code == 200
+        j = submit(h, {"p": inp(big_id, [n, n]), "z": op("add", ["p", "p"], [n, n]),
+                       "q": inp(small_id, [3, 4]), "r": op("add", ["q", "q"], [3, 4])}, ["z", "r"])["id"]
+        wait_done(h, j)
+        np.testing.assert_allclose(fetch(h, j, "z"), (x.astype(np.float64) @ w) * 2, rtol=1e-3, atol=1e-3)
+        np.testing.assert_allclose(fetch(h, j, "r"), np.exp(x[:3, :4]) * 2, rtol=1e-6)
+        r = h.post("/v1/tensors/copy", json={"from": [f"{j1}:m"]})
+        assert r.status_code == 404 and r.json()["error"]["ref"] == f"{j1}:m", r.text
+        # ending the session frees its copies
+        assert h.delete(f"/v1/sessions/{sid}").json()["uploads"] == 2
+        assert not {big_id + ".npy", small_id + ".npy"} & upload_files(cluster)
+
+
+def rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+def test_a_chain_of_200_steps_by_ref_releasing_each_leaves_memory_flat(cluster: LocalCluster) -> None:
+    n, steps = 512, 200  # 1 MiB a value: 200 MiB if released values leaked
+    x = np.ones((n, n), np.float32)
+    c = np.full((n, n), 0.5, np.float32)
+    with api(cluster) as h:
+        ux, uc = upload(h, x), upload(h, c)
+        base = settled_free(cluster)
+        prev = submit(h, {"x": inp(ux, [n, n]), "y": op("exp", ["x"], [n, n])}, ["y"])["id"]
+        wait_done(h, prev)
+        first = submit(h, {"p": inp(f"{prev}:y", [n, n]), "c": inp(uc, [n, n]),
+                           "z": op("add", ["p", "c"], [n, n])}, ["z"])
+        assert h.delete(f"/v1/jobs/{prev}").status_code == 200
+        prev = first["id"]
+        rss = []
+        done = 1
+        args = ["{prev}:z" if a.startswith("j") else a for a in first["args"]]
+        while done < steps:
+            r = h.post("/v1/jobs", json={"plan": first["plan"], "fetch": ["z"],
+                                         "args": [a.format(prev=prev) for a in args]})
+            if r.status_code == 409 and r.json()["error"]["kind"] == "not_ready":
+                wait_done(h, prev)  # the previous step still runs
+                continue
+            assert r.status_code == 201, r.text
+            assert h.delete(f"/v1/jobs/{prev}").status_code == 200  # released while its reader may run
+            prev, done = r.json()["id"], done + 1
+            if done in (50, steps):
+                rss.append(rss_bytes(cluster.scheduler.pid))
+        wait_done(h, prev)
+        np.testing.assert_allclose(fetch(h, prev, "z")[0, :3], np.e + 0.5 * steps, rtol=1e-5)
+        assert h.delete(f"/v1/jobs/{prev}").status_code == 200
+        after = settled_free(cluster, base)
+        assert after >= base - (1 << 20), (base, after)  # every value released
+        assert rss[1] - rss[0] < 32 << 20, rss

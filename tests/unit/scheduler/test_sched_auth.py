@@ -100,6 +100,7 @@ ROUTES: list[tuple[str, str, set[str] | None]] = [
     ("GET", "/v1/jobs/{job}/plan", READERS),
     ("DELETE", "/v1/jobs/{job}", CHANGERS),
     ("DELETE", "/v1/tensors/{upload}", CHANGERS),  # the uploader's (alice's) or admin's
+    ("POST", "/v1/tensors/copy", CHANGERS),  # refs to alice's job: alice's or admin's
     ("POST", "/v1/sessions", CHANGERS),
     ("POST", "/v1/sessions/{session}/renew", CHANGERS),  # the session's owner's or admin's
     ("DELETE", "/v1/sessions/{session}", CHANGERS),
@@ -122,6 +123,8 @@ def _request(c: Cluster, who: str, method: str, path: str, job: str, upload: str
     if path == "/v1/tensors":
         return c.client.post(url, content=bytes(16), headers={**headers, "X-Triplane-Shape": "2,2",
                                                               "X-Triplane-Dtype": "float32"})
+    if path == "/v1/tensors/copy":
+        return c.client.post(url, json={"from": [f"{job}:y"]}, headers=headers)
     if path == "/v1/jobs" and method == "POST":
         return c.client.post(url, json=job_body(c.upload()), headers=headers)
     if path == "/v1/jobs#compiled-step":

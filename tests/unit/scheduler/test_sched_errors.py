@@ -22,7 +22,7 @@ def _subclasses(cls: type) -> list[type]:
 @pytest.mark.parametrize("kind,status", [
     ("request", 400), ("graph", 400), ("shape", 400), ("dtype", 400), ("attr", 400), ("limit", 400),
     ("unknown_op", 400), ("placement", 400), ("unauthorized", 401), ("forbidden", 403),
-    ("not_found", 404), ("not_ready", 409), ("conflict", 409), ("too_large", 413),
+    ("not_found", 404), ("not_ready", 409), ("conflict", 409), ("lost", 410), ("too_large", 413),
     ("unavailable", 503), ("standby", 503), ("internal", 500),
 ])
 def test_each_kind_keeps_the_status_the_api_answered(kind: str, status: int) -> None:

@@ -6,6 +6,7 @@ the ref. Values read where they live are tested on a real cluster
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -85,3 +86,97 @@ def test_a_submit_token_uses_refs_to_its_own_jobs_only(cluster: Cluster) -> None
     assert r.status_code == 403 and r.json()["error"]["kind"] == "forbidden", r.text
     r = cluster.client.post("/v1/jobs", json=job_body(f"{bobs}:y"), headers=cluster.headers("bob"))
     assert r.status_code == 409, r.text  # bob's own: allowed (still running)
+
+
+@pytest.mark.parametrize("body, says", [
+    ({"form": []}, 'expected {"from": [ref, ...]}'),
+    ({"from": "x"}, "'from' must be a list of at most 1000 refs"),
+    ({"from": [f"{JOB}:y"] * 1001}, "at most 1000"),
+    ({"from": [f"{JOB}:y", "u-" + "0" * 32]}, "from[1] = 'u-000"),
+])
+def test_a_malformed_copy_is_400_naming_the_field(cluster: Cluster, body: dict, says: str) -> None:
+    r = cluster.client.post("/v1/tensors/copy", json=body, headers=cluster.headers("submit"))
+    assert r.status_code == 400 and says in r.json()["error"]["message"], r.text
+
+
+def test_copy_errors_as_refs_and_only_of_ones_own_jobs(cluster: Cluster) -> None:
+    running = cluster.submit("submit")  # alice's
+    for ref, status, kind in ((f"{JOB}:y", 404, "not_found"), (f"{running}:y", 409, "not_ready"),
+                              (f"{running}:x", 404, "not_found")):
+        r = cluster.client.post("/v1/tensors/copy", json={"from": [ref]}, headers=cluster.headers("submit"))
+        assert r.status_code == status and r.json()["error"] | {"kind": kind, "ref": ref} == r.json()["error"]
+    bobs = cluster.headers("bob")
+    r = cluster.client.post("/v1/tensors/copy", json={"from": [f"{running}:y"]}, headers=bobs)
+    assert r.status_code == 403, r.text
+
+
+# --- the pure pieces: binding, placement preference, packets ---------------------------------
+
+def _plan_reading(tile: str):
+    from triplane.proto.ir import Graph
+    from triplane.scheduler.compiler.compile import compile_job
+    from triplane.scheduler.compiler.pipeline import PlanCache
+
+    g = Graph.from_dict(job_body(f"{JOB}:y")["graph"])
+    return compile_job(g, ["y"], cache=PlanCache(), bind={f"{JOB}:y": tile})
+
+
+def test_a_ref_binds_its_tile_and_its_readers_prefer_the_holder() -> None:
+    from triplane.scheduler.refs import Held, Refs, Resolved
+
+    tile = f"{JOB}.n1"
+    plan = _plan_reading(tile)
+    assert plan.args == (tile,) and [t.uploads for t in plan.templates.values()] == [(tile,)]
+    held = Held({f"{JOB}:y": Resolved(f"{JOB}:y", tile, "ex2", JOB, (2, 2), "float32")})
+    assert [s.node for s in Refs.prefer_holders(plan, held).specs] == ["ex2"]
+    Refs.check_types(plan, held)  # float32[2, 2]: as declared
+    wrong = Held({f"{JOB}:y": Resolved(f"{JOB}:y", tile, "ex2", JOB, (2, 3), "float32")})
+    with pytest.raises(BadRequest, match=r"ref j0123456789abcdef:y is float32\[2, 3\], the input 'x'"):
+        Refs.check_types(plan, wrong)
+
+
+def test_placement_sees_a_ref_held_where_it_lives() -> None:
+    from triplane.scheduler.compiler.compile import ClusterSnapshot
+    from triplane.scheduler.refs import Held, Refs, Resolved
+
+    tile = f"{JOB}.t3"
+    parts = (((0, 2), (0, 4)), f"{JOB}.t3", "ex1"), (((2, 4), (0, 4)), f"{JOB}.t5", "ex2")
+    held = Held({f"{JOB}:y": Resolved(f"{JOB}:y", tile, "ex1", JOB, (4, 4), "float32", parts)})
+    at = Refs.snapshot(ClusterSnapshot(), held).cached([tile, "u-" + "0" * 32])  # type: ignore[misc]
+    assert at("arg0", ((2, 4), (0, 4))) == ("ex2",) and at("arg0", ((1, 3), (0, 4))) == ()
+    assert at("arg0", None) == () and at("arg1", None) == ()
+
+
+def test_regions_of_a_tiled_ref_that_are_its_tiles_read_them_others_need_a_copy() -> None:
+    import dataclasses
+
+    from triplane.scheduler.refs import Held, Refs, Resolved
+
+    tile = f"{JOB}.t3"
+    plan = _plan_reading(tile)
+    parts = (((0, 1), (0, 2)), f"{JOB}.t3", "ex1"), (((1, 2), (0, 2)), f"{JOB}.t5", "ex2")
+    held = Held({f"{JOB}:y": Resolved(f"{JOB}:y", tile, "ex1", JOB, (2, 2), "float32", parts)})
+    (task, tpl), = plan.templates.items()
+    region = dataclasses.replace(plan, templates={task: dataclasses.replace(
+        tpl, inputs=(f"{tile}@1:2,0:2",), uploads=(f"{tile}@1:2,0:2",))})
+    bound, copy = Refs.bind_regions(region, held)
+    assert copy == [] and bound.templates[task].inputs == (f"{JOB}.t5",) == bound.templates[task].uploads
+    other = dataclasses.replace(plan, templates={task: dataclasses.replace(
+        tpl, inputs=(f"{tile}@0:2,0:1",), uploads=(f"{tile}@0:2,0:1",))})
+    assert Refs.bind_regions(other, held)[1] == [f"{JOB}:y"]  # no tile is that region
+    assert Refs.bind_regions(plan, held)[1] == [f"{JOB}:y"]  # a whole read of a tiled value
+
+
+def test_a_task_packet_names_the_holder_of_a_ref_tile() -> None:
+    from triplane.proto.ir import TensorType
+    from triplane.proto.packet import decode
+    from triplane.scheduler.compiler.jobplan import TaskTemplate
+    from triplane.scheduler.dispatch.shell import DispatchShell
+    from triplane.scheduler.dispatch.state import DispatchState, Send
+
+    tile, upload = f"{JOB}.n1", "u-" + "0" * 32
+    tpl = TaskTemplate("add", (tile, upload), (tile, upload), {}, TensorType((2, 2), "float32"))
+    shell = DispatchShell(DispatchState(), b"s" * 32, {"j1": {"n0": tpl}})
+    shell.sources[tile] = "ex2"
+    p = decode(shell.packet_for(Send("j1", "n0", 0, "ex1", time.time() + 60, ())), b"s" * 32)
+    assert p.pull_from == {tile: "ex2", upload: "scheduler"}

@@ -32,8 +32,9 @@ from triplane.registry.credential import node_credential
 from triplane.scheduler.api import errors
 from triplane.scheduler.api.auth import ANYONE, CHANGERS, Authenticator, Principal
 from triplane.scheduler.api.bound import BoundRequest, parse_bound_request
+from triplane.scheduler.api.waiting import Waiting, check_inline, pop_waiting
 from triplane.scheduler.errors import BadRequest, Forbidden, NotFound, TooLarge
-from triplane.scheduler.refs import refs_in_args, refs_in_graph
+from triplane.scheduler.refs import MAX_COPY, parse_ref, refs_in_args, refs_in_graph
 from triplane.scheduler.service import VERSION, Scheduler
 from triplane.scheduler.sessions import Lease
 from triplane.scheduler.store import UploadError, expected_bytes, parse_dtype, parse_shape
@@ -58,26 +59,31 @@ async def read_body(request: Request, limit: int, what: str) -> bytearray:
     return body
 
 
-def parse_job_request(body: bytes | bytearray) -> tuple[Any, Any, float | None] | BoundRequest:
-    """(graph document, fetch list, deadline_s) of a ``POST /v1/jobs`` body, checked at the
-    front door: strict JSON (a duplicate key anywhere is a 400), the known fields, the ids
-    and declared ranks of ``check_submission`` (400 naming the node or field), and
-    ``deadline_s`` (the job fails with kind "deadline" if not ended by then). A body with
-    ``plan`` instead of ``graph`` is a compiled step: a :class:`BoundRequest`."""
+def parse_job_request(body: bytes | bytearray) -> tuple[tuple[Any, Any, float | None] | BoundRequest,
+                                                        Waiting | None]:
+    """((graph document, fetch list, deadline_s), waiting) of a ``POST /v1/jobs`` body,
+    checked at the front door: strict JSON (a duplicate key anywhere is a 400), the known
+    fields, the ids and declared ranks of ``check_submission`` (400 naming the node or
+    field), ``deadline_s`` (the job fails with kind "deadline" if not ended by then) and
+    ``wait_s``/``inline`` (``waiting.py``). A body with ``plan`` instead of ``graph`` is a
+    compiled step: a :class:`BoundRequest` in place of the triple."""
     try:
         doc = loads_json(body)
     except GraphError as e:  # a duplicate key, NaN or Infinity
         raise BadRequest(f"the body is not strict JSON: {e}") from None
     except (ValueError, RecursionError) as e:
         raise BadRequest(f"the body is not JSON: {e}") from None
+    waiting = pop_waiting(doc) if isinstance(doc, dict) else None
     if isinstance(doc, dict) and "plan" in doc and "graph" not in doc:
-        return parse_bound_request(doc)
+        bound = parse_bound_request(doc)
+        check_inline(waiting, bound.fetch)
+        return bound, waiting
     if not isinstance(doc, dict) or "graph" not in doc:
         raise BadRequest('expected {"graph": <graph document>, "fetch": [node ids]}')
     unknown = set(doc) - {"graph", "fetch", "deadline_s"}
     if unknown:
         raise BadRequest(f"unknown field(s) {sorted(unknown)} "
-                                       "(known: ['deadline_s', 'fetch', 'graph'])")
+                         "(known: ['deadline_s', 'fetch', 'graph', 'inline', 'wait_s'])")
     deadline_s = doc.get("deadline_s")
     if deadline_s is not None and (type(deadline_s) not in (int, float) or not 0 < deadline_s <= 604800):
         raise BadRequest(f"'deadline_s' must be seconds in (0, 604800], got {deadline_s!r:.40}")
@@ -90,7 +96,26 @@ def parse_job_request(body: bytes | bytearray) -> tuple[Any, Any, float | None] 
     except GraphError as e:
         kind = "limit" if isinstance(e, LimitError) else "graph"
         raise BadRequest(str(e), kind=kind, node=e.node, op=e.op) from None
-    return graph, fetch, deadline_s
+    check_inline(waiting, fetch)
+    return (graph, fetch, deadline_s), waiting
+
+
+def parse_copy_request(body: bytes | bytearray) -> list[str]:
+    """The refs of a ``POST /v1/tensors/copy`` body ``{"from": [ref, ...]}`` (at most
+    ``MAX_COPY``); BadRequest naming a malformed field or element."""
+    try:
+        doc = loads_json(body)
+    except (GraphError, ValueError, RecursionError) as e:
+        raise BadRequest(f"the body is not strict JSON: {e}") from None
+    if not isinstance(doc, dict) or set(doc) != {"from"}:
+        raise BadRequest('expected {"from": [ref, ...]}')
+    refs = doc["from"]
+    if not isinstance(refs, list) or len(refs) > MAX_COPY:
+        raise BadRequest(f"'from' must be a list of at most {MAX_COPY} refs (<job>:<name>)")
+    for i, ref in enumerate(refs):
+        if parse_ref(ref) is None:
+            raise BadRequest(f"from[{i}] = {str(ref)[:60]!r} is not a ref (<job>:<fetched name>)")
+    return refs
 
 
 class Owners:
@@ -189,6 +214,19 @@ def create_app(
             scheduler.sessions.tag_upload(lease, stored.id)
         return stored.as_dict()
 
+    @api.post("/tensors/copy", status_code=201)
+    async def copy_tensors(request: Request, p: Principal = changer) -> dict[str, Any]:
+        """Copies of refs' values as uploads of the caller (checkpoints: ``scheduler/refs.py``)."""
+        refs = parse_copy_request(await read_body(request, 1 << 20, "copy request"))
+        for ref in refs:  # whoever may fetch a tensor may copy it
+            owners.check(p, ref.partition(":")[0])
+        lease = session_of(request, p)
+        ids = await scheduler.copy(refs, owner=p.name)
+        if lease is not None:
+            for upload in ids:
+                scheduler.sessions.tag_upload(lease, upload)
+        return {"ids": ids}
+
     @api.delete("/tensors/{upload}")
     async def release_upload(upload: str, p: Principal = changer) -> dict[str, Any]:
         t = scheduler.store.get(upload)
@@ -220,9 +258,9 @@ def create_app(
     async def submit(request: Request, p: Principal = changer) -> dict[str, Any]:
         body = await read_body(request, max_graph_bytes, "job request")
         if len(body) > 65536:
-            parsed = await asyncio.to_thread(parse_job_request, body)
+            parsed, waiting = await asyncio.to_thread(parse_job_request, body)
         else:
-            parsed = parse_job_request(body)
+            parsed, waiting = parse_job_request(body)
         lease = session_of(request, p)
         # whoever may fetch a tensor may use it as a ref (a submit token: its own jobs')
         named = refs_in_args(parsed.args) if isinstance(parsed, BoundRequest) else refs_in_graph(parsed[0])
@@ -232,13 +270,17 @@ def create_app(
             body_out = await scheduler.submit_bound(*parsed, owner=p.name)
             if lease is not None:
                 scheduler.sessions.tag_job(lease, body_out["id"])
-            return {"id": body_out["id"], "state": body_out["state"]}
-        graph, fetch, deadline_s = parsed
-        body_out = await scheduler.submit(graph, fetch, deadline_s, owner=p.name)
-        if lease is not None:
-            scheduler.sessions.tag_job(lease, body_out["id"])
-        return {"id": body_out["id"], "state": body_out["state"], "plan": body_out["plan"],
-                "args": body_out["args"]}
+            answer = {"id": body_out["id"], "state": body_out["state"]}
+        else:
+            graph, fetch, deadline_s = parsed
+            body_out = await scheduler.submit(graph, fetch, deadline_s, owner=p.name)
+            if lease is not None:
+                scheduler.sessions.tag_job(lease, body_out["id"])
+            answer = {"id": body_out["id"], "state": body_out["state"], "plan": body_out["plan"],
+                      "args": body_out["args"]}
+        if waiting is None:
+            return answer
+        return await scheduler.waited(answer, waiting.wait_s, waiting.inline)
 
     @api.get("/jobs")
     async def jobs(limit: int = 50, p: Principal = anyone) -> list[dict[str, Any]]:

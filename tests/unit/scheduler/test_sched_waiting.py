@@ -1,0 +1,53 @@
+"""``wait_s`` and ``inline`` on ``POST /v1/jobs`` at the front door (``api/waiting.py``):
+400 naming the field, and a submit that waits answering after ``wait_s`` when its job does
+not end (no executor runs it here). Values are tested on a real cluster
+(tests/integration/cluster/test_cluster_refs.py)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from test_sched_auth import Cluster, job_body
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Cluster:
+    return Cluster(tmp_path)
+
+
+@pytest.mark.parametrize("extra, says", [
+    ({"wait_s": 0}, "'wait_s' must be seconds in (0, 60]"),
+    ({"wait_s": 61}, "'wait_s'"),
+    ({"wait_s": True}, "'wait_s'"),
+    ({"wait_s": "1"}, "'wait_s'"),
+    ({"inline": ["y"]}, "'inline' needs 'wait_s'"),
+    ({"wait_s": 1, "inline": "y"}, "'inline' must be a list"),
+    ({"wait_s": 1, "inline": ["x"]}, "inline[0] = 'x' is not in 'fetch'"),
+])
+def test_a_malformed_wait_is_400_naming_the_field(cluster: Cluster, extra: dict, says: str) -> None:
+    body = {**job_body(cluster.upload()), **extra}
+    r = cluster.client.post("/v1/jobs", json=body, headers=cluster.headers("submit"))
+    assert r.status_code == 400, r.text
+    assert says in r.json()["error"]["message"]
+    headers = cluster.headers("submit")
+    first = cluster.client.post("/v1/jobs", json=job_body(cluster.upload()), headers=headers)
+    step = {"plan": first.json()["plan"], "args": [cluster.upload()], "fetch": ["y"], **extra}
+    r = cluster.client.post("/v1/jobs", json=step, headers=cluster.headers("submit"))
+    assert r.status_code == 400 and says in r.json()["error"]["message"], r.text
+
+
+def test_a_submit_that_waits_answers_after_wait_s_if_the_job_runs_on(cluster: Cluster) -> None:
+    t0 = time.monotonic()
+    r = cluster.client.post("/v1/jobs", json={**job_body(cluster.upload()), "wait_s": 0.3, "inline": ["y"]},
+                            headers=cluster.headers("submit"))
+    took = time.monotonic() - t0
+    assert r.status_code == 201, r.text
+    body = r.json()
+    assert body["job"] == body["id"] and body["state"] == "running" and body["values"] == {}
+    assert body["error"] is None and body["progress"]["total"] == 1 and len(body["plan"]) == 64
+    assert 0.3 <= took < 5.0
+    # without wait_s the answer is as before
+    r = cluster.client.post("/v1/jobs", json=job_body(cluster.upload()), headers=cluster.headers("submit"))
+    assert set(r.json()) == {"id", "state", "plan", "args"}
