@@ -102,6 +102,8 @@ class RemoteSession:
         self._uploads = Uploads(self._upload_died if release else None)
         self.steps = BoundSteps()  # compiled steps: structures the scheduler planned before
         self.wait_s = wait_s
+        self._submitter: Any = None  # the helper thread of submits that wait (_post_job)
+        self._submitted_at: float | None = None
         self.holders = Holders()  # the Tensors holding values kept on the cluster
         self.resident = Resident(self, checkpoint_every)
         self.last_submit: dict[str, Any] = {}
@@ -123,15 +125,18 @@ class RemoteSession:
         fetched when read); the others come back as host arrays. A step whose inputs were
         lost with an executor is run again from the last checkpoint (``remote_values``)."""
         keep = frozenset(keep)
-        if keep:
-            self.resident.before_step()
         try:
-            return self._evaluate(outputs, keep)
-        except RemoteError as e:
-            if e.kind != "lost":
-                raise
-            self.resident.restore(e, in_step=bool(keep))
-            return self._evaluate(outputs, keep)
+            if keep:
+                self.resident.before_step()
+            try:
+                return self._evaluate(outputs, keep)
+            except RemoteError as e:
+                if e.kind != "lost":
+                    raise
+                self.resident.restore(e, in_step=bool(keep))
+                return self._evaluate(outputs, keep)
+        except KeyboardInterrupt:
+            raise KeyboardInterrupt from None  # (the job was cancelled) a short, plain traceback
 
     def _evaluate(self, outputs: Sequence[Tensor], keep: frozenset[int]) -> list[Any]:
         from triplane.sdk.tensor import build_graph
@@ -295,11 +300,15 @@ class RemoteSession:
         Never retried once the request may have arrived. A 409 ``unknown plan`` RemoteError
         when the scheduler does not know a compiled step's ``plan``."""
         body = request
+        self._submitted_at = time.monotonic()
         if inline is not None and self.wait_s:
-            body = {**request, "wait_s": self.wait_s, "inline": list(inline)}
+            from triplane.sdk import lifecycle
+
+            # On a terminal a job longer than the bar's delay is polled, so that its bar shows.
+            wait_s = min(self.wait_s, lifecycle.DELAY_S) if lifecycle.progress_enabled() else self.wait_s
+            body = {**request, "wait_s": wait_s, "inline": list(inline)}
         try:
-            r = self._call("POST", "/v1/jobs", content=canonical_json(body), retry_sent=False,
-                           headers={"Content-Type": "application/json", **self._lease_header()})
+            r = self._post_job(body, waits=body is not request)
         except RemoteError as e:
             if body is request or e.status != 400 or "wait_s" not in str(e):
                 raise
@@ -312,6 +321,31 @@ class RemoteSession:
         self.last_job = str(answer["id"])
         return dict(answer)
 
+    def _post_job(self, body: dict[str, Any], waits: bool) -> httpx.Response:
+        """``POST /v1/jobs``. A submit that waits (``wait_s``) runs on a helper thread: a
+        Ctrl-C meanwhile still learns the job's id (within ``wait_s``) and cancels it."""
+        headers = {"Content-Type": "application/json", **self._lease_header()}
+        content = canonical_json(body)
+        if not waits:
+            return self._call("POST", "/v1/jobs", content=content, retry_sent=False, headers=headers)
+        if self._submitter is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._submitter = ThreadPoolExecutor(1, thread_name_prefix="triplane-submit")
+        pending = self._submitter.submit(self._call, "POST", "/v1/jobs", content=content,
+                                         retry_sent=False, headers=headers)
+        try:
+            return pending.result()
+        except KeyboardInterrupt:
+            try:
+                job = pending.result(timeout=self.wait_s + 10.0).json().get("id")
+            except BaseException as e:  # the submit failed, or another Ctrl-C: nothing to cancel
+                log.debug("after Ctrl-C, the submit gave no job: %s", e)
+            else:
+                if job:
+                    self._interrupted(str(job))
+            raise KeyboardInterrupt from None
+
     def upload_once(self, arr: np.ndarray) -> str:
         """The upload id of ``arr``, uploading it unless this session did before."""
         upload_id = self._uploads.get(arr)
@@ -323,7 +357,8 @@ class RemoteSession:
     def wait(self, job: str) -> dict[str, Any]:
         """Long-poll until ``job`` ends; its status body when done, else the mapped error."""
         deadline = None if self.job_timeout_s is None else time.monotonic() + self.job_timeout_s
-        bar = ProgressBar(job)
+        since = self._submitted_at if job == self.last_job else None  # counts the submit's wait_s
+        bar = ProgressBar(job, since)
         try:
             return self._wait(job, deadline, bar)
         finally:
@@ -435,6 +470,8 @@ class RemoteSession:
         except Exception as e:  # unreachable: the lease frees it
             log.debug("closing the session on %s: %s", self.url, e)
         self._uploads.clear()
+        if self._submitter is not None:
+            self._submitter.shutdown(wait=False)
         self._client.close()
 
     def __enter__(self) -> RemoteSession:
