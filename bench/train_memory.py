@@ -8,7 +8,8 @@ default 100, and the last step) records:
 * executor memory in use: the sum over nodes of capacity minus free bytes from
   ``GET /v1/nodes`` (read after the executors' next report, about a second later);
 * the scheduler's resident set size (``VmRSS`` of its process);
-* the run directory's size on disk (uploads, checkpoint copies, metadb, logs).
+* the run directory's size on disk (uploads, checkpoint copies, metadb, logs), and of
+  its uploads (``tensors/``) and its metadb apart.
 
 It prints both rows and the ratio last/mark of each; the issue's target is that they
 differ by less than 10%. tests/integration/bench/test_train_memory.py asserts the same over
@@ -57,9 +58,12 @@ def measure(cluster: TriplaneCluster) -> dict[str, int]:
     have reported since (they publish their free bytes about every second)."""
     cluster.session.keeper.flush()
     time.sleep(2.5)
+    home = cluster.home
     return {"executor_bytes": executor_bytes(cluster),
             "scheduler_rss": rss_bytes(cluster.cluster.scheduler.pid),
-            "run_dir_bytes": dir_bytes(cluster.home)}
+            "run_dir_bytes": dir_bytes(home),
+            "uploads_bytes": dir_bytes(home / "tensors"),  # uploads and checkpoint copies
+            "metadb_bytes": sum(p.stat().st_size for p in home.glob("metadb.sqlite3*"))}
 
 
 def memory_run(m: Model, steps: int, mark: int, executors: int = 2, memory: str = "1GiB",
@@ -90,7 +94,8 @@ def memory_run(m: Model, steps: int, mark: int, executors: int = 2, memory: str 
         ratios = {k: rows[steps][k] / max(1, rows[mark][k]) for k in rows[mark]}
         return {"model": m.label, "steps": steps, "mark": mark, "executors": executors, "memory": memory,
                 "at_mark": rows[mark], "at_end": rows[steps], "ratios": ratios, "losses": losses,
-                "flat": all(abs(r - 1) < TARGET for r in ratios.values()),
+                "flat": all(abs(ratios[k] - 1) < TARGET for k in ("executor_bytes", "scheduler_rss",
+                                                                  "run_dir_bytes")),
                 "seconds": time.perf_counter() - t0}
     finally:
         cluster.close()
@@ -107,7 +112,8 @@ def report(res: dict[str, Any]) -> str:
     lines = [f"Memory run: {res['model']}, {end} steps, {res['executors']} executors of {res['memory']}", "",
              f"| figure | after step {mark} | after step {end} | ratio |", "|---|---:|---:|---:|"]
     names = {"executor_bytes": "executor memory in use (MiB)", "scheduler_rss": "scheduler RSS (MiB)",
-             "run_dir_bytes": "run directory (MiB)"}
+             "run_dir_bytes": "run directory (MiB)", "uploads_bytes": "... of which uploads and checkpoints",
+             "metadb_bytes": "... of which the metadb (SQLite and its WAL)"}
     for k, label in names.items():
         lines.append(f"| {label} | {res['at_mark'][k] / 2**20:.1f} | {res['at_end'][k] / 2**20:.1f} "
                      f"| {res['ratios'][k]:.3f} |")
