@@ -7,11 +7,14 @@ the scheduler's REST API (docs/runtime.md, "The REST API"):
 2. upload every host tensor it has not uploaded before (``POST /v1/tensors``), remembered
    by array identity with weak references, so a training loop sends each parameter
    value once and nothing is kept alive by the cache;
-3. submit (``POST /v1/jobs``), long-poll ``/wait`` until the job ends (a progress bar
-   on a terminal after a second, ``lifecycle.ProgressBar``), and fetch each output
-   (``GET /v1/jobs/{id}/tensors/{node}``);
+3. submit (``POST /v1/jobs`` with ``wait_s`` and ``inline``: a job that ends within
+   ``wait_s`` answers with its small outputs, one request); else long-poll ``/wait``
+   until it ends (a progress bar on a terminal after a second, ``lifecycle.ProgressBar``)
+   and fetch each output (``GET /v1/jobs/{id}/tensors/{node}``);
 4. release the job once its outputs are read (``DELETE /v1/jobs/{id}``, queued: the
-   keeper thread of ``lifecycle.py`` sends it off the hot path).
+   keeper thread of ``lifecycle.py`` sends it off the hot path) -- or, for outputs kept on
+   the cluster (``realize(keep=...)``, optimiser steps), once no Tensor holds any of them
+   (``remote_values.py``: resident values, checkpoints, restore after an executor loss).
 
 Lifecycle. The session opens a client session lease (``POST /v1/sessions``) at its first
 upload or submit and tags both with it (``X-Triplane-Session``); the keeper renews it. An
