@@ -3,6 +3,7 @@
     python bench/train.py                 # both models, every system, a few minutes
     python bench/train.py --quick         # fewer steps and one round
     python bench/train.py --systems numpy,torch,inprocess --steps 100
+    python bench/train.py --memory-run 1000   # is a long cluster run flat? (bench/train_memory.py)
 
 Two models, the way a PyTorch user writes them (``nn.Sequential`` of ``Linear``/``ReLU``,
 Adam, ``cross_entropy``, ``loss.backward()``, ``opt.step()``):
@@ -160,8 +161,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--executors", type=int, default=2)
     p.add_argument("--memory", default="1GiB", help="per executor")
     p.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
-    p.add_argument("--name", default="train", help="result file stem")
+    p.add_argument("--name", default=None, help="result file stem (train, or train_memory)")
+    p.add_argument("--memory-run", type=int, default=0, metavar="STEPS",
+                   help="instead: train --memory-model on the cluster for STEPS steps and print executor "
+                        "memory, scheduler RSS and the run directory's size after --mark and after STEPS")
+    p.add_argument("--memory-model", default="large", help="small or large (with --memory-run)")
+    p.add_argument("--mark", type=int, default=100, help="the first measured step of --memory-run")
     args = p.parse_args(argv)
+    args.name = args.name or ("train_memory" if args.memory_run else "train")
     if args.quick:
         args.steps, args.large_steps, args.repeats, args.warmup = 10, 3, 1, 2
     args.systems = [s for s in args.systems.split(",") if s]
@@ -189,6 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     previous = signal.signal(signal.SIGTERM, _sigterm)
     cluster: TriplaneCluster | None = None
     try:
+        if args.memory_run:
+            return _memory_run(args)
         if "cluster" in args.systems:
             say(f"starting a local cluster of {args.executors} executors ({args.memory} each) ...")
             try:
@@ -204,6 +213,22 @@ def main(argv: list[str] | None = None) -> int:
         if cluster is not None:
             cluster.close()
         signal.signal(signal.SIGTERM, previous)
+
+
+def _memory_run(args: argparse.Namespace) -> int:
+    from train_memory import memory_run, report
+
+    key = args.memory_model
+    m = parse_model(key, getattr(args, key), "digits" if key == "small" else "synthetic")
+    say(f"memory run: {m.label}, {args.memory_run} steps on {args.executors} executors of {args.memory} ...")
+    res = memory_run(m, args.memory_run, args.mark, args.executors, args.memory, say=say)
+    text = report(res)
+    print(text)
+    jpath, mpath = write_results(args.name, {"benchmark": "train-memory", **res,
+                                             "machine": machine_facts(["numpy", "httpx", "uvicorn"])},
+                                 text, args.results_dir)
+    say(f"\nwrote {jpath} and {mpath}")
+    return 0 if res["flat"] else 1
 
 
 def _run(args: argparse.Namespace, cluster: TriplaneCluster | None) -> int:

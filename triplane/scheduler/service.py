@@ -234,8 +234,8 @@ class Scheduler(Leading):
             for u in inline.values():
                 await self.release_upload(u)
             raise
-        if inline:  # the job's own inputs: they go when the job is released
-            self._inline[body["id"]] = list(inline.values())
+        if inline:  # the job's own inputs: they go when the job is released (beside its ref copies)
+            self._inline.setdefault(body["id"], []).extend(inline.values())
         return body
 
     def status(self, job: str) -> dict[str, Any]:

@@ -187,9 +187,9 @@ class Keeper:
 class ProgressBar:
     """``update(done, total)`` while a job runs; shown only after ``DELAY_S`` on a TTY."""
 
-    def __init__(self, job: str) -> None:
+    def __init__(self, job: str, start: float | None = None) -> None:
         self.job = job
-        self.start = time.monotonic()
+        self.start = time.monotonic() if start is None else start  # the job's submit
         self._bar: Any = None
         self._task: Any = None
 

@@ -7,11 +7,14 @@ the scheduler's REST API (docs/runtime.md, "The REST API"):
 2. upload every host tensor it has not uploaded before (``POST /v1/tensors``), remembered
    by array identity with weak references, so a training loop sends each parameter
    value once and nothing is kept alive by the cache;
-3. submit (``POST /v1/jobs``), long-poll ``/wait`` until the job ends (a progress bar
-   on a terminal after a second, ``lifecycle.ProgressBar``), and fetch each output
-   (``GET /v1/jobs/{id}/tensors/{node}``);
+3. submit (``POST /v1/jobs`` with ``wait_s`` and ``inline``: a job that ends within
+   ``wait_s`` answers with its small outputs, one request); else long-poll ``/wait``
+   until it ends (a progress bar on a terminal after a second, ``lifecycle.ProgressBar``)
+   and fetch each output (``GET /v1/jobs/{id}/tensors/{node}``);
 4. release the job once its outputs are read (``DELETE /v1/jobs/{id}``, queued: the
-   keeper thread of ``lifecycle.py`` sends it off the hot path).
+   keeper thread of ``lifecycle.py`` sends it off the hot path) -- or, for outputs kept on
+   the cluster (``realize(keep=...)``, optimiser steps), once no Tensor holds any of them
+   (``remote_values.py``: resident values, checkpoints, restore after an executor loss).
 
 Lifecycle. The session opens a client session lease (``POST /v1/sessions``) at its first
 upload or submit and tags both with it (``X-Triplane-Session``); the keeper renews it. An
@@ -35,22 +38,22 @@ import atexit
 import contextlib
 import json
 import logging
-import os
 import threading
 import time
 import weakref
-from collections.abc import Callable, Sequence
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from triplane.proto import dtypes as dt
 from triplane.proto import errors as E
 from triplane.proto.canonjson import canonical_json
+from triplane.proto.ir import Attrs, TensorType
 from triplane.sdk.lifecycle import Keeper, ProgressBar, Uploads
 from triplane.sdk.remote_errors import RemoteError, http_error, job_error
-from triplane.sdk.remote_steps import BoundSteps
+from triplane.sdk.remote_steps import BoundSteps, decode_values
+from triplane.sdk.remote_values import Holders, RemoteJob, RemoteValue, Resident
 
 if TYPE_CHECKING:
     import httpx
@@ -75,13 +78,19 @@ class RemoteSession:
     ``job_timeout_s`` (None: no bound) how long one job may take before
     :class:`RemoteError`. ``lease`` (default) opens a client session lease so that the
     scheduler frees this session's values when it ends or dies; ``release`` (default)
-    releases jobs once read and uploads once their arrays die. Thread-safe as far as
+    releases jobs once read (or once no value kept from them is alive) and uploads once
+    their arrays die. ``wait_s``: how long a submit waits for its job to end, answering
+    small outputs inline (one request per short step; 0: the submit answers at once).
+    ``checkpoint_every``: how many optimiser steps apart the values kept on the cluster
+    are copied to the scheduler's disk, so that a step whose executor died goes on from
+    there (0: never; a lost executor then fails the step). Thread-safe as far as
     ``httpx.Client`` is.
     """
 
     def __init__(self, url: str, token: str | None, transport: httpx.BaseTransport | None = None, *,
                  timeout_s: float = 30.0, reconnect_s: float = 3.0, job_timeout_s: float | None = None,
-                 poll_s: float = 10.0, lease: bool = True, release: bool = True) -> None:
+                 poll_s: float = 10.0, lease: bool = True, release: bool = True, wait_s: float = 1.0,
+                 checkpoint_every: int = 50) -> None:
         import httpx
 
         self.url = url.rstrip("/")
@@ -95,6 +104,11 @@ class RemoteSession:
         self.keeper = Keeper(self._send_release, self._renew)
         self._uploads = Uploads(self._upload_died if release else None)
         self.steps = BoundSteps()  # compiled steps: structures the scheduler planned before
+        self.wait_s = wait_s
+        self._submitter: Any = None  # the helper thread of submits that wait (_post_job)
+        self._submitted_at: float | None = None
+        self.holders = Holders()  # the Tensors holding values kept on the cluster
+        self.resident = Resident(self, checkpoint_every)
         self.last_submit: dict[str, Any] = {}
         self._want_lease = lease
         self.session_id: str | None = None
@@ -106,12 +120,32 @@ class RemoteSession:
 
     # --- the session protocol ------------------------------------------------------------
 
-    def evaluate(self, outputs: Sequence[Tensor]) -> list[np.ndarray]:
-        """Compute ``outputs`` on the cluster; same values as the embedded session."""
+    keeps_values = True  # realize(keep=...) leaves values here (tensor.realize)
+
+    def evaluate(self, outputs: Sequence[Tensor], keep: Collection[int] = ()) -> list[Any]:
+        """Compute ``outputs`` on the cluster; same values as the embedded session. The
+        outputs at the positions ``keep`` stay on the cluster (a :class:`RemoteValue` each,
+        fetched when read); the others come back as host arrays. A step whose inputs were
+        lost with an executor is run again from the last checkpoint (``remote_values``)."""
+        keep = frozenset(keep)
+        try:
+            if keep:
+                self.resident.before_step()
+            try:
+                return self._evaluate(outputs, keep)
+            except RemoteError as e:
+                if e.kind != "lost":
+                    raise
+                self.resident.restore(e, in_step=bool(keep))
+                return self._evaluate(outputs, keep)
+        except KeyboardInterrupt:
+            raise KeyboardInterrupt from None  # (the job was cancelled) a short, plain traceback
+
+    def _evaluate(self, outputs: Sequence[Tensor], keep: frozenset[int]) -> list[Any]:
         from triplane.sdk.tensor import build_graph
 
         t0 = time.perf_counter()
-        done, pending = self.steps.run(self, outputs)  # a compiled step: one small request
+        done, pending = self.steps.run(self, outputs, keep)  # a compiled step: one small request
         if done is not None:
             self.last_stats = {"job": self.last_job, "compiled": True, "seconds": time.perf_counter() - t0}
             return done
@@ -119,73 +153,132 @@ class RemoteSession:
         cgraph, rename, args = graph.canonical()
         doc = json.loads(cgraph.to_json())  # the wire form (constants encoded as the IR says)
         uploaded = 0
-        local: dict[str, np.ndarray] = {}  # canonical id -> host value of input nodes
-        upload_of: dict[str, str] = {}  # argN -> its upload
+        local: dict[str, Any] = {}  # canonical id -> value of input nodes
+        upload_of: dict[str, str] = {}  # argN -> its upload or ref
         for nid, node in doc["nodes"].items():
             if node["op"] != "input":
                 continue
-            arr = bindings[args[int(node["attrs"]["tensor"][3:])]]
-            upload_id = self._uploads.get(arr)
-            if upload_id is None:
-                try:
-                    upload_id = self.upload(arr)
-                except KeyboardInterrupt:
-                    raise KeyboardInterrupt from None  # Ctrl-C: no transport internals
-                self._uploads.put(arr, upload_id)
-                uploaded += 1
-            upload_of[node["attrs"]["tensor"]] = upload_id
-            node["attrs"]["tensor"] = upload_id
-            local[nid] = arr
-        # An output that is itself host data needs no trip; the rest is fetched once each.
+            value = bindings[args[int(node["attrs"]["tensor"][3:])]]
+            if isinstance(value, RemoteValue) and value.session is self:
+                bound = value.ref
+            else:
+                arr = value if type(value) is np.ndarray else value.numpy()
+                bound = self._uploads.get(arr)
+                if bound is None:
+                    try:
+                        bound = self.upload(arr)
+                    except KeyboardInterrupt:
+                        raise KeyboardInterrupt from None  # Ctrl-C: no transport internals
+                    self._uploads.put(arr, bound)
+                    uploaded += 1
+            upload_of[node["attrs"]["tensor"]] = bound
+            node["attrs"]["tensor"] = bound
+            local[nid] = value
+        # An output that is itself an input needs no trip; the rest is fetched once each.
         fetch = list(dict.fromkeys(o for o in cgraph.outputs if o not in local))
-        values: dict[str, np.ndarray] = dict(local)
+        kept = {rename[t._id]: t._type for i, t in enumerate(outputs) if i in keep}
+        for i, t in enumerate(outputs):
+            if i not in keep:
+                kept.pop(rename[t._id], None)  # also wanted here: fetched
+        values: dict[str, Any] = dict(local)
         if fetch:
             learn = lambda: self.steps.learn(pending, self.last_submit, upload_of, args,  # noqa: E731
                                              rename, outputs, fetch)
-            values.update(self._run_job(doc, fetch, rename, tensors, learn))
+            values.update(self._run_job(doc, fetch, kept, rename, tensors, learn))
         self.last_stats = {"job": self.last_job, "uploaded": uploaded, "nodes": len(cgraph),
                            "seconds": time.perf_counter() - t0}
         return [values[rename[t._id]] for t in outputs]
 
-    def _run_job(self, doc: dict[str, Any], fetch: list[str], rename: dict[str, str],
-                 tensors: dict[str, Tensor], learn: Callable[[], None] | None = None,
-                 ) -> dict[str, np.ndarray]:
+    def _run_job(self, doc: dict[str, Any], fetch: list[str], kept: Mapping[str, TensorType],
+                 rename: dict[str, str], tensors: dict[str, Tensor], learn: Callable[[], None] | None = None,
+                 ) -> dict[str, Any]:
         """Submit (then ``learn``: a compiled step remembers the structure), and collect."""
+        inline = [n for n in fetch if n not in kept]
         try:
-            job = self.submit(doc, fetch)
+            answer = self.submit_job({"graph": doc, "fetch": fetch}, inline)
         except KeyboardInterrupt:
             raise KeyboardInterrupt from None  # the user pressed Ctrl-C: no transport internals
         if learn is not None:
             learn()
         try:
-            return self.collect(job, fetch, resubmit=lambda: self.submit(doc, fetch))
+            return self.finish(answer, fetch, kept,
+                               resubmit=lambda: self.submit_job({"graph": doc, "fetch": fetch}, inline))
         except KeyboardInterrupt:
-            raise KeyboardInterrupt from None  # (collect cancelled the job) a traceback one frame shorter
+            raise KeyboardInterrupt from None  # (finish cancelled the job) a traceback one frame shorter
         except E.KernelError as e:
             from triplane.sdk.session import locate_kernel_error
 
             raise locate_kernel_error(e, rename, tensors) from None
 
-    def collect(self, job: str, fetch: Sequence[str],
-                resubmit: Callable[[], str] | None = None) -> dict[str, np.ndarray]:
-        """Wait for ``job`` and fetch ``fetch``; then queue the job's release (read or
-        failed, its tiles can go). Ctrl-C cancels the job and raises a plain
-        ``KeyboardInterrupt``. An output whose executor died after the job ended (its
-        tile is lost) is computed again: ``resubmit`` submits the same job once more."""
+    def finish(self, answer: dict[str, Any], fetch: Sequence[str],
+               kept: Mapping[str, TensorType] | None = None,
+               resubmit: Callable[[], dict[str, Any]] | None = None) -> dict[str, Any]:
+        """The values of a submitted job (``answer``: its submit response): those in
+        ``fetch`` but not ``kept`` as host arrays (inline in the answer when the job ended
+        within ``wait_s``, else waited for and fetched), the ``kept`` ones as
+        :class:`RemoteValue` (the job is released when the last of them dies; with none
+        kept, at once). Ctrl-C cancels the job and raises a plain ``KeyboardInterrupt``.
+        An output whose executor died after the job ended is computed again: ``resubmit``
+        submits the same job once more."""
+        kept = kept or {}
+        job = str(answer["id"])
+        keep_job = False
         try:
-            self.wait(job)
-            return {nid: self.fetch(job, nid) for nid in fetch}
+            state = answer.get("state")
+            if state == "failed":
+                raise job_error(job, answer.get("error"))
+            if state == "cancelled":
+                raise RemoteError(f"job {job} was cancelled")
+            if state != "done":
+                self.wait(job)
+            inline = decode_values(answer.get("values"))
+            out: dict[str, Any] = {n: inline[n] if n in inline else self.fetch(job, n)
+                                   for n in fetch if n not in kept}
+            if kept:
+                holder = RemoteJob(self, job)
+                out.update((n, RemoteValue(self, f"{job}:{n}", ty, holder)) for n, ty in kept.items())
+                keep_job = True
+            return out
         except RemoteError as e:
             if resubmit is None or not _lost_holder(e):
                 raise
             log.warning("job %s: an output's executor is gone (%s); running the job again", job, e)
-            return self.collect(resubmit(), fetch)
+            return self.finish(resubmit(), fetch, kept)
         except KeyboardInterrupt:
             self._interrupted(job)
             raise KeyboardInterrupt from None  # the user pressed Ctrl-C: no transport internals
         finally:
-            if self.release_values:
+            if self.release_values and not keep_job:
                 self.keeper.queue("jobs", job)
+
+    def collect(self, job: str, fetch: Sequence[str],
+                resubmit: Callable[[], str] | None = None) -> dict[str, np.ndarray]:
+        """Wait for the submitted ``job`` and fetch ``fetch`` as host arrays (:meth:`finish`)."""
+        again = (lambda: {"id": resubmit(), "state": "queued"}) if resubmit is not None else None
+        return self.finish({"id": job, "state": "queued"}, fetch, None, again)
+
+    def fetch_value(self, value: RemoteValue) -> np.ndarray:
+        """The host copy of a value kept on the cluster (a job's output or an upload)."""
+        if self._closed:
+            raise RemoteError(f"{value} was held by the cluster session {self.url}, which is closed: "
+                              "read values (.numpy(), state_dict()) before tp.disconnect()")
+        if value.job is None:  # an upload (a checkpoint copy): read through a one-node job
+            from triplane.sdk.tensor import Tensor, apply
+
+            src = Tensor("input", (), Attrs(), value.type, value=value)
+            n = value.type.size
+            flat = apply("reshape", [src], shape=(n,) if len(value.shape) != 1 else (n, 1))
+            (arr,) = self._evaluate([flat], frozenset())
+            out = np.asarray(arr).reshape(value.shape)
+            out.flags.writeable = False
+            return out
+        job, node = value.ref.split(":", 1)
+        return self.fetch(job, node)
+
+    def job_unused(self, job: str) -> None:
+        """No value of ``job`` is alive any more: queue its release (a finalizer: no I/O)."""
+        if not self._closed:
+            self.keeper.queue("jobs", job)
 
     # --- the REST calls --------------------------------------------------------------------
 
@@ -200,21 +293,61 @@ class RemoteSession:
 
     def submit(self, graph_doc: dict[str, Any], fetch: list[str]) -> str:
         """``POST /v1/jobs``; the job id. Never retried once the request may have arrived."""
-        body = canonical_json({"graph": graph_doc, "fetch": fetch})
-        r = self._call("POST", "/v1/jobs", content=body, retry_sent=False,
-                       headers={"Content-Type": "application/json", **self._lease_header()})
-        self.last_submit = r.json()
-        self.last_job = str(self.last_submit["id"])
-        return self.last_job
+        return str(self.submit_job({"graph": graph_doc, "fetch": fetch})["id"])
 
-    def submit_bound(self, plan: str, args: list[Any], fetch: list[str]) -> str:
-        """``POST /v1/jobs`` of a compiled step (``remote_steps.py``); the job id. A 409
-        ``unknown plan`` RemoteError when the scheduler does not know ``plan``."""
-        body = canonical_json({"plan": plan, "args": args, "fetch": fetch})
-        r = self._call("POST", "/v1/jobs", content=body, retry_sent=False,
-                       headers={"Content-Type": "application/json", **self._lease_header()})
-        self.last_job = str(r.json()["id"])
-        return self.last_job
+    def submit_job(self, request: dict[str, Any], inline: Sequence[str] | None = None) -> dict[str, Any]:
+        """``POST /v1/jobs`` of a graph (``{"graph", "fetch"}``) or a compiled step
+        (``{"plan", "args", "fetch"}``, ``remote_steps.py``); the response. With ``inline``
+        (names in ``fetch``) the scheduler answers when the job ends or after ``wait_s``,
+        with those outputs of at most 64 KiB in ``values``: a short step is ONE request.
+        Never retried once the request may have arrived. A 409 ``unknown plan`` RemoteError
+        when the scheduler does not know a compiled step's ``plan``."""
+        body = request
+        self._submitted_at = time.monotonic()
+        if inline is not None and self.wait_s:
+            from triplane.sdk import lifecycle
+
+            # On a terminal a job longer than the bar's delay is polled, so that its bar shows.
+            wait_s = min(self.wait_s, lifecycle.DELAY_S) if lifecycle.progress_enabled() else self.wait_s
+            body = {**request, "wait_s": wait_s, "inline": list(inline)}
+        try:
+            r = self._post_job(body, waits=body is not request)
+        except RemoteError as e:
+            if body is request or e.status != 400 or "wait_s" not in str(e):
+                raise
+            self.wait_s = 0  # a scheduler that predates wait_s refused the request: poll instead
+            r = self._call("POST", "/v1/jobs", content=canonical_json(request), retry_sent=False,
+                           headers={"Content-Type": "application/json", **self._lease_header()})
+        answer = r.json()
+        if "graph" in request:
+            self.last_submit = answer
+        self.last_job = str(answer["id"])
+        return dict(answer)
+
+    def _post_job(self, body: dict[str, Any], waits: bool) -> httpx.Response:
+        """``POST /v1/jobs``. A submit that waits (``wait_s``) runs on a helper thread: a
+        Ctrl-C meanwhile still learns the job's id (within ``wait_s``) and cancels it."""
+        headers = {"Content-Type": "application/json", **self._lease_header()}
+        content = canonical_json(body)
+        if not waits:
+            return self._call("POST", "/v1/jobs", content=content, retry_sent=False, headers=headers)
+        if self._submitter is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._submitter = ThreadPoolExecutor(1, thread_name_prefix="triplane-submit")
+        pending = self._submitter.submit(self._call, "POST", "/v1/jobs", content=content,
+                                         retry_sent=False, headers=headers)
+        try:
+            return pending.result()
+        except KeyboardInterrupt:
+            try:
+                job = pending.result(timeout=self.wait_s + 10.0).json().get("id")
+            except BaseException as e:  # the submit failed, or another Ctrl-C: nothing to cancel
+                log.debug("after Ctrl-C, the submit gave no job: %s", e)
+            else:
+                if job:
+                    self._interrupted(str(job))
+            raise KeyboardInterrupt from None
 
     def upload_once(self, arr: np.ndarray) -> str:
         """The upload id of ``arr``, uploading it unless this session did before."""
@@ -227,7 +360,8 @@ class RemoteSession:
     def wait(self, job: str) -> dict[str, Any]:
         """Long-poll until ``job`` ends; its status body when done, else the mapped error."""
         deadline = None if self.job_timeout_s is None else time.monotonic() + self.job_timeout_s
-        bar = ProgressBar(job)
+        since = self._submitted_at if job == self.last_job else None  # counts the submit's wait_s
+        bar = ProgressBar(job, since)
         try:
             return self._wait(job, deadline, bar)
         finally:
@@ -259,7 +393,20 @@ class RemoteSession:
 
     def fetch(self, job: str, node: str) -> np.ndarray:
         """``GET /v1/jobs/{job}/tensors/{node}`` as a read-only array."""
-        r = self._call("GET", f"/v1/jobs/{job}/tensors/{node}", retry_sent=True)
+        return self._array(self._call("GET", f"/v1/jobs/{job}/tensors/{node}", retry_sent=True), job, node)
+
+    def copy_values(self, refs: Sequence[str]) -> list[str]:
+        """``POST /v1/tensors/copy``: each ref's value copied into the scheduler's upload
+        store (its disk; owned by this session's lease), in batches of 1,000; their ids."""
+        ids: list[str] = []
+        for i in range(0, len(refs), 1000):
+            body = canonical_json({"from": list(refs[i:i + 1000])})
+            r = self._call("POST", "/v1/tensors/copy", content=body, retry_sent=True,
+                           headers={"Content-Type": "application/json", **self._lease_header()})
+            ids.extend(str(u) for u in r.json()["ids"])
+        return ids
+
+    def _array(self, r: httpx.Response, job: str, node: str) -> np.ndarray:
         shape_h = r.headers.get("X-Triplane-Shape", "")
         try:
             shape = tuple(int(s) for s in shape_h.split(",") if s.strip())
@@ -298,12 +445,21 @@ class RemoteSession:
         """``DELETE /v1/tensors/{id}``: delete an upload on the scheduler and its executors."""
         self._call("DELETE", f"/v1/tensors/{upload_id}", retry_sent=True)
 
-    def close(self) -> None:
+    def close(self, download: bool = False) -> None:
         """Release everything this session holds (queued releases, then the lease: the
         scheduler frees its uploads and jobs) and close the connection. Idempotent; a
-        scheduler that is gone is not waited for (its lease expires anyway)."""
+        scheduler that is gone is not waited for (its lease expires anyway). With
+        ``download`` (``tp.disconnect()``), every value kept on the cluster that a Tensor
+        still holds is fetched first (one request each), so the model goes on in-process;
+        without, reading such a value afterwards raises :class:`RemoteError`."""
         if self._closed:
             return
+        if download:
+            for t, v in list(self.holders.live(self)):
+                try:
+                    t._value = v.numpy()
+                except RemoteError as e:  # lost with its executor: it stays unreadable
+                    log.warning("tp.disconnect(): could not fetch %s: %s", v, e)
         self._closed = True
         _open_sessions.discard(self)
         self.keeper.close()
@@ -317,6 +473,8 @@ class RemoteSession:
         except Exception as e:  # unreachable: the lease frees it
             log.debug("closing the session on %s: %s", self.url, e)
         self._uploads.clear()
+        if self._submitter is not None:
+            self._submitter.shutdown(wait=False)
         self._client.close()
 
     def __enter__(self) -> RemoteSession:
@@ -410,55 +568,6 @@ class RemoteSession:
         return r
 
 
-# --- tp.connect --------------------------------------------------------------------------------
-
-class LocalCluster(NamedTuple):
-    """What the run directory of ``triplane up`` records: the cluster's URL (None when
-    none is recorded) and token, and the directory's path (for error messages)."""
-
-    url: str | None
-    token: str | None
-    where: str
-
-
-# Reads the run directory. The launcher owns it and sits above the SDK, so the top of the
-# package installs the lookup (triplane/embedded.py); without one, no cluster is recorded.
-_local_cluster: Callable[[str | os.PathLike[str] | None], LocalCluster] | None = None
-
-
-def set_local_cluster_lookup(lookup: Callable[[str | os.PathLike[str] | None], LocalCluster]) -> None:
-    """Install what :func:`resolve_target` asks for the cluster of ``triplane up``."""
-    global _local_cluster
-    _local_cluster = lookup
-
-
-def _recorded(home: str | os.PathLike[str] | None) -> LocalCluster:
-    if _local_cluster is None:
-        return LocalCluster(None, None, "the run directory (no lookup installed)")
-    return _local_cluster(home)
-
-
-def resolve_target(url: str | None = None, token: str | None = None,
-                   home: str | os.PathLike[str] | None = None) -> tuple[str, str | None]:
-    """Where to connect: the arguments, else ``TRIPLANE_URL`` / ``TRIPLANE_TOKEN``, else the
-    run directory of ``triplane up`` (``home``, ``TRIPLANE_HOME``, default ``~/.triplane``).
-    Raises :class:`RemoteError` naming all three places when none gives a URL."""
-    url = url or os.environ.get("TRIPLANE_URL") or None
-    token = token or os.environ.get("TRIPLANE_TOKEN") or None
-    if url is None:
-        found = _recorded(home)
-        if found.url is None:
-            raise RemoteError(f"no cluster to connect to: pass tp.connect(url, token), set TRIPLANE_URL, "
-                              f"or start one with `triplane up` (nothing found in {found.where})")
-        url = found.url
-        token = token or found.token
-    elif token is None:
-        found = _recorded(home)
-        if found.url is not None and found.url.rstrip("/") == url.rstrip("/"):
-            token = found.token
-    return url, token
-
-
 _open_sessions: weakref.WeakSet[RemoteSession] = weakref.WeakSet()
 
 
@@ -477,42 +586,11 @@ def _lost_holder(e: RemoteError) -> bool:
     return (e.status == 503 and "cannot read" in msg) or (e.status == 404 and "which is gone" in msg)
 
 
-def disconnect() -> None:
-    """Release everything the current cluster session holds (its uploads and jobs, on the
-    scheduler and the executors) and go back to the embedded session. No-op when not
-    connected."""
-    from triplane.sdk.session import set_default_session
-
-    prev = set_default_session(None)
-    if isinstance(prev, RemoteSession):
-        prev.close()
-    else:
-        set_default_session(prev)
-
-
-def connect(url: str | None = None, token: str | None = None, *,
-            home: str | os.PathLike[str] | Path | None = None,
-            transport: httpx.BaseTransport | None = None, check: bool = True,
-            **options: Any) -> RemoteSession:
-    """Make ``.numpy()`` run on a cluster: sets (and returns) the process's default session.
-
-    With no arguments, uses ``TRIPLANE_URL`` / ``TRIPLANE_TOKEN``, else the cluster that
-    ``triplane up`` recorded in its run directory. With ``check`` (default) the scheduler
-    is asked for its nodes at once, so a wrong URL or token fails here with a clear
-    :class:`RemoteError` instead of at the first ``.numpy()``. ``options`` go to
-    :class:`RemoteSession`. ``set_default_session(None)`` (triplane.sdk.session) goes back
-    to the embedded session.
-    """
-    from triplane.sdk.session import set_default_session
-
-    url, token = resolve_target(url, token, home)
-    session = RemoteSession(url, token, transport, **options)
-    if check:
-        try:
-            session.nodes()
-        except BaseException:
-            session.close()
-            raise
-    set_default_session(session)
-    return session
-
+# tp.connect lives beside the session (remote_connect.py); these names stay importable here.
+from triplane.sdk.remote_connect import (  # noqa: E402
+    LocalCluster,
+    connect,
+    disconnect,
+    resolve_target,
+    set_local_cluster_lookup,
+)

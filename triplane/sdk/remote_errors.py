@@ -25,10 +25,16 @@ _GRAPH_KINDS: dict[str, type[E.GraphError]] = {
 
 
 class RemoteError(E.TriplaneError):
-    """The cluster could not be reached, refused the request, or lost the job."""
+    """The cluster could not be reached, refused the request, or lost the job.
 
-    def __init__(self, message: str, *, status: int | None = None) -> None:
+    ``kind`` is the scheduler's error kind when it gave one (``"lost"``: an executor
+    holding an input of the job is gone; ``ref`` then names that input)."""
+
+    def __init__(self, message: str, *, status: int | None = None, kind: str | None = None,
+                 ref: str | None = None) -> None:
         self.status = status
+        self.kind = kind
+        self.ref = ref
         super().__init__(message)
 
 
@@ -83,7 +89,8 @@ def http_error(r: httpx.Response, what: str, url: str) -> E.TriplaneError:
         mapped = _mapped(err, "graph")
         if mapped is not None:
             return mapped
-    return RemoteError(f"{what} -> {r.status_code}: {err.get('message')}", status=r.status_code)
+    return RemoteError(f"{what} -> {r.status_code}: {err.get('message')}", status=r.status_code,
+                       kind=_opt_str(err.get("kind")), ref=_opt_str(err.get("ref")))
 
 
 def job_error(job: str, err: Any) -> E.TriplaneError:
@@ -93,5 +100,10 @@ def job_error(job: str, err: Any) -> E.TriplaneError:
         err = {"message": "the scheduler gave no reason"}
     mapped = _mapped(err, "infra")
     if mapped is None:
-        return RemoteError(f"job {job} failed: {err.get('message')}")
+        return RemoteError(f"job {job} failed: {err.get('message')}", kind=_opt_str(err.get("kind")),
+                           ref=_opt_str(err.get("ref")))
     return mapped
+
+
+def _opt_str(v: Any) -> str | None:
+    return str(v) if v is not None else None

@@ -23,6 +23,7 @@ import numpy as np
 
 from triplane.proto import dtypes as dt
 from triplane.sdk.compile import TraceCache, signature
+from triplane.sdk.remote_values import RemoteValue
 
 if TYPE_CHECKING:
     from triplane.sdk.remote import RemoteSession
@@ -46,9 +47,11 @@ class BoundSteps:
         self.cache: TraceCache[BoundStep] = TraceCache()
         self.fallbacks = 0  # steps the scheduler did not know any more
 
-    def run(self, session: RemoteSession, outputs: Sequence[Tensor]) -> tuple[list[np.ndarray] | None, Any]:
+    def run(self, session: RemoteSession, outputs: Sequence[Tensor], keep: frozenset[int] = frozenset()
+            ) -> tuple[list[Any] | None, Any]:
         """The outputs' values if the structure is known (one small request), else None;
-        and what :meth:`learn` needs after the full path."""
+        and what :meth:`learn` needs after the full path. Outputs at ``keep`` stay on the
+        cluster (RemoteValue), the others come back inline or fetched."""
         from triplane.sdk.remote import RemoteError
 
         key, _, inputs = signature(outputs)
@@ -56,16 +59,22 @@ class BoundSteps:
         if step is None:
             return None, (key, inputs)
         args = [self._arg(session, inputs[p]._value) for p in step.args]
+        kept = {v: outputs[i]._type for i, (fetched, v) in enumerate(step.outputs) if fetched and i in keep}
+        for i, (fetched, v) in enumerate(step.outputs):
+            if fetched and i not in keep:
+                kept.pop(v, None)  # also wanted on the host
+        request = {"plan": step.plan, "args": args, "fetch": list(step.fetch)}
+        inline = [n for n in step.fetch if n not in kept]
         try:
-            job = session.submit_bound(step.plan, args, list(step.fetch))
+            answer = session.submit_job(request, inline)
         except RemoteError as e:
             if e.status != 409 or "unknown plan" not in str(e):
                 raise
             self.fallbacks += 1
             self.cache.drop(key)  # learn() refills it after the full path
             return None, (key, inputs)
-        got = session.collect(job, step.fetch,  # a lost output: the same step once more
-                              resubmit=lambda: session.submit_bound(step.plan, args, list(step.fetch)))
+        got = session.finish(answer, step.fetch, kept,  # a lost output: the same step once more
+                             resubmit=lambda: session.submit_job(request, inline))
         return [got[v] if fetched else inputs[v]._value for fetched, v in step.outputs], None
 
     def learn(self, pending: Any, answer: dict[str, Any], upload_of: dict[str, str], args: list[str],
@@ -96,10 +105,37 @@ class BoundSteps:
         self.cache.put(key, BoundStep(plan, tuple(pos_of[u] for u in server_args), tuple(fetch), tuple(out)))
 
     @staticmethod
-    def _arg(session: RemoteSession, arr: np.ndarray | None) -> Any:
+    def _arg(session: RemoteSession, arr: Any) -> Any:
+        if isinstance(arr, RemoteValue):
+            if arr.session is session:
+                return arr.ref  # kept on the cluster: bound by its ref, nothing travels
+            arr = arr.numpy()  # another session's value
         assert arr is not None
         if arr.nbytes <= INLINE_MAX_BYTES:
             d = dt.dtype(arr.dtype)
             data = np.ascontiguousarray(arr, dtype=d.np.newbyteorder("<")).tobytes()
             return {"shape": list(arr.shape), "dtype": d.name, "data": base64.b64encode(data).decode()}
         return session.upload_once(arr)
+
+
+def decode_values(values: Any) -> dict[str, np.ndarray]:
+    """The ``values`` of a submit answered with ``wait_s``: name -> read-only array (each
+    ``{"shape", "dtype", "data": base64 of raw little-endian C-order bytes}``)."""
+    from triplane.sdk.remote import RemoteError
+
+    out: dict[str, np.ndarray] = {}
+    if not isinstance(values, dict):
+        return out
+    for name, v in values.items():
+        try:
+            d = dt.dtype(v["dtype"])
+            shape = tuple(int(s) for s in v["shape"])
+            raw = base64.b64decode(v["data"], validate=True)
+        except (KeyError, TypeError, ValueError) as e:
+            raise RemoteError(f"the scheduler sent a malformed inline value {name!r}: {e}") from None
+        if len(raw) != int(np.prod(shape, dtype=np.int64)) * d.itemsize:
+            raise RemoteError(f"inline value {name!r}: {len(raw)} bytes for {d.name}{list(shape)}")
+        arr = np.frombuffer(raw, dtype=d.np.newbyteorder("<")).astype(d.np, copy=False).reshape(shape)
+        arr.flags.writeable = False
+        out[name] = arr
+    return out

@@ -79,7 +79,7 @@ class Tensor:
     __array_priority__ = 1000  # so ndarray + Tensor defers to Tensor.__radd__
 
     def __init__(self, op: str, inputs: Sequence[Tensor], attrs: Attrs, type_: TensorType,
-                 value: np.ndarray | None = None, where: str | None = None) -> None:
+                 value: np.ndarray | RemoteValue | None = None, where: str | None = None) -> None:
         self._id = f"t{next(_ids)}"
         self._op = op
         self._inputs = tuple(inputs)
@@ -153,11 +153,17 @@ class Tensor:
     # --- computing --------------------------------------------------------------------
 
     def numpy(self) -> np.ndarray:
-        """Compute (if needed) and return the value as a numpy array (a read-only view)."""
-        if self._value is None:
+        """Compute (if needed) and return the value as a numpy array (a read-only view).
+        A value kept on a cluster (a :class:`~triplane.sdk.remote_values.RemoteValue`) is
+        fetched once and cached."""
+        v = self._value
+        if v is None:
             realize(self)
-        assert self._value is not None
-        return self._value
+            v = self._value
+        if type(v) is np.ndarray:
+            return v
+        assert v is not None
+        return v.numpy()
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         v = self.numpy()
@@ -172,8 +178,11 @@ class Tensor:
         return self.numpy().tolist()
 
     def detach(self) -> Tensor:
-        """A tensor with the same value that gradients do not flow through."""
-        return Tensor.from_array(self.numpy())
+        """A tensor with the same value that gradients do not flow through (a value kept
+        on a cluster stays there)."""
+        if self._value is None:
+            realize(self)
+        return Tensor("input", (), Attrs(), self._type, value=self._value)._held()
 
     def backward(self, grad_output: Tensor | None = None) -> None:
         """Accumulate d self / d leaf into ``leaf.grad`` for every tensor created with
@@ -207,8 +216,15 @@ class Tensor:
             t.requires_grad_(True)
         return t
 
-    def assign(self, value: Tensor | np.ndarray) -> Tensor:
-        """Replace this leaf's value in place (optimizers use this). Shape and dtype stay."""
+    def assign(self, value: Tensor | np.ndarray | RemoteValue) -> Tensor:
+        """Replace this leaf's value in place (optimizers use this). Shape and dtype stay.
+        A tensor's value kept on a cluster (or a RemoteValue) is taken as is, not fetched."""
+        held = value._value if isinstance(value, Tensor) else value
+        if isinstance(held, RemoteValue):
+            if held.type != self._type:
+                raise GraphError(f"assign: value of type {held.type} to a tensor of type {self._type}")
+            self._op, self._inputs, self._attrs, self._value = "input", (), Attrs(), held
+            return self._held()
         arr = value.numpy() if isinstance(value, Tensor) else np.asarray(value)
         if arr.shape != self.shape:
             raise GraphError(f"assign: value of shape {list(arr.shape)} to a tensor of shape "
@@ -216,6 +232,14 @@ class Tensor:
         arr = np.ascontiguousarray(arr.astype(self.dtype.np, copy=False)).reshape(self.shape)
         arr.flags.writeable = False
         self._op, self._inputs, self._attrs, self._value = "input", (), Attrs(), arr
+        return self
+
+    def _held(self) -> Tensor:
+        """Tell the session of a value kept on a cluster that this tensor holds it (its
+        checkpoints and ``tp.disconnect()`` find it there)."""
+        v = self._value
+        if isinstance(v, RemoteValue):
+            v.session.holders.add(self)
         return self
 
     # --- operators (the functions live in the op-group modules) ------------------------
@@ -476,13 +500,14 @@ def scalar(x: bool | int | float, d: dt.DType) -> Tensor:
 
 
 def build_graph(outputs: Sequence[Tensor], *, cut_realized: bool = True
-                ) -> tuple[Graph, dict[str, Tensor], dict[str, np.ndarray]]:
+                ) -> tuple[Graph, dict[str, Tensor], dict[str, Any]]:
     """The graph computing ``outputs``. Leaves with data (and, with ``cut_realized``,
     every already-computed tensor) become ``input`` nodes bound to their values.
-    Returns the graph, node id -> Tensor, and the bindings (tensor id -> array)."""
+    Returns the graph, node id -> Tensor, and the bindings (tensor id -> array, or the
+    :class:`RemoteValue` of a value kept on a cluster: not fetched here)."""
     tensors: dict[str, Tensor] = {}
     nodes: dict[str, Node] = {}
-    bindings: dict[str, np.ndarray] = {}
+    bindings: dict[str, Any] = {}
     seen: set[int] = set()
     for out in outputs:
         stack: list[tuple[Tensor, bool]] = [(out, False)]
@@ -510,17 +535,35 @@ def build_graph(outputs: Sequence[Tensor], *, cut_realized: bool = True
     return Graph(nodes, tuple(t._id for t in outputs)), tensors, bindings
 
 
-def realize(*tensors: Tensor) -> None:
-    """Compute every given tensor in one graph run (shared work is done once)."""
+def realize(*tensors: Tensor, keep: Sequence[Tensor] = ()) -> None:
+    """Compute every given tensor in one graph run (shared work is done once).
+
+    ``keep``: more tensors to compute in the same run whose values may stay where they
+    were computed: a cluster session keeps them there (a RemoteValue, fetched when read;
+    optimisers keep parameters and state so), an in-process session computes them as any."""
     todo = [t for t in tensors if t._value is None]
-    if not todo:
+    seen = {id(t) for t in todo}
+    kept: list[Tensor] = []
+    for t in keep:
+        if t._value is None and id(t) not in seen:
+            seen.add(id(t))
+            kept.append(t)
+    if not todo and not kept:
         return
     from triplane.sdk.session import current_session
 
-    values = current_session().evaluate(todo)
-    for t, v in zip(todo, values):
-        v.flags.writeable = False
-        t._value = v
+    session = current_session()
+    if kept and getattr(session, "keeps_values", False):
+        values = session.evaluate([*todo, *kept], keep=range(len(todo), len(todo) + len(kept)))
+    else:
+        values = session.evaluate([*todo, *kept])
+    for t, v in zip([*todo, *kept], values):
+        if type(v) is np.ndarray:
+            v.flags.writeable = False
+            t._value = v
+        else:
+            t._value = v
+            t._held()
 
 
 def tensors_from_graph(graph: Graph, known: Mapping[str, Tensor], ids: Iterable[str]) -> list[Tensor]:
@@ -539,3 +582,4 @@ from triplane.sdk import elementwise as _ew  # noqa: E402
 from triplane.sdk import linalg as _la  # noqa: E402
 from triplane.sdk import reduce as _rd  # noqa: E402
 from triplane.sdk import shape as _sh  # noqa: E402
+from triplane.sdk.remote_values import RemoteValue  # noqa: E402

@@ -38,7 +38,9 @@ def long_job(width: int = 512, chains: int = 8, depth: int = 12) -> list[tp.Tens
 
 
 def session(cluster: LocalCluster) -> RemoteSession:
-    return RemoteSession(cluster.url, cluster.token, job_timeout_s=90.0, reconnect_s=45.0, poll_s=1.0)
+    # wait_s=0: the submit answers at once, so that ``last_job`` names the job while it runs
+    return RemoteSession(cluster.url, cluster.token, job_timeout_s=90.0, reconnect_s=45.0, poll_s=1.0,
+                         wait_s=0)
 
 
 class Background:

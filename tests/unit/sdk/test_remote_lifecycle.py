@@ -153,6 +153,7 @@ def test_an_expired_lease_forgets_uploads_and_opens_a_new_one(fake: LeasingSched
 def test_ctrl_c_cancels_the_job_and_raises_a_plain_keyboard_interrupt(
         remote: RemoteSession, fake: LeasingScheduler) -> None:
     fake.interrupt_wait = True
+    fake.running_polls = 1  # still running when the submit's wait_s ends
     with use_session(remote), pytest.raises(KeyboardInterrupt) as info:
         (tp.Tensor.from_array(np.ones(2, np.float32)) + 1).numpy()
     assert info.value.__cause__ is None and info.value.__suppress_context__  # no httpx chain

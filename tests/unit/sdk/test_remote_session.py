@@ -4,6 +4,7 @@ No sockets: the fake compiles and runs jobs in-process with the reference runner
 
 from __future__ import annotations
 
+import base64
 import gc
 import json
 import re
@@ -40,6 +41,10 @@ class FakeScheduler:
         self.running_polls = 0  # /wait answers "running" this many times first
         self.submitted: list[dict[str, Any]] = []
         self.lose_fetches = 0  # fetches answered "its executor is gone" first
+        self.lost_jobs: set[str] = set()  # their kept outputs died with an executor
+        self.released: set[str] = set()  # jobs released (DELETE /v1/jobs/{id})
+        self.copies = 0  # POST /v1/tensors/copy requests
+        self.can_copy = True  # False: a scheduler that predates the copy request (405)
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
         path = request.url.path
@@ -53,6 +58,15 @@ class FakeScheduler:
             return httpx.Response(200, json={"nodes": [{"node": "executor-0", "pid": 1}]})
         if request.method == "POST" and path == "/v1/tensors":
             return self._upload(request)
+        if request.method == "POST" and path == "/v1/tensors/copy":
+            if not self.can_copy:
+                return httpx.Response(405, json={"detail": "Method Not Allowed"})
+            return self._copy(json.loads(request.content)["from"])
+        m = re.fullmatch(r"/v1/jobs/(j\w+)", path)
+        if m and request.method == "DELETE":
+            self.released.add(m.group(1))
+            self.jobs[m.group(1)].pop("_values", None)
+            return httpx.Response(200, json={"id": m.group(1), "state": "done"})
         if request.method == "POST" and path == "/v1/jobs":
             return self._submit(json.loads(request.content))
         m = re.fullmatch(r"/v1/jobs/(j\w+)/wait", path)
@@ -100,6 +114,13 @@ class FakeScheduler:
         except ShapeError as e:
             return httpx.Response(400, json={"error": {"kind": "shape", "message": str(e),
                                                        "node": e.node, "op": e.op}})
+        bindings: dict[str, np.ndarray] = {}
+        for n in graph.nodes.values():
+            if n.op == "input":
+                try:
+                    bindings[n.attrs["tensor"]] = self._bound(n.attrs["tensor"])
+                except LookupError as e:
+                    return e.args[0]
         jid = f"j{len(self.jobs):016x}"
         job: dict[str, Any] = {"id": jid, "state": "done", "error": None,
                                "progress": {"done": len(graph), "total": len(graph)}}
@@ -107,12 +128,41 @@ class FakeScheduler:
             job.update(state="failed", error=self.fail_job)
             self.fail_job = None
         else:
-            bindings = {n.attrs["tensor"]: self.tensors[n.attrs["tensor"]]
-                        for n in graph.nodes.values() if n.op == "input"}
             values = run_plan(plan, bindings, get_op_engine("numpy"))
             job["_values"] = {k: v for k, v in values.items() if k in body["fetch"]}
         self.jobs[jid] = job
-        return httpx.Response(201, json={"id": jid, "state": "queued"})
+        if "wait_s" not in body or self.running_polls > 0:  # not ended within wait_s
+            return httpx.Response(201, json={"id": jid, "state": "queued"})
+        inline = {k: {"shape": list(v.shape), "dtype": dt.dtype(v.dtype).name,
+                      "data": base64.b64encode(np.ascontiguousarray(v).tobytes()).decode()}
+                  for k, v in job.get("_values", {}).items() if k in body["inline"] and v.nbytes <= 65536}
+        return httpx.Response(201, json={**self._public(job), "values": inline})
+
+    def _bound(self, name: str) -> np.ndarray:
+        """An upload or a ref's value; LookupError(response) as the scheduler answers."""
+        if name.startswith("u-"):
+            return self.tensors[name]
+        job, node = name.split(":")
+        if job in self.lost_jobs:
+            raise LookupError(httpx.Response(410, json={"error": {
+                "kind": "lost", "ref": name, "message": f"ref {name}: its executor is gone"}}))
+        values = self.jobs.get(job, {}).get("_values")
+        if values is None or node not in values:
+            raise LookupError(httpx.Response(404, json={"error": {
+                "kind": "not_found", "message": f"ref {name} is unknown or released"}}))
+        return values[node]
+
+    def _copy(self, refs: list[str]) -> httpx.Response:
+        self.copies += 1
+        ids = []
+        for ref in refs:
+            try:
+                arr = self._bound(ref)
+            except LookupError as e:
+                return e.args[0]
+            ids.append(f"u-{len(self.tensors):032x}")
+            self.tensors[ids[-1]] = arr
+        return httpx.Response(201, json={"ids": ids})
 
 
 @pytest.fixture
@@ -141,6 +191,7 @@ def _mlp_step(seed: int) -> list[tp.Tensor]:
 def test_an_output_lost_with_its_executor_is_computed_again(remote: RemoteSession,
                                                            fake: FakeScheduler) -> None:
     embedded = EmbeddedSession().evaluate(_mlp_step(4))
+    remote.wait_s = 0  # outputs fetched after the job, not inline
     fake.lose_fetches = 1  # the executor holding the first output died after the job ended
     with use_session(remote):
         outs = _mlp_step(4)
@@ -153,6 +204,7 @@ def test_an_output_lost_with_its_executor_is_computed_again(remote: RemoteSessio
 
 def test_mlp_forward_backward_equals_embedded(remote: RemoteSession, fake: FakeScheduler) -> None:
     embedded = EmbeddedSession().evaluate(_mlp_step(3))
+    remote.wait_s = 0  # the submit answers at once: wait, then fetch each output
     with use_session(remote):
         outs = _mlp_step(3)
         tp.realize(*outs)
@@ -320,6 +372,21 @@ def test_a_fetched_tensor_of_the_wrong_size_is_refused(fake: FakeScheduler) -> N
         r = fake(request)
         if "/tensors/" in request.url.path and request.method == "GET":
             return httpx.Response(200, content=r.content[:-1], headers=r.headers)
+        return r
+
+    s = RemoteSession(URL, TOKEN, httpx.MockTransport(short), wait_s=0)
+    with pytest.raises(RemoteError, match="bytes"):
+        s.evaluate([tp.Tensor.from_array(np.ones(3)) + 1.0])
+
+
+def test_an_inline_value_of_the_wrong_size_is_refused(fake: FakeScheduler) -> None:
+    def short(request: httpx.Request) -> httpx.Response:
+        r = fake(request)
+        if request.url.path == "/v1/jobs" and request.method == "POST":
+            body = r.json()
+            for v in body["values"].values():
+                v["data"] = base64.b64encode(base64.b64decode(v["data"])[:-1]).decode()
+            return httpx.Response(201, json=body)
         return r
 
     s = RemoteSession(URL, TOKEN, httpx.MockTransport(short))

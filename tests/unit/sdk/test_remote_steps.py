@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import re
 from typing import Any
 
 import httpx
@@ -44,7 +45,8 @@ class CompilingFake(FakeScheduler):
             doc = copy.deepcopy(doc)
             for nid, a in zip(arg_nodes, body["args"], strict=True):
                 doc["nodes"][nid]["attrs"]["tensor"] = a if isinstance(a, str) else self._inline(a)
-            return super()._submit({"graph": doc, "fetch": body["fetch"]})
+            rest = {k: v for k, v in body.items() if k not in ("plan", "args")}
+            return super()._submit({"graph": doc, **rest})
         r = super()._submit(body)
         _, _, args = Graph.from_dict(body["graph"]).canonical()
         by_tensor = {n["attrs"]["tensor"]: nid for nid, n in body["graph"]["nodes"].items()
@@ -94,14 +96,16 @@ def test_a_known_structure_is_one_small_request_with_inline_inputs(fake: Compili
     assert remote.counters() == {"trace_hits": 3, "trace_misses": 2, "unknown_plan": 0}
     assert len(fake.bound) == 3
     uploads_after_graphs = fake.calls["POST /v1/tensors"]
-    assert all(isinstance(a, dict) for b in fake.bound for a in b["args"])  # all small: inline
+    # small host inputs inline; parameters and Adam's state kept on the cluster, bound by ref
+    assert all(isinstance(a, dict) or re.fullmatch(r"j\w+:n\d+", a) for b in fake.bound for a in b["args"])
+    assert sum(isinstance(a, str) for a in fake.bound[-1]["args"]) == 3 * 4  # 4 params, m, v
     _train(remote, 0)
     assert fake.calls["POST /v1/tensors"] == uploads_after_graphs
     remote.close()
 
 
 def test_a_compiled_step_whose_output_was_lost_runs_again(fake: CompilingFake) -> None:
-    remote = RemoteSession(URL, TOKEN, httpx.MockTransport(fake), reconnect_s=1.0, poll_s=0.01)
+    remote = RemoteSession(URL, TOKEN, httpx.MockTransport(fake), reconnect_s=1.0, poll_s=0.01, wait_s=0)
     w = tp.tensor(np.ones((3, 2), np.float32))
     with use_session(remote):
         for i in range(2):

@@ -53,9 +53,9 @@ def flush_pending_updates(*also: Tensor) -> None:
     """Realize pending updates (and ``also``) in one graph run and assign them."""
     pending = list(_PENDING)
     _PENDING.clear()
-    realize(*also, *(v for _, v in pending))
+    realize(*also, keep=[v for _, v in pending])
     for target, value in pending:
-        target.assign(value.numpy())
+        target.assign(value)
 
 
 class Optimizer:
@@ -167,13 +167,15 @@ class Optimizer:
                 jobs.append((i, new, state, t))
         pending = list(_PENDING)
         _PENDING.clear()
-        realize(*also, *take_backward_outputs(), *grads,
-                *(x for _, new, st, _ in jobs for x in (new, *st.values())), *(v for _, v in pending))
+        # On a cluster, new parameters, state and gradients stay there (read when read).
+        realize(*also, *take_backward_outputs(), keep=[
+            *grads, *(x for _, new, st, _ in jobs for x in (new, *st.values())), *(v for _, v in pending)])
         for i, new, state, t in jobs:
-            self.params[i].assign(new.numpy())
-            self.state[i] = {"step": t, **{k: Tensor.from_array(v.numpy()) for k, v in state.items()}}
+            self.params[i].assign(new)
+            old = self.state[i]  # the same state Tensors step after step (checkpoints track them)
+            self.state[i] = {"step": t, **{k: _into(old.get(k), v) for k, v in state.items()}}
         for target, value in pending:
-            target.assign(value.numpy())
+            target.assign(value)
 
     # --- saving --------------------------------------------------------------------------
 
@@ -224,6 +226,13 @@ class Optimizer:
             g.update({k: v for k, v in sg.items() if k != "params"})
         self.state = new_state
         self.steps = max((int(s.get("step", 0)) for s in new_state), default=0)
+
+
+def _into(slot: Any, value: Tensor) -> Tensor:
+    """``slot`` (a state Tensor of the last step) holding ``value`` now, or a new leaf."""
+    if isinstance(slot, Tensor) and slot.is_leaf and slot.shape == value.shape and slot.dtype == value.dtype:
+        return slot.assign(value)
+    return value.detach()
 
 
 def clip_grad_norm(params: Iterable[Tensor], max_norm: float) -> float:
