@@ -46,20 +46,31 @@ class KernelList:
     """A plan flattened once into the list of kernels it runs, to be replayed with new
     input bindings (the embedded session's compiled steps): per step the op, its input
     slots, attributes and output type, and the values it frees, so a replay reads no
-    graph and builds no node or type objects. ``run`` checks each bound array's shape
-    and dtype against the graph, as ``run_plan`` always did."""
+    graph and builds no node or type objects. An engine with ``bind(op, attrs, out,
+    in_dtypes)`` (the numpy engine's) prepares each kernel call once here; the list then
+    runs them all under one ``np.errstate(all="ignore")``. ``run`` checks each bound
+    array's shape and dtype against the graph, as ``run_plan`` always did."""
 
     def __init__(self, plan: RunnablePlan, engine: Any) -> None:
         graph = plan.graph
         self.engine = engine
         self.outputs = tuple(graph.outputs)
-        self.steps: list[tuple[str, str, tuple[str, ...], Any, Any, int, tuple[tuple[str, int], ...]]] = []
+        bind = getattr(engine, "bind", None)
+        self.steps: list[tuple[str, str, tuple[str, ...], Any, Any, int, tuple[tuple[str, int], ...],
+                               Any]] = []
         for step in plan.memory.steps:
             node = graph.nodes[step.node]
             ty = node.type
-            key = node.attrs["tensor"] if node.op == "input" else ""
-            self.steps.append((step.node, node.op, tuple(node.inputs), key or node.attrs, ty,
-                               ty.nbytes, tuple((d, graph.nodes[d].type.nbytes) for d in step.free)))
+            call = None
+            if node.op == "input":
+                attrs: Any = node.attrs["tensor"]
+                call = (ty.shape, ty.dtype.np)
+            else:
+                attrs = node.attrs
+                if bind is not None:
+                    call = bind(node.op, attrs, ty, [graph.nodes[i].type.dtype.np for i in node.inputs])
+            self.steps.append((step.node, node.op, tuple(node.inputs), attrs, ty, ty.nbytes,
+                               tuple((d, graph.nodes[d].type.nbytes) for d in step.free), call))
 
     def run(self, bindings: Mapping[str, np.ndarray],
             stats: dict[str, int] | None = None) -> dict[str, np.ndarray]:
@@ -67,28 +78,35 @@ class KernelList:
         run = self.engine.run
         values: dict[str, np.ndarray] = {}
         live = peak = 0
-        for nid, op, inputs, attrs, ty, nbytes, free in self.steps:
-            if op == "input":
-                if attrs not in bindings:
-                    raise KernelError(f"no data bound for input tensor {attrs!r}", node=nid, op="input",
-                                      kind="infra")
-                arr = np.asarray(bindings[attrs])
-                if arr.shape != ty.shape or arr.dtype != ty.dtype.np:
-                    raise KernelError(f"bound data is {arr.dtype}{list(arr.shape)}, the graph declares "
-                                      f"{ty.dtype.name}{list(ty.shape)}", node=nid, op="input")
-                values[nid] = arr
-            else:
-                try:
-                    values[nid] = run(op, [values[i] for i in inputs], attrs, ty)
-                except KernelError as e:
-                    if e.node is None:
-                        raise KernelError(str(e), node=nid, op=op, kind=e.kind) from e
-                    raise
-            live += nbytes
-            peak = max(peak, live)
-            for dead, size in free:
-                live -= size
-                del values[dead]
+        with np.errstate(all="ignore"):
+            for nid, op, inputs, attrs, ty, nbytes, free, call in self.steps:
+                if op == "input":
+                    arr = bindings.get(attrs)
+                    if arr is None:
+                        raise KernelError(f"no data bound for input tensor {attrs!r}", node=nid, op="input",
+                                          kind="infra")
+                    if type(arr) is not np.ndarray:
+                        arr = np.asarray(arr)
+                    if arr.shape != call[0] or arr.dtype != call[1]:
+                        raise KernelError(f"bound data is {arr.dtype}{list(arr.shape)}, the graph declares "
+                                          f"{ty.dtype.name}{list(ty.shape)}", node=nid, op="input")
+                    values[nid] = arr
+                else:
+                    try:
+                        if call is None:
+                            values[nid] = run(op, [values[i] for i in inputs], attrs, ty)
+                        else:
+                            values[nid] = call([values[i] for i in inputs])
+                    except KernelError as e:
+                        if e.node is None:
+                            raise KernelError(str(e), node=nid, op=op, kind=e.kind) from e
+                        raise
+                live += nbytes
+                if live > peak:
+                    peak = live
+                for dead, size in free:
+                    live -= size
+                    del values[dead]
         if stats is not None:
             stats["peak_bytes"] = peak
         return {o: values[o] for o in self.outputs}

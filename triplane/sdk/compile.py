@@ -36,12 +36,15 @@ __all__ = ["CompiledFunction", "TraceCache", "compile", "signature"]
 V = TypeVar("V")
 
 
-def signature(outputs: Sequence[Tensor]) -> tuple[tuple[Any, ...], list[Tensor], list[Tensor]]:
+def signature(outputs: Sequence[Tensor], *, cut_realized: bool = True
+              ) -> tuple[tuple[Any, ...], list[Tensor], list[Tensor]]:
     """The structure of the graph computing ``outputs`` (a hashable tuple), every tensor
     of it in walk order, and its host inputs (tensors holding a value) in walk order.
 
-    Tensors holding a value are inputs, as ``build_graph`` makes them. Attribute values
-    compare by equality and type, so ``1`` and ``1.0`` differ."""
+    Tensors holding a value are inputs, as ``build_graph`` makes them (with
+    ``cut_realized=False``, as ``build_graph(..., cut_realized=False)`` does: only those
+    without inputs; a computed tensor is then walked through). Attribute values compare
+    by equality and type, so ``1`` and ``1.0`` differ."""
     index: dict[int, int] = {}
     walk: list[Tensor] = []
     inputs: list[Tensor] = []
@@ -54,7 +57,7 @@ def signature(outputs: Sequence[Tensor]) -> tuple[tuple[Any, ...], list[Tensor],
             t, expanded = stack.pop()
             if id(t) in index:
                 continue
-            is_input = t._value is not None
+            is_input = t._value is not None and (cut_realized or not t._inputs)
             if not expanded and not is_input:
                 stack.append((t, True))
                 stack.extend((i, False) for i in reversed(t._inputs) if id(i) not in index)
