@@ -42,13 +42,32 @@ def run_plan(plan: RunnablePlan, bindings: Mapping[str, np.ndarray], engine: Any
     return KernelList(plan, engine).run(bindings, stats)
 
 
+# Ops whose value is a function of their attributes alone: a replayed kernel list makes
+# each such value once (read-only) rather than once per run.
+_CONSTANT_OPS = frozenset({"full", "constant"})
+
+
+def _once(call: Any) -> Any:
+    made: list[np.ndarray] = []
+
+    def value(inputs: list[np.ndarray]) -> np.ndarray:
+        if not made:
+            v = call(inputs)
+            v.flags.writeable = False
+            made.append(v)
+        return made[0]
+
+    return value
+
+
 class KernelList:
     """A plan flattened once into the list of kernels it runs, to be replayed with new
     input bindings (the embedded session's compiled steps): per step the op, its input
     slots, attributes and output type, and the values it frees, so a replay reads no
     graph and builds no node or type objects. An engine with ``bind(op, attrs, out,
-    in_dtypes)`` (the numpy engine's) prepares each kernel call once here; the list then
-    runs them all under one ``np.errstate(all="ignore")``. ``run`` checks each bound
+    in_dtypes)`` (the numpy engine's) prepares each kernel call once here (and a ``full``
+    or ``constant`` node's value: made at the first run, read-only); the list then runs
+    them all under one ``np.errstate(all="ignore")``. ``run`` checks each bound
     array's shape and dtype against the graph, as ``run_plan`` always did."""
 
     def __init__(self, plan: RunnablePlan, engine: Any) -> None:
@@ -69,6 +88,8 @@ class KernelList:
                 attrs = node.attrs
                 if bind is not None:
                     call = bind(node.op, attrs, ty, [graph.nodes[i].type.dtype.np for i in node.inputs])
+                    if call is not None and node.op in _CONSTANT_OPS:
+                        call = _once(call)
             self.steps.append((step.node, node.op, tuple(node.inputs), attrs, ty, ty.nbytes,
                                tuple((d, graph.nodes[d].type.nbytes) for d in step.free), call))
 

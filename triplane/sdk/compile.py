@@ -23,6 +23,7 @@ signature and compiles once more (a miss).
 from __future__ import annotations
 
 import functools
+import itertools
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -49,31 +50,62 @@ def signature(outputs: Sequence[Tensor], *, cut_realized: bool = True
     walk: list[Tensor] = []
     inputs: list[Tensor] = []
     entries: list[Any] = []
+    attrs_id = _attrs_id
     for out in outputs:
-        if id(out) in index:
-            continue
-        stack: list[tuple[Tensor, bool]] = [(out, False)]
+        stack = [out]
         while stack:
-            t, expanded = stack.pop()
+            t = stack.pop()
             if id(t) in index:
                 continue
-            is_input = t._value is not None and (cut_realized or not t._inputs)
-            if not expanded and not is_input:
-                stack.append((t, True))
-                stack.extend((i, False) for i in reversed(t._inputs) if id(i) not in index)
-                continue
-            index[id(t)] = len(walk)
-            walk.append(t)
+            ins = t._inputs
             ty = t._type
-            if is_input:
+            if t._value is not None and (cut_realized or not ins):
+                index[id(t)] = len(walk)
+                walk.append(t)
                 inputs.append(t)
                 entries.append((ty.shape, ty.dtype.name))
-            else:
-                a = t._attrs
-                entries.append((t._op, a, tuple(map(type, a.values())) if a else (), ty.shape,
-                                ty.dtype.name, tuple(index[id(i)] for i in t._inputs)))
-    entries.append(tuple(index[id(o)] for o in outputs))
+                continue
+            if ins:
+                pending = [i for i in ins if id(i) not in index]
+                if pending:  # walk the inputs first, then come back to t
+                    stack.append(t)
+                    pending.reverse()
+                    stack.extend(pending)
+                    continue
+            index[id(t)] = len(walk)
+            walk.append(t)
+            entries.append((t._op, attrs_id(t._attrs), ty.shape, ty.dtype.name,
+                            tuple([index[id(i)] for i in ins])))
+    entries.append(tuple([index[id(o)] for o in outputs]))
     return tuple(entries), walk, inputs
+
+
+# Attributes -> a number standing for their value and the types of their values (so the
+# signature holds ints, cheap to hash and compare, not attribute mappings). By identity
+# first (the Attrs object is kept, so its id is not reused while it is here); numbers are
+# never reused, so clearing either map costs lookups (and, for the values, a new number:
+# a structure seen before compiles once more) but never makes two structures equal.
+_ATTRS_BY_ID: dict[int, tuple[Any, int]] = {}
+_ATTRS_BY_VALUE: dict[Any, int] = {}
+_attrs_lock = threading.Lock()
+_attrs_numbers = itertools.count()
+
+
+def _attrs_id(a: Any) -> int:
+    found = _ATTRS_BY_ID.get(id(a))
+    if found is not None and found[0] is a:
+        return found[1]
+    key = (a, tuple(map(type, a.values())))
+    with _attrs_lock:
+        n = _ATTRS_BY_VALUE.get(key)
+        if n is None:
+            if len(_ATTRS_BY_VALUE) >= 65536:
+                _ATTRS_BY_VALUE.clear()
+            n = _ATTRS_BY_VALUE[key] = next(_attrs_numbers)
+        if len(_ATTRS_BY_ID) >= 8192:
+            _ATTRS_BY_ID.clear()
+        _ATTRS_BY_ID[id(a)] = (a, n)
+    return n
 
 
 class TraceCache(Generic[V]):
