@@ -82,7 +82,7 @@ class no_grad:
 
 
 def _is_cut(t: Tensor) -> bool:
-    return _CUT.get(id(t)) is t
+    return bool(_CUT) and _CUT.get(id(t)) is t
 
 
 def _cut_reachable(outputs: Sequence[Tensor]) -> None:
@@ -201,6 +201,7 @@ def _grad_leaves(output: Tensor) -> list[Tensor]:
     found: list[Tensor] = []
     seen: set[int] = set()
     stack = [output]
+    any_cut = bool(_CUT)
     while stack:
         t = stack.pop()
         if id(t) in seen:
@@ -208,6 +209,6 @@ def _grad_leaves(output: Tensor) -> list[Tensor]:
         seen.add(id(t))
         if t.requires_grad and not t._inputs:
             found.append(t)
-        if not _is_cut(t):
+        if not (any_cut and _is_cut(t)):
             stack.extend(t._inputs)
     return found

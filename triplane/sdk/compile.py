@@ -53,26 +53,30 @@ def signature(outputs: Sequence[Tensor], *, cut_realized: bool = True
     attrs_id = _attrs_id
     for out in outputs:
         stack = [out]
+        expanded: set[int] = set()  # tensors whose inputs are on the stack above them
         while stack:
-            t = stack.pop()
-            if id(t) in index:
+            t = stack[-1]
+            k = id(t)
+            if k in index:
+                stack.pop()
                 continue
             ins = t._inputs
             ty = t._type
             if t._value is not None and (cut_realized or not ins):
-                index[id(t)] = len(walk)
+                stack.pop()
+                index[k] = len(walk)
                 walk.append(t)
                 inputs.append(t)
                 entries.append((ty.shape, ty.dtype.name))
                 continue
-            if ins:
-                pending = [i for i in ins if id(i) not in index]
-                if pending:  # walk the inputs first, then come back to t
-                    stack.append(t)
-                    pending.reverse()
-                    stack.extend(pending)
-                    continue
-            index[id(t)] = len(walk)
+            if ins and k not in expanded:  # walk the inputs first, then come back to t
+                expanded.add(k)
+                for i in reversed(ins):
+                    if id(i) not in index:
+                        stack.append(i)
+                continue
+            stack.pop()
+            index[k] = len(walk)
             walk.append(t)
             entries.append((t._op, attrs_id(t._attrs), ty.shape, ty.dtype.name,
                             tuple([index[id(i)] for i in ins])))
