@@ -43,8 +43,10 @@ def run_plan(plan: RunnablePlan, bindings: Mapping[str, np.ndarray], engine: Any
 
 
 # Ops whose value is a function of their attributes alone: a replayed kernel list makes
-# each such value once (read-only) rather than once per run.
+# each such value once (read-only) rather than once per run, when it is small (a large
+# one is made per run, so that it is held only while the memory plan says).
 _CONSTANT_OPS = frozenset({"full", "constant"})
+_CONSTANT_BYTES = 1 << 16
 
 
 def _once(call: Any) -> Any:
@@ -65,7 +67,7 @@ class KernelList:
     input bindings (the embedded session's compiled steps): per step the op, its input
     slots, attributes and output type, and the values it frees, so a replay reads no
     graph and builds no node or type objects. An engine with ``bind(op, attrs, out,
-    in_dtypes)`` (the numpy engine's) prepares each kernel call once here (and a ``full``
+    in_dtypes)`` (the numpy engine's) prepares each kernel call once here (and a small ``full``
     or ``constant`` node's value: made at the first run, read-only); the list then runs
     them all under one ``np.errstate(all="ignore")``. ``run`` checks each bound
     array's shape and dtype against the graph, as ``run_plan`` always did."""
@@ -88,7 +90,7 @@ class KernelList:
                 attrs = node.attrs
                 if bind is not None:
                     call = bind(node.op, attrs, ty, [graph.nodes[i].type.dtype.np for i in node.inputs])
-                    if call is not None and node.op in _CONSTANT_OPS:
+                    if call is not None and node.op in _CONSTANT_OPS and ty.nbytes <= _CONSTANT_BYTES:
                         call = _once(call)
             self.steps.append((step.node, node.op, tuple(node.inputs), attrs, ty, ty.nbytes,
                                tuple((d, graph.nodes[d].type.nbytes) for d in step.free), call))
