@@ -77,59 +77,66 @@ class KernelList:
         self.engine = engine
         self.outputs = tuple(graph.outputs)
         bind = getattr(engine, "bind", None)
-        self.steps: list[tuple[str, str, tuple[str, ...], Any, Any, int, tuple[tuple[str, int], ...],
-                               Any]] = []
+        # Inputs are bound before any kernel runs (the caller holds their arrays anyway);
+        # the peak the memory plan's order gives is the same every run: counted here.
+        self.inputs: list[tuple[str, str, tuple[int, ...], np.dtype, Any, tuple[str, ...]]] = []
+        self.kernels: list[tuple[str, str, tuple[str, ...], Any, Any, Any, tuple[str, ...]]] = []
+        live = self.peak_bytes = 0
+        bound: set[str] = set()
         for step in plan.memory.steps:
             node = graph.nodes[step.node]
             ty = node.type
-            call = None
             if node.op == "input":
-                attrs: Any = node.attrs["tensor"]
-                call = (ty.shape, ty.dtype.np)
+                bound.add(step.node)
+                self.inputs.append((step.node, node.attrs["tensor"], ty.shape, ty.dtype.np, ty,
+                                    tuple(d for d in step.free if d in bound)))
+                later = tuple(d for d in step.free if d not in bound)
+                if later:  # kernel values whose last reader ran before: free them after it
+                    *head, last = self.kernels[-1]
+                    self.kernels[-1] = (*head, last + later)
             else:
-                attrs = node.attrs
+                call = None
                 if bind is not None:
-                    call = bind(node.op, attrs, ty, [graph.nodes[i].type.dtype.np for i in node.inputs])
+                    call = bind(node.op, node.attrs, ty, [graph.nodes[i].type.dtype.np for i in node.inputs])
                     if call is not None and node.op in _CONSTANT_OPS and ty.nbytes <= _CONSTANT_BYTES:
                         call = _once(call)
-            self.steps.append((step.node, node.op, tuple(node.inputs), attrs, ty, ty.nbytes,
-                               tuple((d, graph.nodes[d].type.nbytes) for d in step.free), call))
+                self.kernels.append((step.node, node.op, tuple(node.inputs), node.attrs, ty, call,
+                                     tuple(step.free)))
+            live += ty.nbytes
+            self.peak_bytes = max(self.peak_bytes, live)
+            live -= sum(graph.nodes[d].type.nbytes for d in step.free)
 
     def run(self, bindings: Mapping[str, np.ndarray],
             stats: dict[str, int] | None = None) -> dict[str, np.ndarray]:
         """Run every kernel; the outputs by node id. Raises KernelError naming the node."""
         run = self.engine.run
         values: dict[str, np.ndarray] = {}
-        live = peak = 0
+        for nid, key, shape, dtype, ty, free in self.inputs:
+            arr = bindings.get(key)
+            if arr is None:
+                raise KernelError(f"no data bound for input tensor {key!r}", node=nid, op="input",
+                                  kind="infra")
+            if type(arr) is not np.ndarray:
+                arr = np.asarray(arr)
+            if arr.shape != shape or arr.dtype != dtype:
+                raise KernelError(f"bound data is {arr.dtype}{list(arr.shape)}, the graph declares "
+                                  f"{ty.dtype.name}{list(ty.shape)}", node=nid, op="input")
+            values[nid] = arr
+            for dead in free:
+                del values[dead]
         with np.errstate(all="ignore"):
-            for nid, op, inputs, attrs, ty, nbytes, free, call in self.steps:
-                if op == "input":
-                    arr = bindings.get(attrs)
-                    if arr is None:
-                        raise KernelError(f"no data bound for input tensor {attrs!r}", node=nid, op="input",
-                                          kind="infra")
-                    if type(arr) is not np.ndarray:
-                        arr = np.asarray(arr)
-                    if arr.shape != call[0] or arr.dtype != call[1]:
-                        raise KernelError(f"bound data is {arr.dtype}{list(arr.shape)}, the graph declares "
-                                          f"{ty.dtype.name}{list(ty.shape)}", node=nid, op="input")
-                    values[nid] = arr
-                else:
-                    try:
-                        if call is None:
-                            values[nid] = run(op, [values[i] for i in inputs], attrs, ty)
-                        else:
-                            values[nid] = call([values[i] for i in inputs])
-                    except KernelError as e:
-                        if e.node is None:
-                            raise KernelError(str(e), node=nid, op=op, kind=e.kind) from e
-                        raise
-                live += nbytes
-                if live > peak:
-                    peak = live
-                for dead, size in free:
-                    live -= size
+            for nid, op, inputs, attrs, ty, call, free in self.kernels:
+                try:
+                    if call is None:
+                        values[nid] = run(op, [values[i] for i in inputs], attrs, ty)
+                    else:
+                        values[nid] = call([values[i] for i in inputs])
+                except KernelError as e:
+                    if e.node is None:
+                        raise KernelError(str(e), node=nid, op=op, kind=e.kind) from e
+                    raise
+                for dead in free:
                     del values[dead]
         if stats is not None:
-            stats["peak_bytes"] = peak
+            stats["peak_bytes"] = self.peak_bytes
         return {o: values[o] for o in self.outputs}

@@ -37,7 +37,7 @@ def _const(value: float, like: Tensor) -> Tensor:
 def _op(op: str, x: Tensor, y: Tensor) -> Tensor:
     """``x op y`` of two tensors of one dtype: the node the operator would record (no
     promotion or cast is needed), recorded without the operator's dtype resolution."""
-    if x.dtype != y.dtype:
+    if x._type.dtype is not y._type.dtype and x.dtype != y.dtype:
         raise AssertionError(f"{op} of {x.dtype.name} and {y.dtype.name}")
     return apply(op, (x, y))
 
