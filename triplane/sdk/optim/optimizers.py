@@ -9,9 +9,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from triplane.proto import optable
+from triplane.proto.ir import Attrs, TensorType
 from triplane.sdk.elementwise import maximum, sqrt
 from triplane.sdk.optim.base import Optimizer
-from triplane.sdk.tensor import Tensor, apply, scalar
+from triplane.sdk.tensor import Tensor, _user_line, apply, record_hooks, scalar
 
 __all__ = ["SGD", "Adam", "AdamW", "RMSProp", "RMSprop"]
 
@@ -34,12 +36,36 @@ def _const(value: float, like: Tensor) -> Tensor:
     return t
 
 
-def _op(op: str, x: Tensor, y: Tensor) -> Tensor:
-    """``x op y`` of two tensors of one dtype: the node the operator would record (no
-    promotion or cast is needed), recorded without the operator's dtype resolution."""
-    if x._type.dtype is not y._type.dtype and x.dtype != y.dtype:
-        raise AssertionError(f"{op} of {x.dtype.name} and {y.dtype.name}")
-    return apply(op, (x, y))
+# (op, input shapes and dtypes) -> (the OpDef, attributes and type ``apply`` gave): an
+# update rule records the same ops on the same types every step.
+_RECORDED: dict[tuple[Any, ...], tuple[Any, Attrs, TensorType]] = {}
+
+
+def _op(op: str, *xs: Tensor, where: str | None) -> Tensor:
+    """``op`` of tensors of one floating dtype: the node its operator would record (``x *
+    y``, ``tp.sqrt(x)``: no promotion or cast is needed). The first time for these types
+    ``apply`` records it, with every check; after that the node is made with the type it
+    inferred, naming ``where`` (the user's line of the step) as ``apply`` would."""
+    key = (op, *[(x._type.shape, x._type.dtype.name) for x in xs])
+    found = _RECORDED.get(key)
+    opdef = optable.get(op)
+    if found is None or found[0] is not opdef:
+        if len({x.dtype.name for x in xs}) != 1 or not xs[0].dtype.is_float:
+            raise AssertionError(f"{op} of {[x.dtype.name for x in xs]}")
+        t = apply(op, xs)
+        if len(_RECORDED) >= 4096:
+            _RECORDED.clear()
+        _RECORDED[key] = (opdef, t._attrs, t._type)
+        return t
+    out = Tensor(op, xs, found[1], found[2], where=where)
+    for hook in record_hooks:
+        hook(out)
+    return out
+
+
+def _where() -> str | None:
+    """The user's line that called the optimiser (the caller's caller is inside it)."""
+    return _user_line()
 
 
 def _need(name: str, ok: bool, what: str, group: dict[str, Any]) -> None:
@@ -116,20 +142,22 @@ class Adam(Optimizer):
         elif wd:
             g = g + wd * p
         st = self.state[i]
-        m = _op("mul", _const(1 - b1, g), g)
+        at = _where()
+        m = _op("mul", _const(1 - b1, g), g, where=at)
         if "exp_avg" in st:
-            m = _op("add", _op("mul", _const(b1, g), st["exp_avg"]), m)
-        v = _op("mul", _const(1 - b2, g), _op("mul", g, g))
+            m = _op("add", _op("mul", _const(b1, g), st["exp_avg"], where=at), m, where=at)
+        v = _op("mul", _const(1 - b2, g), _op("mul", g, g, where=at), where=at)
         if "exp_avg_sq" in st:
-            v = _op("add", _op("mul", _const(b2, g), st["exp_avg_sq"]), v)
+            v = _op("add", _op("mul", _const(b2, g), st["exp_avg_sq"], where=at), v, where=at)
         state = {"exp_avg": m, "exp_avg_sq": v}
         if group["amsgrad"]:
             v = v if "max_exp_avg_sq" not in st else maximum(st["max_exp_avg_sq"], v)
             state["max_exp_avg_sq"] = v
         step_size = self._step_scalar(lr / (1 - b1**t), p)
-        denom = _op("add", sqrt(_op("mul", v, self._step_scalar(1.0 / (1 - b2**t), p))),
-                    _const(group["eps"], p))
-        return _op("sub", p, _op("div", _op("mul", step_size, m), denom)), state
+        scaled = _op("mul", v, self._step_scalar(1.0 / (1 - b2**t), p), where=at)
+        denom = _op("add", _op("sqrt", scaled, where=at), _const(group["eps"], p), where=at)
+        return _op("sub", p, _op("div", _op("mul", step_size, m, where=at), denom, where=at),
+                   where=at), state
 
     def _step_scalar(self, value: float, like: Tensor) -> Tensor:
         """``self._scalar(value, like)``, one host input per value and dtype in a step (the
