@@ -67,7 +67,7 @@ class KernelList:
     input bindings (the embedded session's compiled steps): per step the op, its input
     slots, attributes and output type, and the values it frees, so a replay reads no
     graph and builds no node or type objects. An engine with ``bind(op, attrs, out,
-    in_dtypes)`` (the numpy engine's) prepares each kernel call once here (and a small ``full``
+    in_types)`` (the numpy engine's) prepares each kernel call once here (and a small ``full``
     or ``constant`` node's value: made at the first run, read-only); the list then runs
     them all under one ``np.errstate(all="ignore")``. ``run`` checks each bound
     array's shape and dtype against the graph, as ``run_plan`` always did."""
@@ -97,7 +97,7 @@ class KernelList:
             else:
                 call = None
                 if bind is not None:
-                    call = bind(node.op, node.attrs, ty, [graph.nodes[i].type.dtype.np for i in node.inputs])
+                    call = bind(node.op, node.attrs, ty, [graph.nodes[i].type for i in node.inputs])
                     if call is not None and node.op in _CONSTANT_OPS and ty.nbytes <= _CONSTANT_BYTES:
                         call = _once(call)
                 self.kernels.append((step.node, node.op, tuple(node.inputs), node.attrs, ty, call,

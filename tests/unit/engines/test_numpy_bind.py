@@ -22,7 +22,7 @@ def engine():  # type: ignore[no-untyped-def]
 
 def _both(engine, op: str, ins: list[np.ndarray], attrs: Attrs, out: TensorType):  # type: ignore[no-untyped-def]
     with np.errstate(all="ignore"):
-        bound = engine.bind(op, attrs, out, [x.dtype for x in ins])(ins)
+        bound = engine.bind(op, attrs, out, [TensorType(x.shape, dt.dtype(x.dtype)) for x in ins])(ins)
     return bound, engine.run(op, ins, attrs, out)
 
 
@@ -35,6 +35,13 @@ def test_bound_calls_give_runs_values_and_dtypes(engine) -> None:  # type: ignor
         ("add", [x.astype(dt.bfloat16.np), x.astype(dt.bfloat16.np)], Attrs(),
          TensorType((3,), dt.bfloat16)),  # computed in float32
         ("sum", [x], Attrs({"axes": None, "keepdims": False}), TensorType((), dt.float32)),
+        # a small fused program (its preparer plans it once), with a constant and an epilogue
+        ("fused", [x, x], Attrs({"program": [["full", [], {"value": 0.5, "shape": [], "dtype": "float32"}],
+                                             ["mul", [0, 2], {}], ["div", [3, 1], {}],
+                                             ["sqrt", [4], {}]]}), TensorType((3,), dt.float32)),
+        ("fused", [x], Attrs({"program": [["exp", [0], {}],
+                                          ["sum", [1], {"axes": None, "keepdims": False}]]}),
+         TensorType((), dt.float32)),
     ]:
         bound, ran = _both(engine, op, ins, attrs, out)
         assert bound.dtype == ran.dtype == out.dtype.np and bound.shape == ran.shape == out.shape, op
@@ -46,7 +53,7 @@ def test_bound_calls_raise_runs_errors(engine) -> None:  # type: ignore[no-untyp
     zero = np.array([1, 0], np.int64)
     out = TensorType((2,), dt.int64)
     with pytest.raises(KernelError, match="by zero") as bound:
-        engine.bind("floor_divide", Attrs(), out, [ints.dtype, zero.dtype])([ints, zero])
+        engine.bind("floor_divide", Attrs(), out, [out, out])([ints, zero])
     with pytest.raises(KernelError, match="by zero") as ran:
         engine.run("floor_divide", [ints, zero], Attrs(), out)
     assert str(bound.value) == str(ran.value)

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from triplane.engines.op.numpy_kernels import KERNELS
+from triplane.engines.op.numpy_kernels import KERNELS, PREPARERS
 from triplane.proto import dtypes as dt
 from triplane.proto import optable
 from triplane.proto.errors import KernelError, TriplaneError
@@ -74,24 +74,32 @@ class NumpyEngine:
         return result
 
     def bind(self, op: str, attrs: Mapping[str, Any], out: TensorType,
-             in_dtypes: Sequence[np.dtype]) -> Callable[[list[np.ndarray]], np.ndarray] | None:
+             in_types: Sequence[TensorType]) -> Callable[[list[np.ndarray]], np.ndarray] | None:
         """:meth:`run` of one node prepared once, for a kernel list replayed step after step:
-        ``bind(...)(inputs)`` is ``run(op, inputs, attrs, out)`` for inputs of ``in_dtypes``
-        (the same checks, conversions and errors) without looking anything up again. None
-        when there is no kernel for ``op`` (``run`` raises that when the node runs). numpy's
-        floating-point error state is the caller's: call it under
+        ``bind(...)(inputs)`` is ``run(op, inputs, attrs, out)`` for inputs of ``in_types``
+        (the same checks, conversions and errors) without looking anything up again, and
+        with what the op's preparer (``numpy_kernels.PREPARERS``: a small fused program's
+        plan) does once. None when there is no kernel for ``op`` (``run`` raises that when
+        the node runs). numpy's floating-point error state is the caller's: call it under
         ``np.errstate(all="ignore")``, as ``run`` sets it."""
         fn = KERNELS.get(op)
         if fn is None:
             return None
-        widen = any(d == _BF16 for d in in_dtypes)
+        widen = any(t.dtype.np == _BF16 for t in in_types)
         shape, dtype = out.shape, out.dtype.np
+        ready = None
+        prepare = PREPARERS.get(op)
+        if prepare is not None and not widen:
+            try:
+                ready = prepare(attrs, in_types, out)
+            except Exception:  # a malformed node: its kernel raises when it runs
+                ready = None
 
         def call(inputs: list[np.ndarray]) -> np.ndarray:
             if widen:
                 inputs = [a.astype(np.float32) if a.dtype == _BF16 else a for a in inputs]
             try:
-                result = fn(inputs, attrs, out)
+                result = fn(inputs, attrs, out) if ready is None else ready(inputs)
             except KernelError:
                 raise
             except _USER_ERRORS as e:

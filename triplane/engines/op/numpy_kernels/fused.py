@@ -81,6 +81,20 @@ def _fused(ins, a, out):
     return result
 
 
+@KERNEL_GROUP.preparer("fused")
+def _prepare(a, in_types, out):
+    """The kernel for inputs of ``in_types``: a small program's ``_Whole`` run directly."""
+    if not _whole(out.shape):
+        return None
+    types = program_types(list(in_types), a)
+    epilogue = reduce_step(a)
+    body = types[-2] if epilogue is not None else types[-1]
+    if not _whole(body.shape):
+        return None
+    whole = _Whole(a["program"], list(in_types), types, epilogue)
+    return lambda ins: whole.run(ins, out)
+
+
 # (program attrs, the inputs' shapes and dtypes) -> the program prepared for whole tensors.
 _WHOLE: dict[Any, _Whole | None] = {}
 
@@ -135,12 +149,11 @@ class _Whole:
             else:
                 self.calls.append((slot, fn, args, attrs, t))
         self.epilogue = epilogue
+        # the values after the inputs: the constants in place, the rest made per call
+        self.template = [self.constants.get(n_inputs + k) for k in range(len(body))]
 
     def run(self, ins, out: TensorType):
-        vals = list(ins)
-        vals.extend([None] * (len(self.constants) + len(self.calls)))
-        for slot, v in self.constants.items():
-            vals[slot] = v
+        vals = [*ins, *self.template]
         for slot, fn, args, attrs, t in self.calls:
             if attrs is None:
                 vals[slot] = fn(*[vals[i] for i in args])
