@@ -131,3 +131,21 @@ def test_a_training_loop_gives_the_values_of_fresh_recordings(seed: int) -> None
         return losses
 
     assert train(False) == train(True)
+
+
+def test_adams_update_nodes_name_the_users_line_and_honour_no_grad() -> None:
+    from triplane.sdk import autograd as ag
+
+    p = tp.tensor(np.ones((3, 2), np.float32), requires_grad=True)
+    opt = optim.Adam([p], lr=0.1)
+    g = tp.tensor(np.full((3, 2), 0.5, np.float32))
+    group = opt.param_groups[0]
+    for _ in range(2):  # the second time the nodes are made from the recorded types
+        new, state = opt._update(0, p, g, group, 1)
+        assert new._where is not None and "test_step_caches.py" in new._where
+        assert new.shape == (3, 2) and state["exp_avg"].dtype.name == "float32"
+    with tp.no_grad():
+        new, _ = opt._update(0, p, g, group, 1)
+    assert ag._is_cut(new)  # recorded inside no_grad: cut like any other tensor
+    # bias-corrected first step: p - lr * sign(g) (up to eps)
+    np.testing.assert_allclose(new.numpy(), np.full((3, 2), 0.9, np.float32), rtol=1e-6)
