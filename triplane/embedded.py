@@ -43,6 +43,7 @@ class CompiledStep:
     args: tuple[int, ...]
     outputs: tuple[str, ...]
     walk_of: dict[str, int]
+    names: tuple[str, ...] = ()  # the input names the plan binds: arg0, arg1, ...
 
 
 class EmbeddedSession:
@@ -65,7 +66,7 @@ class EmbeddedSession:
         if step is None:
             step = self._compile(outputs, walk, inputs)
             self.traces.put(key, step)
-        bindings = {f"arg{i}": inputs[p]._value for i, p in enumerate(step.args)}
+        bindings = {name: inputs[p]._value for name, p in zip(step.names, step.args)}
         stats: dict[str, Any] = {}
         try:
             results = step.kernels.run(bindings, stats)
@@ -85,7 +86,8 @@ class EmbeddedSession:
         at_input = {t._id: i for i, t in enumerate(inputs)}
         return CompiledStep(plan, KernelList(plan, self.engine), tuple(at_input[a] for a in args),
                             tuple(rename[t._id] for t in outputs),
-                            {rename[t._id]: i for i, t in enumerate(walk)})
+                            {rename[t._id]: i for i, t in enumerate(walk)},
+                            tuple(f"arg{i}" for i in range(len(args))))
 
     def counters(self) -> dict[str, int]:
         """Compiled steps replayed (``trace_hits``) and compiled (``trace_misses``); plans

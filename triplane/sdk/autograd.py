@@ -24,7 +24,9 @@ from typing import Any, TypeVar
 
 from triplane.proto.autograd import autograd
 from triplane.proto.errors import NotDifferentiableError
+from triplane.proto.ir import Graph
 from triplane.sdk import tensor as _tensor
+from triplane.sdk.compile import signature
 from triplane.sdk.tensor import Tensor, build_graph, realize, tensors_from_graph
 
 __all__ = ["backward", "grad", "is_grad_enabled", "no_grad", "take_backward_outputs"]
@@ -80,7 +82,7 @@ class no_grad:
 
 
 def _is_cut(t: Tensor) -> bool:
-    return _CUT.get(id(t)) is t
+    return bool(_CUT) and _CUT.get(id(t)) is t
 
 
 def _cut_reachable(outputs: Sequence[Tensor]) -> None:
@@ -119,10 +121,59 @@ def grad(output: Tensor, inputs: Sequence[Tensor] | Tensor,
     ins = [inputs] if single else list(inputs)
     outs = [output, *ins] + ([grad_output] if grad_output is not None else [])
     _cut_reachable([output])
+    key, walk, _ = signature(outs, cut_realized=False)
+    key = (key, grad_output is not None)
+    rule = _RULES.get(key)
+    if rule is not None:
+        return rule.replay(walk)
     graph, tensors, _ = build_graph(outs, cut_realized=False)
     g, ids = autograd(graph, output._id, [t._id for t in ins],
                       grad_output._id if grad_output is not None else None)
+    rule = _GradRule.record(g, ids, walk, tensors)
+    if rule is not None:
+        if len(_RULES) >= 256:
+            _RULES.clear()
+        _RULES[key] = rule
     return tensors_from_graph(g, tensors, ids)
+
+
+class _GradRule:
+    """What the autograd pass added to a graph of one structure (``sdk.compile.
+    signature``), by position: each new node's op, inputs (a position in the walk of the
+    differentiated graph, or ``len(walk) + k`` for the k-th new node), attributes and type,
+    and where each gradient is. The pass reads nothing but the structure (ops, attributes,
+    shapes, dtypes, which tensor feeds which, which are differentiated), so replaying this
+    on another graph of the same structure makes the tensors the pass would make: a
+    training step's ``backward()`` builds no graph and runs no pass after its first."""
+
+    def __init__(self, nodes: list[tuple[str, tuple[int, ...], Any, Any]], results: list[int]) -> None:
+        self.nodes = nodes
+        self.results = results
+
+    @classmethod
+    def record(cls, g: Graph, ids: list[str], walk: list[Tensor], known: dict[str, Tensor]
+               ) -> _GradRule | None:
+        pos = {t._id: i for i, t in enumerate(walk)}
+        if len(pos) != len(known) or any(i not in pos for i in known):
+            return None  # the walk is not the graph's tensors: replay nothing
+        nodes = []
+        for nid in g.topo_order():
+            if nid in pos:
+                continue
+            n = g.nodes[nid]
+            nodes.append((n.op, tuple(pos[i] for i in n.inputs), n.attrs, n.type))
+            pos[nid] = len(pos)
+        return cls(nodes, [pos[i] for i in ids])
+
+    def replay(self, walk: list[Tensor]) -> list[Tensor]:
+        made = list(walk)
+        for op, inputs, attrs, ty in self.nodes:
+            made.append(Tensor(op, [made[i] for i in inputs], attrs, ty))
+        return [made[i] for i in self.results]
+
+
+# signature of the differentiated graph -> the rule the autograd pass made for it
+_RULES: dict[Any, _GradRule] = {}
 
 
 def backward(output: Tensor, grad_output: Tensor | None = None) -> None:
@@ -150,6 +201,7 @@ def _grad_leaves(output: Tensor) -> list[Tensor]:
     found: list[Tensor] = []
     seen: set[int] = set()
     stack = [output]
+    any_cut = bool(_CUT)
     while stack:
         t = stack.pop()
         if id(t) in seen:
@@ -157,6 +209,6 @@ def _grad_leaves(output: Tensor) -> list[Tensor]:
         seen.add(id(t))
         if t.requires_grad and not t._inputs:
             found.append(t)
-        if not _is_cut(t):
+        if not (any_cut and _is_cut(t)):
             stack.extend(t._inputs)
     return found

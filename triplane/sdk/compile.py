@@ -23,6 +23,7 @@ signature and compiles once more (a miss).
 from __future__ import annotations
 
 import functools
+import itertools
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -36,41 +37,79 @@ __all__ = ["CompiledFunction", "TraceCache", "compile", "signature"]
 V = TypeVar("V")
 
 
-def signature(outputs: Sequence[Tensor]) -> tuple[tuple[Any, ...], list[Tensor], list[Tensor]]:
+def signature(outputs: Sequence[Tensor], *, cut_realized: bool = True
+              ) -> tuple[tuple[Any, ...], list[Tensor], list[Tensor]]:
     """The structure of the graph computing ``outputs`` (a hashable tuple), every tensor
     of it in walk order, and its host inputs (tensors holding a value) in walk order.
 
-    Tensors holding a value are inputs, as ``build_graph`` makes them. Attribute values
-    compare by equality and type, so ``1`` and ``1.0`` differ."""
+    Tensors holding a value are inputs, as ``build_graph`` makes them (with
+    ``cut_realized=False``, as ``build_graph(..., cut_realized=False)`` does: only those
+    without inputs; a computed tensor is then walked through). Attribute values compare
+    by equality and type, so ``1`` and ``1.0`` differ."""
     index: dict[int, int] = {}
     walk: list[Tensor] = []
     inputs: list[Tensor] = []
     entries: list[Any] = []
+    attrs_id = _attrs_id
     for out in outputs:
-        if id(out) in index:
-            continue
-        stack: list[tuple[Tensor, bool]] = [(out, False)]
+        stack = [out]
+        expanded: set[int] = set()  # tensors whose inputs are on the stack above them
         while stack:
-            t, expanded = stack.pop()
-            if id(t) in index:
+            t = stack[-1]
+            k = id(t)
+            if k in index:
+                stack.pop()
                 continue
-            is_input = t._value is not None
-            if not expanded and not is_input:
-                stack.append((t, True))
-                stack.extend((i, False) for i in reversed(t._inputs) if id(i) not in index)
-                continue
-            index[id(t)] = len(walk)
-            walk.append(t)
+            ins = t._inputs
             ty = t._type
-            if is_input:
+            if t._value is not None and (cut_realized or not ins):
+                stack.pop()
+                index[k] = len(walk)
+                walk.append(t)
                 inputs.append(t)
                 entries.append((ty.shape, ty.dtype.name))
-            else:
-                a = t._attrs
-                entries.append((t._op, a, tuple(map(type, a.values())) if a else (), ty.shape,
-                                ty.dtype.name, tuple(index[id(i)] for i in t._inputs)))
-    entries.append(tuple(index[id(o)] for o in outputs))
+                continue
+            if ins and k not in expanded:  # walk the inputs first, then come back to t
+                expanded.add(k)
+                for i in reversed(ins):
+                    if id(i) not in index:
+                        stack.append(i)
+                continue
+            stack.pop()
+            index[k] = len(walk)
+            walk.append(t)
+            entries.append((t._op, attrs_id(t._attrs), ty.shape, ty.dtype.name,
+                            tuple([index[id(i)] for i in ins])))
+    entries.append(tuple([index[id(o)] for o in outputs]))
     return tuple(entries), walk, inputs
+
+
+# Attributes -> a number standing for their value and the types of their values (so the
+# signature holds ints, cheap to hash and compare, not attribute mappings). By identity
+# first (the Attrs object is kept, so its id is not reused while it is here); numbers are
+# never reused, so clearing either map costs lookups (and, for the values, a new number:
+# a structure seen before compiles once more) but never makes two structures equal.
+_ATTRS_BY_ID: dict[int, tuple[Any, int]] = {}
+_ATTRS_BY_VALUE: dict[Any, int] = {}
+_attrs_lock = threading.Lock()
+_attrs_numbers = itertools.count()
+
+
+def _attrs_id(a: Any) -> int:
+    found = _ATTRS_BY_ID.get(id(a))
+    if found is not None and found[0] is a:
+        return found[1]
+    key = (a, tuple(map(type, a.values())))
+    with _attrs_lock:
+        n = _ATTRS_BY_VALUE.get(key)
+        if n is None:
+            if len(_ATTRS_BY_VALUE) >= 65536:
+                _ATTRS_BY_VALUE.clear()
+            n = _ATTRS_BY_VALUE[key] = next(_attrs_numbers)
+        if len(_ATTRS_BY_ID) >= 8192:
+            _ATTRS_BY_ID.clear()
+        _ATTRS_BY_ID[id(a)] = (a, n)
+    return n
 
 
 class TraceCache(Generic[V]):

@@ -133,6 +133,24 @@ def test_cross_entropy_gradient_wrt_logits(reduction: str, rng: np.random.Genera
             [rng.standard_normal((2, 3, 2, 2)), labels2], seed)
 
 
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_cross_entropy_fast_path_equals_the_general_one(reduction: str, rng: np.random.Generator) -> None:
+    """(N, C) logits, no ignore_index, no smoothing take a shorter kernel path; an
+    ignore_index that no label equals takes the general one: the same bits."""
+    logits = rng.standard_normal((7, 5)).astype(np.float32)
+    labels = rng.integers(0, 5, 7)
+    x = T(logits)
+    fast = F.cross_entropy(x, T(labels), reduction)
+    general = F.cross_entropy(x, T(labels), reduction, ignore_index=-100)
+    np.testing.assert_array_equal(fast.numpy(), general.numpy())
+    seed_g = T(np.ones(fast.shape, np.float32) * 0.5)
+    (g_fast,) = grad(fast, [x], seed_g)
+    (g_general,) = grad(general, [x], seed_g)
+    np.testing.assert_array_equal(g_fast.numpy(), g_general.numpy())
+    with pytest.raises(KernelError, match="out of range"):
+        F.cross_entropy(x, T(np.array([0, 1, 2, 3, 4, 5, 0])), reduction).numpy()
+
+
 def test_cross_entropy_ignored_labels_get_zero_gradient(rng: np.random.Generator) -> None:
     x = T(rng.standard_normal((3, 4)))
     (g,) = grad(F.cross_entropy(x, T(np.array([1, -100, 2])), ignore_index=-100), [x])

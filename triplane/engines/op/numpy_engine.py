@@ -15,10 +15,14 @@ from typing import Any
 
 import numpy as np
 
-from triplane.engines.op.numpy_kernels import KERNELS
+from triplane.engines.op.numpy_kernels import KERNELS, PREPARERS
+from triplane.proto import dtypes as dt
 from triplane.proto import optable
 from triplane.proto.errors import KernelError, TriplaneError
 from triplane.proto.ir import TensorType
+
+_BF16 = dt.bfloat16.np
+_USER_ERRORS = (ValueError, IndexError, TypeError, ZeroDivisionError, OverflowError)
 
 
 class NumpyEngine:
@@ -52,14 +56,14 @@ class NumpyEngine:
         fn = KERNELS.get(op)
         if fn is None:
             raise KernelError(f"the numpy engine has no kernel for {op!r}", op=op, kind="infra")
-        if any(a.dtype.name == "bfloat16" for a in inputs):
-            inputs = [a.astype(np.float32) if a.dtype.name == "bfloat16" else a for a in inputs]
+        if any(a.dtype == _BF16 for a in inputs):
+            inputs = [a.astype(np.float32) if a.dtype == _BF16 else a for a in inputs]
         try:
             with np.errstate(all="ignore"):
                 result = fn(inputs, attrs, out)
         except KernelError:
             raise
-        except (ValueError, IndexError, TypeError, ZeroDivisionError, OverflowError) as e:
+        except _USER_ERRORS as e:
             raise KernelError(f"{type(e).__name__}: {e}", op=op) from e
         result = np.asarray(result)
         if result.shape != out.shape:
@@ -69,6 +73,48 @@ class NumpyEngine:
             with np.errstate(all="ignore"):  # rounding to float16 may overflow to inf: IEEE's answer
                 result = result.astype(out.dtype.np)
         return result
+
+    def bind(self, op: str, attrs: Mapping[str, Any], out: TensorType,
+             in_types: Sequence[TensorType]) -> Callable[[list[np.ndarray]], np.ndarray] | None:
+        """:meth:`run` of one node prepared once, for a kernel list replayed step after step:
+        ``bind(...)(inputs)`` is ``run(op, inputs, attrs, out)`` for inputs of ``in_types``
+        (the same checks, conversions and errors) without looking anything up again, and
+        with what the op's preparer (``numpy_kernels.PREPARERS``: a small fused program's
+        plan) does once. None when there is no kernel for ``op`` (``run`` raises that when
+        the node runs). numpy's floating-point error state is the caller's: call it under
+        ``np.errstate(all="ignore")``, as ``run`` sets it."""
+        fn = KERNELS.get(op)
+        if fn is None:
+            return None
+        widen = any(t.dtype.np == _BF16 for t in in_types)
+        shape, dtype = out.shape, out.dtype.np
+        ready = None
+        prepare = PREPARERS.get(op)
+        if prepare is not None and not widen:
+            try:
+                ready = prepare(attrs, in_types, out)
+            except Exception:  # a malformed node: its kernel raises when it runs
+                ready = None
+
+        def call(inputs: list[np.ndarray]) -> np.ndarray:
+            if widen:
+                inputs = [a.astype(np.float32) if a.dtype == _BF16 else a for a in inputs]
+            try:
+                result = fn(inputs, attrs, out) if ready is None else ready(inputs)
+            except KernelError:
+                raise
+            except _USER_ERRORS as e:
+                raise KernelError(f"{type(e).__name__}: {e}", op=op) from e
+            if type(result) is not np.ndarray:
+                result = np.asarray(result)
+            if result.shape != shape:
+                raise KernelError(f"kernel gave shape {result.shape}, expected {shape}", op=op,
+                                  kind="infra")
+            if result.dtype != dtype:
+                result = result.astype(dtype)
+            return result
+
+        return call
 
     def benchmark(self, size: int = 512, budget_s: float = 0.25) -> dict[str, float]:
         """Measured figures for the registry: matmul GFLOP/s and elementwise GB/s.

@@ -17,8 +17,9 @@ Pass = Callable[[Graph], Graph]
 
 @dataclass(frozen=True)
 class CompileOptions:
-    """Which optimisation passes run (all by default). ``fold``: constant folding, and
-    elementwise ops reading a ``broadcast_to`` read its input instead (numpy broadcasting)."""
+    """Which optimisation passes run (all by default). ``fold``: constant folding,
+    elementwise ops reading a ``broadcast_to`` read its input instead (numpy broadcasting),
+    and transposes move onto matmul operands (``compiler/transposes.py``)."""
 
     cse: bool = True
     fold: bool = True
@@ -45,9 +46,11 @@ def passes_for(options: CompileOptions) -> list[tuple[str, Pass]]:
     if options.fold:
         from triplane.scheduler.compiler.broadcasts import fold_broadcasts
         from triplane.scheduler.compiler.fold import fold_constants
+        from triplane.scheduler.compiler.transposes import fold_transposes
 
         chosen.append(("fold", fold_constants))
         chosen.append(("broadcasts", fold_broadcasts))
+        chosen.append(("transposes", fold_transposes))
         chosen.append(("dce", dce))
     if options.fuse:
         from triplane.scheduler.compiler.fusion import fuse_elementwise

@@ -9,13 +9,63 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from triplane.proto import optable
+from triplane.proto.ir import Attrs, TensorType
 from triplane.sdk.elementwise import maximum, sqrt
 from triplane.sdk.optim.base import Optimizer
-from triplane.sdk.tensor import Tensor
+from triplane.sdk.tensor import Tensor, _user_line, apply, record_hooks, scalar
 
 __all__ = ["SGD", "Adam", "AdamW", "RMSProp", "RMSprop"]
 
 Update = tuple[Tensor, dict[str, Tensor]]
+
+
+# (value's bits, dtype name) -> a lazy 0-d ``full`` tensor: the constants of an update rule
+# (betas, eps) are recorded once and read by every step's graph, not made again per step.
+_CONSTANTS: dict[tuple[str, str], Tensor] = {}
+
+
+def _const(value: float, like: Tensor) -> Tensor:
+    """``value`` as a 0-d constant of ``like``'s dtype, as ``value * like`` would make it."""
+    key = (float(value).hex(), like.dtype.name)
+    t = _CONSTANTS.get(key)
+    if t is None:
+        if len(_CONSTANTS) >= 1024:
+            _CONSTANTS.clear()
+        t = _CONSTANTS[key] = scalar(float(value), like.dtype)
+    return t
+
+
+# (op, input shapes and dtypes) -> (the OpDef, attributes and type ``apply`` gave): an
+# update rule records the same ops on the same types every step.
+_RECORDED: dict[tuple[Any, ...], tuple[Any, Attrs, TensorType]] = {}
+
+
+def _op(op: str, *xs: Tensor, where: str | None) -> Tensor:
+    """``op`` of tensors of one floating dtype: the node its operator would record (``x *
+    y``, ``tp.sqrt(x)``: no promotion or cast is needed). The first time for these types
+    ``apply`` records it, with every check; after that the node is made with the type it
+    inferred, naming ``where`` (the user's line of the step) as ``apply`` would."""
+    key = (op, *[(x._type.shape, x._type.dtype.name) for x in xs])
+    found = _RECORDED.get(key)
+    opdef = optable.get(op)
+    if found is None or found[0] is not opdef:
+        if len({x.dtype.name for x in xs}) != 1 or not xs[0].dtype.is_float:
+            raise AssertionError(f"{op} of {[x.dtype.name for x in xs]}")
+        t = apply(op, xs)
+        if len(_RECORDED) >= 4096:
+            _RECORDED.clear()
+        _RECORDED[key] = (opdef, t._attrs, t._type)
+        return t
+    out = Tensor(op, xs, found[1], found[2], where=where)
+    for hook in record_hooks:
+        hook(out)
+    return out
+
+
+def _where() -> str | None:
+    """The user's line that called the optimiser (the caller's caller is inside it)."""
+    return _user_line()
 
 
 def _need(name: str, ok: bool, what: str, group: dict[str, Any]) -> None:
@@ -83,6 +133,8 @@ class Adam(Optimizer):
               and group["weight_decay"] >= 0, "lr > 0, 0 <= betas < 1, eps >= 0, weight_decay >= 0", group)
 
     def _update(self, i: int, p: Tensor, g: Tensor, group: dict[str, Any], t: int) -> Update:
+        # The nodes ``b1 * m + (1 - b1) * g`` etc. would record (p, g and the state share
+        # p's dtype), recorded directly: this rule is most of a small model's step.
         b1, b2 = group["betas"]
         lr, wd = group["lr"], group["weight_decay"]
         if wd and self._decoupled:
@@ -90,15 +142,33 @@ class Adam(Optimizer):
         elif wd:
             g = g + wd * p
         st = self.state[i]
-        m = (1 - b1) * g if "exp_avg" not in st else b1 * st["exp_avg"] + (1 - b1) * g
-        v = (1 - b2) * (g * g) if "exp_avg_sq" not in st else b2 * st["exp_avg_sq"] + (1 - b2) * (g * g)
+        at = _where()
+        m = _op("mul", _const(1 - b1, g), g, where=at)
+        if "exp_avg" in st:
+            m = _op("add", _op("mul", _const(b1, g), st["exp_avg"], where=at), m, where=at)
+        v = _op("mul", _const(1 - b2, g), _op("mul", g, g, where=at), where=at)
+        if "exp_avg_sq" in st:
+            v = _op("add", _op("mul", _const(b2, g), st["exp_avg_sq"], where=at), v, where=at)
         state = {"exp_avg": m, "exp_avg_sq": v}
         if group["amsgrad"]:
             v = v if "max_exp_avg_sq" not in st else maximum(st["max_exp_avg_sq"], v)
             state["max_exp_avg_sq"] = v
-        step_size = self._scalar(lr / (1 - b1**t), p)
-        denom = sqrt(v * self._scalar(1.0 / (1 - b2**t), p)) + group["eps"]
-        return p - step_size * m / denom, state
+        step_size = self._step_scalar(lr / (1 - b1**t), p)
+        scaled = _op("mul", v, self._step_scalar(1.0 / (1 - b2**t), p), where=at)
+        denom = _op("add", _op("sqrt", scaled, where=at), _const(group["eps"], p), where=at)
+        return _op("sub", p, _op("div", _op("mul", step_size, m, where=at), denom, where=at),
+                   where=at), state
+
+    def _step_scalar(self, value: float, like: Tensor) -> Tensor:
+        """``self._scalar(value, like)``, one host input per value and dtype in a step (the
+        bias corrections of parameters at the same step count are one input, not one each)."""
+        key = (float(value).hex(), like.dtype.name)
+        if getattr(self, "_scalars_of", None) != self.steps:
+            self._scalars_of, self._scalars = self.steps, {}
+        found = self._scalars.get(key)
+        if found is None:
+            found = self._scalars[key] = self._scalar(value, like)
+        return found
 
 
 class AdamW(Adam):

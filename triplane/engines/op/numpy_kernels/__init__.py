@@ -4,9 +4,9 @@ nothing; importing this package puts them all in the kernel table (:func:`regist
 """
 
 from triplane.engines.op.numpy_kernels import creation, elementwise, fused, linalg, nn, reduce, shape
-from triplane.engines.op.numpy_kernels.table import KERNELS, Kernel, KernelGroup
+from triplane.engines.op.numpy_kernels.table import KERNELS, PREPARERS, Kernel, KernelGroup
 
-__all__ = ["GROUPS", "KERNELS", "Kernel", "register_all"]
+__all__ = ["GROUPS", "KERNELS", "PREPARERS", "Kernel", "register_all"]
 
 GROUPS: tuple[KernelGroup, ...] = tuple(
     m.KERNEL_GROUP for m in (creation, elementwise, fused, linalg, nn, reduce, shape))
@@ -16,6 +16,7 @@ def register_all() -> None:
     """Put every built-in kernel in the table. Idempotent."""
     for group in GROUPS:
         KERNELS.update(group.kernels)
+        PREPARERS.update(group.preparers)
 
 
 register_all()

@@ -34,7 +34,8 @@ SLICE_ELEMENTS = 1 << 16  # measured here: 49 ms for a 4096x8192 chain, 59-68 ms
 
 # The steps a plain ufunc computes exactly as their kernel does (elementwise.py) when the
 # operands already have the result's float dtype: _Steps runs these into kept buffers.
-_UFUNCS = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "maximum": np.maximum,
+_UFUNCS = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.true_divide,
+           "maximum": np.maximum,
            "minimum": np.minimum, "neg": np.negative, "exp": np.exp, "log": np.log,
            "sqrt": np.sqrt, "sin": np.sin, "cos": np.cos, "tan": np.tan, "tanh": np.tanh,
            "square": np.square, "abs": np.abs, "reciprocal": np.reciprocal}
@@ -61,6 +62,10 @@ def _step_types(ins: Sequence[Any], a: Attrs) -> list[TensorType]:
 
 @kernel("fused")
 def _fused(ins, a, out):
+    if _whole(out.shape):
+        whole = _whole_program(ins, a)
+        if whole is not None:
+            return whole.run(ins, out)
     step_types = _step_types(ins, a)
     if reduce_step(a) is not None:
         return _fused_reduce(ins, a, step_types, out)
@@ -74,6 +79,97 @@ def _fused(ins, a, out):
     for start, stop, part in _slices(ins, shape):
         result[start:stop] = steps.run(part, (stop - start, *shape[1:]))
     return result
+
+
+@KERNEL_GROUP.preparer("fused")
+def _prepare(a, in_types, out):
+    """The kernel for inputs of ``in_types``: a small program's ``_Whole`` run directly."""
+    if not _whole(out.shape):
+        return None
+    types = program_types(list(in_types), a)
+    epilogue = reduce_step(a)
+    body = types[-2] if epilogue is not None else types[-1]
+    if not _whole(body.shape):
+        return None
+    whole = _Whole(a["program"], list(in_types), types, epilogue)
+    return lambda ins: whole.run(ins, out)
+
+
+# (program attrs, the inputs' shapes and dtypes) -> the program prepared for whole tensors.
+_WHOLE: dict[Any, _Whole | None] = {}
+
+
+def _whole_program(ins: Sequence[Any], a: Attrs) -> _Whole | None:
+    """The prepared whole-tensor program of ``a`` for inputs like ``ins`` (None: a body
+    larger than a slice, which runs slice by slice)."""
+    key = (a, tuple((x.shape, x.dtype) for x in ins))
+    try:
+        return _WHOLE[key]
+    except KeyError:
+        pass
+    in_types = [TensorType(x.shape, _dt(x)) for x in ins]
+    types = program_types(in_types, a)
+    epilogue = reduce_step(a)
+    body = types[-2] if epilogue is not None else types[-1]
+    whole = _Whole(a["program"], in_types, types, epilogue) if _whole(body.shape) else None
+    if len(_WHOLE) >= 4096:
+        _WHOLE.clear()
+    _WHOLE[key] = whole
+    return whole
+
+
+class _Whole:
+    """A program over tensors of at most a slice, prepared once per input types (a
+    compiled step runs the same program on the same types every step): per step the
+    ufunc or kernel to call and its arguments, and the value of each step that is the
+    same on every call (0-d constants and steps of them only), computed once. A ufunc is
+    called where it gives exactly its kernel's value (``_UFUNCS``: operands of the
+    result's float dtype); any other step calls its kernel and rounds as ``_Steps`` does.
+    Holds no buffers, so threads may share it."""
+
+    def __init__(self, program, in_types, types, epilogue) -> None:
+        n_inputs = len(in_types)
+        every = [*in_types, *types]
+        self.calls: list[tuple[int, Any, tuple[int, ...], Any, TensorType]] = []
+        self.constants: dict[int, Any] = {}
+        const = [False] * n_inputs
+        body = program[:-1] if epilogue is not None else program
+        for k, ((op, args, attrs), t) in enumerate(zip(body, types)):
+            slot = n_inputs + k
+            fn = KERNELS[op]
+            is_const = not t.shape and all(const[i] for i in args)
+            const.append(is_const)
+            if is_const:
+                vals = [self.constants[i] for i in args]
+                self.constants[slot] = _rounded(fn(vals, attrs, t), t)
+                continue
+            ufunc = _UFUNCS.get(op) if t.dtype.name in ("float32", "float64") else None
+            if ufunc is not None and all(every[i].dtype == t.dtype for i in args):
+                self.calls.append((slot, ufunc, args, None, t))
+            else:
+                self.calls.append((slot, fn, args, attrs, t))
+        self.epilogue = epilogue
+        # the values after the inputs: the constants in place, the rest made per call
+        self.template = [self.constants.get(n_inputs + k) for k in range(len(body))]
+
+    def run(self, ins, out: TensorType):
+        vals = [*ins, *self.template]
+        for slot, fn, args, attrs, t in self.calls:
+            if attrs is None:
+                vals[slot] = fn(*[vals[i] for i in args])
+            else:
+                vals[slot] = _rounded(fn([vals[i] for i in args], attrs, t), t)
+        value = vals[-1]
+        if self.epilogue is not None:
+            op, attrs = self.epilogue
+            return KERNELS[op]([value], attrs, out)
+        if (type(value) is np.ndarray and value.flags.owndata and value.flags.c_contiguous
+                and value.shape == out.shape and value.dtype == out.dtype.np
+                and not any(value is x for x in ins)):
+            return value
+        result = np.empty(out.shape, dtype=out.dtype.np)  # a view, a broadcast or an input
+        result[...] = value
+        return result
 
 
 def run_whole(ins: Sequence[Any], a: Attrs, out: TensorType,

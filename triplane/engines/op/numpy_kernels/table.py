@@ -16,7 +16,7 @@ import numpy as np
 
 from triplane.proto.ir import TensorType
 
-__all__ = ["KERNELS", "Kernel", "KernelGroup"]
+__all__ = ["KERNELS", "PREPARERS", "Kernel", "KernelGroup", "Preparer"]
 
 Kernel = Callable[[Sequence[np.ndarray], Mapping[str, Any], TensorType], np.ndarray]
 
@@ -24,12 +24,20 @@ Kernel = Callable[[Sequence[np.ndarray], Mapping[str, Any], TensorType], np.ndar
 # kernels (triplane.sdk.custom). The fused-program kernel looks its steps up here.
 KERNELS: dict[str, Kernel] = {}
 
+# A preparer ``prepare(attrs, input types, out)`` gives ``run(inputs)``, the op's kernel
+# for inputs of those types with what does not depend on their values done once (the
+# engine's ``bind``), or None (then the kernel runs as usual).
+Preparer = Callable[[Mapping[str, Any], Sequence[TensorType], TensorType],
+                    Callable[[Sequence[np.ndarray]], np.ndarray] | None]
+PREPARERS: dict[str, Preparer] = {}
+
 
 class KernelGroup:
     """The kernels one module declares, by op name."""
 
     def __init__(self) -> None:
         self.kernels: dict[str, Kernel] = {}
+        self.preparers: dict[str, Preparer] = {}
 
     def kernel(self, *ops: str) -> Callable[[Kernel], Kernel]:
         """Declare the decorated function as the numpy kernel of ``ops``."""
@@ -37,6 +45,16 @@ class KernelGroup:
         def deco(fn: Kernel) -> Kernel:
             for op in ops:
                 self.kernels[op] = fn
+            return fn
+
+        return deco
+
+    def preparer(self, *ops: str) -> Callable[[Preparer], Preparer]:
+        """Declare the decorated function as the preparer of ``ops`` (see ``PREPARERS``)."""
+
+        def deco(fn: Preparer) -> Preparer:
+            for op in ops:
+                self.preparers[op] = fn
             return fn
 
         return deco
