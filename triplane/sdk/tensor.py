@@ -21,10 +21,9 @@ import numpy as np
 
 from triplane.proto import dtypes as dt
 from triplane.proto import ir as _ir
-from triplane.proto import optable
-from triplane.proto.errors import GraphError, LimitError
+from triplane.proto.errors import GraphError
 from triplane.proto.ir import Attrs, Graph, Node, TensorType
-from triplane.proto.limits import MAX_RANK
+from triplane.sdk.inference import infer
 
 _ids = itertools.count()
 
@@ -446,59 +445,14 @@ class Tensor:
 
 def apply(op: str, inputs: Sequence[Tensor], **attrs: Any) -> Tensor:
     """Record ``op`` on ``inputs``: attributes normalised and the result's type inferred
-    now, so a bad line fails here, naming the op, the shapes and the user's line."""
-    opdef = optable.get(op)
+    now (``sdk/inference.py``), so a bad line fails here, naming the op, the shapes and the
+    user's line."""
     where = _user_line()
-    key = _infer_key(inputs, attrs)
-    memo = _INFERRED.get(op)
-    if memo is None or memo[0] is not opdef:
-        memo = _INFERRED[op] = (opdef, {})
-    found = memo[1].get(key) if key is not None else None
-    if found is None:
-        try:
-            a = opdef.normalise_attrs(attrs)
-            t = opdef.check([x._type for x in inputs], a)
-            if t.ndim > MAX_RANK:
-                raise LimitError(f"the result would have {t.ndim} dimensions, more than the limit "
-                                 f"of {MAX_RANK}")
-        except GraphError as e:
-            e.at(op=op, where=where)
-            raise e.with_traceback(None) from None
-        if key is not None:
-            if len(memo[1]) >= 4096:
-                memo[1].clear()
-            memo[1][key] = (a, t)
-    else:
-        a, t = found
+    a, t = infer(op, inputs, attrs, where)
     out = Tensor(op, inputs, a, t, where=where)
     for hook in record_hooks:
         hook(out)
     return out
-
-
-# op -> (its OpDef, {(input types, attributes): (normalised attributes, result type)}): a
-# training loop records the same ops on the same types every step, and normalising and
-# inferring them again was a third of recording a step. Only successes are kept (errors
-# are raised afresh), and only for attributes whose values compare exactly
-# (_infer_key); a re-registered op starts a new memo.
-_INFERRED: dict[str, tuple[Any, dict[Any, tuple[Attrs, TensorType]]]] = {}
-_EXACT = (str, int, bool, type(None))
-
-
-def _infer_key(inputs: Sequence[Tensor], attrs: Mapping[str, Any]) -> tuple[Any, ...] | None:
-    """A hashable key equal only for inputs of the same shapes and dtypes and attributes
-    of the same values and types (floats by their bits, so -0.0 is not 0.0), or None when
-    an attribute is of another kind (then nothing is memoised)."""
-    key: list[Any] = [(x._type.shape, x._type.dtype.name) for x in inputs]
-    for k, v in attrs.items():
-        tv = type(v)
-        if tv is float:
-            key.append((k, v.hex()))
-        elif tv in _EXACT or (tv is tuple and all(type(e) is int for e in v)):
-            key.append((k, tv, v))
-        else:
-            return None
-    return tuple(key)
 
 
 # Called with every tensor apply() records; tp.no_grad() (sdk/autograd.py) adds its

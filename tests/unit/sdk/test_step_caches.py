@@ -104,7 +104,7 @@ def test_a_training_loop_gives_the_values_of_fresh_recordings(seed: int) -> None
     """The same loop twice: with every cache warm, and with the caches emptied before
     every step (each step then records, differentiates and compiles from scratch)."""
     from triplane.embedded import EmbeddedSession
-    from triplane.sdk import tensor as sdk_tensor
+    from triplane.sdk import inference as sdk_inference
     from triplane.sdk.optim import optimizers
     from triplane.sdk.session import use_session
 
@@ -118,7 +118,7 @@ def test_a_training_loop_gives_the_values_of_fresh_recordings(seed: int) -> None
         for _ in range(4):
             if fresh:
                 sdk_autograd._RULES.clear()
-                sdk_tensor._INFERRED.clear()
+                sdk_inference._INFERRED.clear()
                 optimizers._CONSTANTS.clear()
                 session = EmbeddedSession()
             with use_session(session):
