@@ -56,10 +56,6 @@ SKIP: dict[tuple[str, ...], str] = {
 
 # (file, block number counting every fenced block of the file from 1) -> why it fails.
 KNOWN_FAILING: dict[tuple[str, int], str] = {
-    ("docs/quickstart.md", 12): "ShapeError: by then `loader` is block 7's augmenting loader of "
-                                "(64, 1, 8, 8) images and the MLP of block 5 takes (64, 64) rows",
-    ("docs/cluster.md", 3): "RemoteError: no cluster to connect to (block 1 ends with `triplane down`); "
-                            "and `train_step` is defined nowhere",
 }
 
 # Values a command shows cut short, and what the test puts there instead.
