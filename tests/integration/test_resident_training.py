@@ -63,7 +63,8 @@ class Trainer:
 
 
 def _counting(s: RemoteSession) -> Counter[str]:
-    """Requests the session sends from this (the training) thread, by method and route."""
+    """Requests the session sends for this (the training) thread, by method and route: from
+    it, or from the helper thread its waiting submits run on (not the keeper's releases)."""
     import re
     import threading
 
@@ -71,7 +72,7 @@ def _counting(s: RemoteSession) -> Counter[str]:
     me = threading.get_ident()
 
     def hook(request: httpx.Request) -> None:
-        if threading.get_ident() == me:
+        if threading.get_ident() == me or threading.current_thread().name.startswith("triplane-submit"):
             route = re.sub(r"/(j[0-9a-f]+|u-[0-9a-f]+|n[0-9]+)", "/*", request.url.path)
             calls[f"{request.method} {route}"] += 1
 
