@@ -18,6 +18,7 @@ import pytest
 from cluster_memory import settled_free
 
 from triplane.launcher import ClusterConfig, LocalCluster
+from triplane.scheduler.compiler.group import MAX_GROUP_TASKS
 
 
 @pytest.fixture(scope="module")
@@ -177,7 +178,9 @@ def test_holder_sigkilled_lost_while_running_and_at_submit(tmp_path_factory: pyt
     pytest.importorskip("uvicorn", reason="the cluster extra is not installed")
     c = LocalCluster(tmp_path_factory.mktemp("refs-lost"), ClusterConfig(executors=1, memory="256MiB",
                                                                          ready_timeout_s=60.0))
-    n = 96  # a chain of 100 small tasks: under 4 MiB in all, so not cut into tiles (p is read whole)
+    # a chain of 301 small tasks: under 4 MiB in all, so not cut into tiles (p is read whole), and
+    # over MAX_GROUP_TASKS, so not one grouped task that could end before the kill
+    n = 48
     rng = np.random.default_rng(1)
     try:
         c.start()
@@ -187,7 +190,8 @@ def test_holder_sigkilled_lost_while_running_and_at_submit(tmp_path_factory: pyt
             j1 = submit(h, {"x": inp(ux, [n, n]), "y": op("exp", ["x"], [n, n])}, ["y"])["id"]
             wait_done(h, j1)  # held by executor-0, the only one
             c.add_executor()
-            j2 = submit(h, long_chain(f"{j1}:y", uw, n, 50), ["out"])["id"]  # its last task reads p
+            depth = MAX_GROUP_TASKS // 2 + 22  # two tasks a step
+            j2 = submit(h, long_chain(f"{j1}:y", uw, n, depth), ["out"])["id"]  # its last task reads p
             c.kill_executor(0)
             body = wait_done(h, j2, "failed")
             assert body["error"]["kind"] == "lost" and body["error"]["ref"] == f"{j1}:y", body
