@@ -58,7 +58,7 @@ def test_prune_deletes_exactly_the_released_jobs_beyond_the_newest_n(db: MetaDB)
         assert rows(db, Event, j) >= expect and (expect or rows(db, Event, j) == 0)
     assert rows(db, Tile, released[0]) == 0 and rows(db, Tile, released[5]) == 1
     with db.read() as s:
-        assert mdb.get_graph(s, H).node_count == 2  # graphs stay (shared by later jobs)
+        assert mdb.get_graph(s, H).node_count == 2  # still the graph of the kept jobs
         assert mdb.get_job(s, unreleased).state == "done"
     with db.transaction() as s:
         assert prune_jobs(s, keep=3) == 0  # nothing left beyond the bound
@@ -92,3 +92,29 @@ def test_older_than_deletes_stale_released_jobs_within_the_bound(db: MetaDB) -> 
 def test_bad_bounds_are_refused(db: MetaDB) -> None:
     with db.read() as s, pytest.raises(mdb.InvalidInputError, match="keep"):
         releasable_jobs(s, keep=-1)
+
+
+def test_graphs_and_plans_go_with_their_last_job(db: MetaDB) -> None:
+    other = GRAPH.replace(b"relu", b"tanh")
+    h2 = "sha256-" + "ef" * 16
+    with db.transaction() as s:
+        lone = mdb.create_job(s, graph_hash=h2, graph_json=other, fetch=["y"], now=1.0).id
+        plan = mdb.upsert_plan(s, graph_hash=h2, structure_hash="s1", plan={"tasks": []}, now=1.0)
+        mdb.set_job_state(s, lone, "done", plan_id=plan.id, now=1.0)
+        mdb.add_events(s, [NewEvent(lone, RELEASED)], now=1.0)
+    a = job(db, 2.0, "done", released=True)
+    b = job(db, 3.0, "done")  # unreleased, same graph H as a
+    with db.transaction() as s:
+        shared = mdb.upsert_plan(s, graph_hash=H, structure_hash="s1", plan={"tasks": []}, now=1.0)
+        mdb.set_job_state(s, a, "done", plan_id=shared.id, now=2.0)
+        mdb.set_job_state(s, b, "done", plan_id=shared.id, now=3.0)
+    with db.transaction() as s:
+        assert prune_jobs(s, keep=0) == 2
+    with db.read() as s:
+        assert mdb.get_plan(s, h2, "s1") is None
+        with pytest.raises(mdb.NotFoundError):
+            mdb.get_graph(s, h2)
+        assert mdb.get_graph(s, H).hash == H and mdb.get_plan(s, H, "s1") is not None  # b uses them
+    with db.transaction() as s:  # the graph is stored again by the next job that has it
+        again = mdb.create_job(s, graph_hash=h2, graph_json=other, fetch=["y"]).id
+    assert rows(db, Job, again) == 1 and rows(db, Job, b) == 1
