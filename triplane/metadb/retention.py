@@ -54,10 +54,12 @@ def releasable_jobs(session: Session, *, keep: int, older_than: float | None = N
         raise InvalidInputError(f"keep must be an integer >= 0, got {keep!r}")
     if limit < 1:
         raise InvalidInputError(f"limit must be >= 1, got {limit!r}")
-    newest = sa.select(Job.id).where(_releasable()).order_by(Job.created_at.desc(), Job.id.desc())
-    if settled_before is not None:
-        newest = newest.where(Job.updated_at < settled_before)
-    ids = list(session.scalars(newest.offset(keep).limit(limit)))
+    beyond = (sa.select(Job.id, Job.updated_at).where(_releasable())
+              .order_by(Job.created_at.desc(), Job.id.desc()).offset(keep).subquery())
+    pick = sa.select(beyond.c.id)
+    if settled_before is not None:  # the newest N count every job; only settled ones go
+        pick = pick.where(beyond.c.updated_at < settled_before)
+    ids = list(session.scalars(pick.limit(limit)))
     if older_than is not None and len(ids) < limit:
         kept = set(ids)
         stale = (sa.select(Job.id).where(_releasable(), Job.updated_at < older_than)

@@ -28,8 +28,8 @@ import typer
 from triplane.process import event_loop_runner, prepare_process
 
 # scheduler/retention.py's defaults (not imported: that pulls in SQLAlchemy at CLI start)
-KEEP_JOBS = 1000
-PERIOD_S = 5.0
+KEEP_JOBS = 100
+PERIOD_S = 1.0
 
 __all__ = ["run_scheduler", "scheduler_command"]
 

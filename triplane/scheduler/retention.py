@@ -19,8 +19,8 @@ from triplane.metadb.retention import prune
 
 log = logging.getLogger(__name__)
 
-KEEP_JOBS = 1000  # released finished jobs whose rows are kept (the newest)
-PERIOD_S = 5.0
+KEEP_JOBS = 100  # released finished jobs whose rows are kept (the newest): docs/metadb.md
+PERIOD_S = 1.0
 
 
 async def retain(db: mdb.MetaDB, keep: int, leading: Callable[[], bool],

@@ -118,3 +118,12 @@ def test_graphs_and_plans_go_with_their_last_job(db: MetaDB) -> None:
     with db.transaction() as s:  # the graph is stored again by the next job that has it
         again = mdb.create_job(s, graph_hash=h2, graph_json=other, fetch=["y"]).id
     assert rows(db, Job, again) == 1 and rows(db, Job, b) == 1
+
+
+def test_unsettled_jobs_count_in_the_bound_and_are_not_deleted(db: MetaDB) -> None:
+    old = [job(db, 10.0 + i, "done", released=True) for i in range(3)]
+    recent = [job(db, 100.0 + i, "done", released=True) for i in range(3)]
+    with db.read() as s:
+        # keep 2: the two newest are recent ones; of the rest only the settled (old) go
+        assert set(releasable_jobs(s, keep=2, settled_before=50.0)) == set(old)
+        assert set(releasable_jobs(s, keep=2)) == {*old, recent[0]}
