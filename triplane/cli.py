@@ -153,6 +153,8 @@ def up(executors: int = typer.Option(2, min=0, max=64, help="executor processes 
        home: Path | None = HomeOption,
        timeout: float = typer.Option(60.0, min=1.0, help="seconds to wait for the cluster to be ready"),
        show_token: bool = typer.Option(False, "--show-token", help="print the admin token"),
+       keep_jobs: int | None = typer.Option(None, min=-1, help="released finished jobs whose metadb rows "
+                                            "the scheduler keeps (default 100; -1: all)"),
        ) -> None:
     """Start a local cluster (scheduler + N executors) in the background; print its URL.
 
@@ -163,7 +165,8 @@ def up(executors: int = typer.Option(2, min=0, max=64, help="executor processes 
 
     try:
         cfg = ClusterConfig(executors=executors, etcd=etcd or None, db=db or None, memory=memory,
-                            port=port, ready_timeout_s=timeout)
+                            port=port, ready_timeout_s=timeout,
+                            scheduler_args=[] if keep_jobs is None else ["--keep-jobs", str(keep_jobs)])
         info = launch(cfg, home)
     except (LaunchError, ValueError) as e:
         console.print(f"[red]triplane up failed:[/red] {e}")

@@ -26,6 +26,7 @@ import logging
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -149,6 +150,13 @@ class BatchWriter:
             self._pending.extend(items)
             if was == 0 or len(self._pending) >= self.max_items:
                 self._cond.notify()
+
+    def forget(self, job_ids: Iterable[str]) -> None:
+        """Drop the cached ids of jobs whose rows were deleted (retention): a later write
+        naming one is refused as unknown instead of failing its batch."""
+        for job_id in job_ids:
+            self._known_jobs.discard(job_id)
+            self._known_tasks.pop(job_id, None)
 
     # Known ids are cached so that validation costs one query per job, not one per item.
     def _check_job(self, job_id: str) -> None:

@@ -27,6 +27,10 @@ import typer
 
 from triplane.process import event_loop_runner, prepare_process
 
+# scheduler/retention.py's defaults (not imported: that pulls in SQLAlchemy at CLI start)
+KEEP_JOBS = 100
+PERIOD_S = 1.0
+
 __all__ = ["run_scheduler", "scheduler_command"]
 
 log = logging.getLogger("triplane.scheduler")
@@ -72,6 +76,8 @@ async def _serve(
     slots: int,
     tokens_file: Path | None = None,
     session_ttl_s: float = 30.0,
+    keep_jobs: int | None = KEEP_JOBS,
+    retention_period_s: float = PERIOD_S,
 ) -> int:
     import uvicorn
 
@@ -99,6 +105,8 @@ async def _serve(
         max_upload_bytes=max_upload_bytes,
         slots=slots,
         session_ttl_s=session_ttl_s,
+        keep_jobs=keep_jobs,
+        retention_period_s=retention_period_s,
     )
     app = create_app(sched, token, tokens_file=tokens_file)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -169,6 +177,8 @@ def run_scheduler(
     slots: int = 4,
     tokens_file: Path | None = None,
     session_ttl_s: float = 30.0,
+    keep_jobs: int = KEEP_JOBS,
+    retention_period_s: float = PERIOD_S,
 ) -> int:
     """``scheduler_command`` returning its exit status instead of raising ``SystemExit``."""
     try:
@@ -176,6 +186,10 @@ def run_scheduler(
             raise _Usage(f"--slots must be in 1..1024, got {slots}")
         if not 0.1 <= session_ttl_s <= 86400:
             raise _Usage(f"--session-ttl must be in 0.1..86400 seconds, got {session_ttl_s:g}")
+        if keep_jobs < -1:
+            raise _Usage(f"--keep-jobs must be >= 0 (or -1: keep every job), got {keep_jobs}")
+        if not 0.05 <= retention_period_s <= 86400:
+            raise _Usage(f"--retention-period must be in 0.05..86400 seconds, got {retention_period_s:g}")
         if log_level.lower() not in ("debug", "info", "warning", "error"):
             raise _Usage(f"bad log level {log_level!r} (one of debug, info, warning, error)")
         logging.basicConfig(
@@ -206,6 +220,8 @@ def run_scheduler(
                 slots,
                 tokens_file if tokens_file is not None else home / "tokens.json",
                 session_ttl_s,
+                None if keep_jobs == -1 else keep_jobs,
+                retention_period_s,
             )
         )
     except _Usage as e:
@@ -233,6 +249,12 @@ def scheduler_command(
     session_ttl: Annotated[
         float, typer.Option(help="seconds a client session lease lasts unrenewed (then its values are freed)")
     ] = 30.0,
+    keep_jobs: Annotated[
+        int, typer.Option(help="released finished jobs whose metadb rows are kept, newest first (-1: all)")
+    ] = KEEP_JOBS,
+    retention_period: Annotated[
+        float, typer.Option(help="seconds between two metadb retention passes")
+    ] = PERIOD_S,
 ) -> None:
     """Run the scheduler: REST API, dispatcher and upload store, until stopped."""
     code = run_scheduler(
@@ -251,6 +273,8 @@ def scheduler_command(
         slots,
         tokens_file,
         session_ttl,
+        keep_jobs,
+        retention_period,
     )
     if code:
         raise SystemExit(code)

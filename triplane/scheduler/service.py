@@ -50,6 +50,7 @@ from triplane.scheduler.journal import Journal
 from triplane.scheduler.leading import Leading
 from triplane.scheduler.refs import Refs
 from triplane.scheduler.results import Opened, Results
+from triplane.scheduler.retention import KEEP_JOBS, PERIOD_S, retain
 from triplane.scheduler.sessions import DEFAULT_TTL_S, Held, Sessions, reap, release_held
 from triplane.scheduler.store import StoredTensor, TensorStore, UploadTiles
 
@@ -83,6 +84,8 @@ class Scheduler(Leading):
         resume_wait_s: float | None = None,
         session_ttl_s: float = DEFAULT_TTL_S,
         group_tiny_jobs: bool = True,
+        keep_jobs: int | None = KEEP_JOBS,
+        retention_period_s: float = PERIOD_S,
     ) -> None:
         self.registry = registry
         self.db = db
@@ -97,6 +100,8 @@ class Scheduler(Leading):
         self.role = "standby" if elect else "leader"
         self.policy = policy
         self.stopped = asyncio.Event()
+        # metadb retention (scheduler/retention.py): None keeps every job's rows
+        self.keep_jobs, self.retention_period_s = keep_jobs, retention_period_s
 
         self.store = TensorStore(self.run_dir / "tensors", max_upload_bytes)
         self.data_server = DataServer(UploadTiles(self.store), secret)
@@ -146,6 +151,10 @@ class Scheduler(Leading):
         self._tasks.append(loop.create_task(self.journal.run(), name="scheduler-journal"))
         self._tasks.append(loop.create_task(reap(self.sessions, self.release_upload, self._release_job),
                                             name="scheduler-sessions"))
+        if self.keep_jobs is not None:
+            self._tasks.append(loop.create_task(
+                retain(self.db, self.keep_jobs, lambda: self.role == "leader", lambda: self.journal.writer,
+                       period_s=self.retention_period_s), name="scheduler-retention"))
         if self.elect:
             self._tasks.append(loop.create_task(self._campaign(), name="scheduler-campaign"))
         else:

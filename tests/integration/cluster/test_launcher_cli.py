@@ -64,9 +64,11 @@ def test_up_status_connect_down_round_trip(home: Path) -> None:
     for p, mode in ((home, 0o755), (home / "logs", 0o755), (home / "logs" / "old.log", 0o644)):
         os.chmod(p, mode)
     t0 = time.monotonic()
-    r = _cli(home, "up", "--executors", "2", "--memory", "128MiB")
+    r = _cli(home, "up", "--executors", "2", "--memory", "128MiB", "--keep-jobs", "500")
     assert r.returncode == 0, r.stdout + r.stderr
     info = json.loads((home / "cluster.json").read_text())
+    argv = Path(f"/proc/{info['scheduler']['pid']}/cmdline").read_bytes().split(b"\0")
+    assert argv[argv.index(b"--keep-jobs") + 1] == b"500"  # the metadb's retention bound
     token = (home / "token").read_text().strip()
     assert info["url"] in r.stdout and token not in r.stdout and "--show-token" in r.stdout
     for f in ("token", "secret", "cluster.json"):
