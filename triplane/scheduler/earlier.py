@@ -84,7 +84,9 @@ def plan_again(job: str, graph: Graph, bindings: Mapping[str, Any], plans: PlanC
     compile. A job recorded as grouped (``"grouped": true``) is grouped again; any other
     (older records too) runs one task per node, as it did."""
     figs = figures_from_json(bindings["figures"]) if "figures" in bindings else ()
-    return compile_job(graph, bindings["fetch"], ClusterSnapshot(tuple(figs)), cache=plans, job=job,
+    held = bindings.get("held")  # the tile boundaries of tiled refs it was laid out knowing
+    snap = ClusterSnapshot(tuple(figs), held=(lambda _: held) if isinstance(held, dict) else None)
+    return compile_job(graph, bindings["fetch"], snap, cache=plans, job=job,
                        args=bindings["args"], group=bool(bindings.get("grouped")))
 
 

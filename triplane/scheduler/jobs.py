@@ -244,6 +244,9 @@ class Jobs:
         if held.refs:  # a resumed job finds them again (once their holders are back)
             bindings["refs"] = self.refs.recorded(held)
             bindings["ref_nodes"] = sorted({h for r in held.refs.values() for _, h in r.held()})
+            cuts = Refs.held_cuts(plan.args, held)
+            if cuts:  # tiled knowing its refs' tiles: planned again the same way (earlier.py)
+                bindings["held"] = cuts
         if deadline_s is not None:
             bindings["deadline_s"] = deadline_s  # a resumed job keeps its deadline
         if len(json.dumps(bindings)) > 60_000:

@@ -11,11 +11,14 @@ is bound to (:meth:`Refs.resolve`):
   task placed there reads it in place and any other pulls it over the data port;
   placement counts it as held there (a laid-out job: as a cached upload tile; a job the
   dispatcher places: its readers prefer the holder when the ref is their largest input).
-* an output held in several tiles (a tiled job) read by a tiled job whose regions of it
-  are exactly its tiles (the same structure laid out the same way, as a training step's
-  next step is): each region is bound to the tile holding it, on its holder, as above.
-* any other read an executor cannot serve (a region of a ref that is not one of its
-  tiles, a whole read of a tiled output): a *copy* in the upload store, made at submit
+* an output held in several tiles (a tiled job): the reading job is tiled knowing how
+  (``ClusterSnapshot.held``, :meth:`Refs.snapshot`), so it reads the value as it would a
+  tiled producer of its own -- its tasks read those tiles, slices of them, or ``concat`` s
+  of them, never the whole value at once unless a task needs it whole -- and its cuts
+  align with them. Each region it reads is one of the tiles, bound to the tile on its
+  holder, as above.
+* any other read an executor cannot serve (a job laid out for no cluster, or too small
+  to be tiled, reading a tiled output): a *copy* in the upload store, made at submit
   (the value read once through the scheduler and written to its disk, as
   ``POST /v1/tensors/copy`` does), bound as that upload. The copy belongs to the job and
   is deleted with its release. This costs what uploading the value would.
@@ -331,6 +334,8 @@ class Refs:
         parts = {r.tile: {reg: h for reg, _, h in r.parts} for r in held.refs.values() if r.parts}
         if not where:
             return cluster
+        if parts:
+            cluster = dataclasses.replace(cluster, held=lambda args: Refs.held_cuts(args, held))
         base = cluster.cached
 
         def cached(args: Sequence[str]) -> Callable[[str, Any], Sequence[str]]:
@@ -351,6 +356,20 @@ class Refs:
             return at
 
         return dataclasses.replace(cluster, cached=cached)
+
+    @staticmethod
+    def held_cuts(args: Sequence[str], held: Held) -> dict[str, list[list[int]]]:
+        """``argN`` -> the boundaries of each dimension of the tiles holding the value bound
+        to it, for each arg bound to a ref held in several tiles (``ClusterSnapshot.held``;
+        recorded in ``job.bindings`` so a job planned again is tiled the same way)."""
+        tiled = {r.tile: r.parts for r in held.refs.values() if r.parts}
+        out: dict[str, list[list[int]]] = {}
+        for i, a in enumerate(args):
+            parts = tiled.get(a)
+            if parts:
+                out[f"arg{i}"] = [sorted({b for reg, _, _ in parts for b in reg[d]})
+                                  for d in range(len(parts[0][0]))]
+        return out
 
     @staticmethod
     def prefer_holders(plan: JobPlan, held: Held) -> JobPlan:

@@ -180,3 +180,36 @@ def test_a_task_packet_names_the_holder_of_a_ref_tile() -> None:
     shell.sources[tile] = "ex2"
     p = decode(shell.packet_for(Send("j1", "n0", 0, "ex1", time.time() + 60, ())), b"s" * 32)
     assert p.pull_from == {tile: "ex2", upload: "scheduler"}
+
+
+def test_a_job_reading_a_tiled_ref_reads_only_its_tiles_and_is_planned_again_the_same() -> None:
+    from triplane.proto.ir import Graph
+    from triplane.scheduler.compiler import PlanCache
+    from triplane.scheduler.compiler.compile import ClusterSnapshot, compile_job
+    from triplane.scheduler.compiler.costmodel import NodeFigures
+    from triplane.scheduler.earlier import plan_again
+    from triplane.scheduler.jobs import bindings_of
+    from triplane.scheduler.refs import Held, Refs, Resolved
+
+    n, tile, c = 1024, f"{JOB}.t3", "u-" + "0" * 32
+    parts = (((0, 512), (0, n)), tile, "ex1"), (((512, n), (0, n)), f"{JOB}.t5", "ex2")
+    held = Held({f"{JOB}:y": Resolved(f"{JOB}:y", tile, "ex1", JOB, (n, n), "float32", parts)})
+    assert Refs.held_cuts([c, tile], held) == {"arg1": [[0, 512, n], [0, n]]}
+
+    def inp(t: str) -> dict[str, object]:
+        return {"op": "input", "shape": [n, n], "dtype": "float32",
+                "attrs": {"tensor": t, "shape": [n, n], "dtype": "float32"}}
+
+    g = Graph.from_dict({"version": 1, "nodes": {  # z = c @ p: each row strip of z reads p whole
+        "c": inp(c), "p": inp(tile), "z": {"op": "matmul", "inputs": ["c", "p"], "shape": [n, n],
+                                          "dtype": "float32"}}, "outputs": ["z"]})
+    figs = ClusterSnapshot(tuple(NodeFigures(f"ex{i}", 50.0, 10.0, 256 << 20) for i in (1, 2)))
+    jp = compile_job(g, ["z"], Refs.snapshot(figs, held), cache=PlanCache(), job="j" + "1" * 16)
+    read = {u for t in jp.templates.values() for u in t.uploads if u.startswith(JOB)}
+    assert read == {f"{tile}@0:512,0:{n}", f"{tile}@512:{n},0:{n}"}, read  # its tiles, nothing else
+    bound, copy = Refs.bind_regions(jp, held)
+    assert copy == [] and {u for t in bound.templates.values() for u in t.uploads if u.startswith(JOB)} == \
+        {tile, f"{JOB}.t5"}
+    bindings = {**bindings_of(jp), "held": Refs.held_cuts(jp.args, held)}
+    again = plan_again(jp.job, jp.graph, bindings, PlanCache())  # a restarted scheduler
+    assert again.templates == jp.templates

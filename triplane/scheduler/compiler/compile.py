@@ -53,10 +53,13 @@ class ClusterSnapshot:
     how fast they run now; empty: no executor is registered, the plan is not laid out (one
     task per plan node, placed by the dispatcher). ``cached``: given the job's uploaded
     tensor ids (``arg0, arg1, ...``), which executors keep which upload tiles cached
-    (``Residency.lookup``), so placement reads them there as local."""
+    (``Residency.lookup``), so placement reads them there as local. ``held``: given the
+    same ids, ``argN`` -> the tile boundaries of each input whose value is held in tiles
+    (a tiled ref, ``scheduler/refs.py``): the job reads those tiles (``TileSizes.held``)."""
 
     figures: tuple[NodeFigures, ...] = ()
     cached: Callable[[Sequence[str]], Cached] | None = None
+    held: Callable[[Sequence[str]], Mapping[str, Sequence[Sequence[int]]]] | None = None
 
 
 def compile_job(
@@ -96,5 +99,6 @@ def compile_job(
         cgraph, bound, fetch_map, back = graph, list(args), dict(fetch), {}
     figures = tuple(cluster.figures)
     cached = cluster.cached(bound) if cluster.cached is not None and figures else None
+    held = cluster.held(bound) if cluster.held is not None and figures else None
     return plan_job(job or new_job_id(), cgraph, bound, fetch_map, back, cache, options=options,
-                    figures=figures, explicit=explicit, cached=cached, group=group)
+                    figures=figures, explicit=explicit, cached=cached, group=group, held=held)

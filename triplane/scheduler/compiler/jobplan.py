@@ -187,16 +187,18 @@ def plan_job(
     explicit: Mapping[str, Mapping[str, Any]] | None = None,
     cached: Cached | None = None,
     group: bool = True,
+    held: Mapping[str, Sequence[Sequence[int]]] | None = None,
 ) -> JobPlan:
     """The job of a canonical graph: ``args`` binds ``argN`` inputs to uploaded tensor ids,
     ``fetch`` maps fetched names to canonical ids, ``back`` canonical ids to submitted ones.
     With ``figures`` (the executors) the plan is tiled and placed first (``lay_out``;
     LimitError / PlacementError naming the submitted node when it cannot fit); ``cached``
     (``Residency.lookup``) says where upload tiles are cached, for placement. ``group``:
-    run a tiny job as one grouped task (the module doc); False keeps one task per node."""
+    run a tiny job as one grouped task (the module doc); False keeps one task per node.
+    ``held``: ``argN`` -> the tile boundaries of a value held in tiles (``lay_out``)."""
     if options is None:
         options = CompileOptions(limits=limits) if limits else CompileOptions()
-    lay = (figures, explicit, cached)
+    lay = (figures, explicit, cached, held)
     try:
         planned = _plan_job(job, cgraph, args, fetch, back, cache, options, lay)
     except _PacketTooSmall:
@@ -227,8 +229,8 @@ def _plan_job(
     back: Mapping[str, str],
     cache: PlanCache,
     options: CompileOptions,
-    lay: tuple[Sequence[NodeFigures] | None, Mapping[str, Mapping[str, Any]] | None, Cached | None] = (
-        None, None, None),
+    lay: tuple[Sequence[NodeFigures] | None, Mapping[str, Mapping[str, Any]] | None, Cached | None,
+               Mapping[str, Sequence[Sequence[int]]] | None] = (None, None, None, None),
 ) -> JobPlan:
     try:
         plan = cache.get_or_compile(cgraph, options)
@@ -236,10 +238,10 @@ def _plan_job(
         raise _renamed(e, back) from None
     plan_uploads = _uploads(plan.graph, args, back)
     layout: Layout | None = None
-    figures, explicit, cached = lay
+    figures, explicit, cached, held = lay
     if figures:
         try:
-            layout = lay_out(plan.graph, figures, explicit=explicit, cached=cached)
+            layout = lay_out(plan.graph, figures, explicit=explicit, cached=cached, held=held)
         except PlacementError as e:
             name = back.get(e.node or "", e.node)
             what = e.what.replace(repr(e.node), repr(name), 1) if e.node else e.what

@@ -104,13 +104,15 @@ class Layout:
 
 
 def lay_out(graph: Graph, figures: Sequence[NodeFigures], *, unsplit_bytes: int = UNSPLIT_BYTES,
-            explicit: Mapping[str, Mapping[str, Any]] | None = None, cached: Cached | None = None) -> Layout:
+            explicit: Mapping[str, Mapping[str, Any]] | None = None, cached: Cached | None = None,
+            held: Mapping[str, Sequence[Sequence[int]]] | None = None) -> Layout:
     """Tile and place the compiled ``graph`` for ``figures`` (see the module doc).
     ``explicit`` fixes the cut of chosen plan nodes (``TileSizes.explicit``) and forces
     tiling even of a tiny graph. ``cached`` says which executors keep which upload tiles
     (``scheduler/residency.py``): placement counts reading them there as local, so a job
     submitted again runs its tasks where their inputs already are. Only where a task runs
-    depends on it, never the tiles or the task ids."""
+    depends on it, never the tiles or the task ids. ``held``: ``argN`` -> the boundaries of
+    the tiles that input's value is held in (a tiled ref; ``TileSizes.held``)."""
     figs = tuple(figures)
     if not figs:
         raise ValueError("no executor figures to lay the job out for")
@@ -120,10 +122,13 @@ def lay_out(graph: Graph, figures: Sequence[NodeFigures], *, unsplit_bytes: int 
     headroom = 0.5
     while True:
         try:
-            return _tile_and_place(graph, figs, plan_sizes(ClusterFigures.from_nodes(figs), headroom=headroom,
-                                                           unsplit_bytes=unsplit_bytes, explicit=explicit,
-                                                           model=MODEL),
-                                   cached)
+            sizes = plan_sizes(ClusterFigures.from_nodes(figs), headroom=headroom,
+                               unsplit_bytes=unsplit_bytes, explicit=explicit, model=MODEL)
+            if held:
+                sizes = dataclasses.replace(sizes, held={
+                    nid: held[str(n.attrs.get("tensor"))] for nid, n in graph.nodes.items()
+                    if n.op == "input" and str(n.attrs.get("tensor")) in held})
+            return _tile_and_place(graph, figs, sizes, cached)
         except PlacementError as e:
             # Unschedulable (not ...AndUnresolvable): the nodes' memory is held by tiles
             # still to be read. Smaller tiles need less at once: halve the task size, a

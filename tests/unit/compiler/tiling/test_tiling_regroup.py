@@ -98,3 +98,39 @@ def test_grid_overlap_and_assemble() -> None:
     grid = TileGrid(grid.shape, grid.dtype, grid.bounds, tiles)
     values = {tiles[c]: whole[tuple(slice(lo, hi) for lo, hi in grid.region(c))] for c in grid.cells()}
     np.testing.assert_array_equal(grid.assemble(values), whole)
+
+
+def _wx() -> Graph:
+    """y = w @ x, x an input."""
+    b = Builder()
+    w = b.add_node("input", [], {"tensor": "w", "shape": (5, 9), "dtype": "float64"}, node_id="w")
+    x = b.add_node("input", [], {"tensor": "x", "shape": (9, 8), "dtype": "float64"}, node_id="x")
+    b.add_node("matmul", [w, x], {}, node_id="y")
+    return validate(b.graph(["y"]))
+
+
+def _sources(tiled: Any, nid: str) -> set[Any]:
+    """The regions of input ``nid`` that tasks read (its region tiles)."""
+    return {reg for reg, t in tiled.pieces[nid] if t != nid and tiled.roles[t] == "source"}
+
+
+def test_an_input_held_in_tiles_is_read_from_exactly_those_tiles(
+        rng: np.random.Generator, seed: int, run: Any) -> None:
+    # x is held in 3 row tiles (a tiled ref): the matmul wants 2 column strips of x with K
+    # whole; each strip is made of slices of x's row tiles -- the only regions of x read
+    # are those tiles (an executor holds each), never another cut of x nor x whole.
+    g = _wx()
+    held = ((0, 3, 6, 9), (0, 8))
+    tiled = tile_graph(g, TileSizes(explicit={"y": {"n": 4}}, held={"x": held}))
+    rows = {((0, 3), (0, 8)), ((3, 6), (0, 8)), ((6, 9), (0, 8))}
+    assert _sources(tiled, "x") == rows
+    ops = _ops(tiled)
+    assert (ops["slice"], ops["concat"]) == (6, 2), ops
+    _check(g, tiled, run, rng, seed)
+    # left to itself, the matmul adopts the held row cut as its K cut: nothing regrouped
+    tiled = tile_graph(g, TileSizes(explicit={}, held={"x": held}, unsplit_bytes=0, min_tasks=3,
+                                    max_task_bytes=8 * 8 * 9 * 2))
+    ops = _ops(tiled)
+    assert ops["slice"] == 0 and ops["concat"] == 0, ops
+    assert _sources(tiled, "x") == rows
+    _check(g, tiled, run, rng, seed)

@@ -111,6 +111,11 @@ class TileSizes:
     task_overhead_s: float = CostModel.task_overhead_s
     op_scale: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_OP_SCALE))
     explicit: Mapping[str, Mapping[str, int | Sequence[int]]] = field(default_factory=dict)
+    # Input nodes whose value is already held in tiles (a tiled job's output bound as a
+    # ref, scheduler/refs.py): node -> the boundaries of each dimension of those tiles.
+    # Readers take their regions from those tiles (slice / concat) and align their cuts
+    # with them, as with a tiled producer in the same graph.
+    held: Mapping[str, Sequence[Sequence[int]]] = field(default_factory=dict)
 
     def compute_s(self, flops: float, nbytes: float) -> float:
         return max(flops / (self.gflops * 1e9), nbytes / (self.gbps * 1e9))

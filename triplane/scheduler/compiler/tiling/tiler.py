@@ -25,7 +25,10 @@ Per node, in topological order:
    slices of the overlapping tiles joined by nested ``concat`` s (ordered to need the
    fewest) -- only the bytes of the region move, never a whole large tensor unless the
    consumer needs it whole. Sources that can make any region (``input`` slices, ``full``,
-   ``eye``, random ops) make the requested region directly instead.
+   ``eye``, random ops) make the requested region directly instead -- except an input
+   whose value is already held in tiles (``TileSizes.held``): it is read as a tiled
+   producer is, each of its tiles a region of the input (the region tiles a ref's parts
+   are bound to), and its consumers align their cuts with them.
 
 Graph outputs become their tiles (row-major per output): a fetch assembles them
 (:meth:`TiledGraph.assemble`).
@@ -138,6 +141,7 @@ class _Tiler:
         self.spaces: dict[str, Space] = {}
         self.cuts: dict[str, dict[str, Cuts]] = {}
         self.grids: dict[str, TileGrid] = {}
+        self.held: dict[str, TileGrid] = {}  # inputs held in tiles: their tiles made on demand
         self.memo: dict[tuple[str, Region], str] = {}
         self.origin: dict[str, str] = {}
         self.roles: dict[str, str] = {}
@@ -157,6 +161,10 @@ class _Tiler:
             if node.op == "input":  # the uploaded tensor itself, whole; tiles slice it
                 self.b.nodes[nid] = node
                 self._note(nid, nid, "source", full_region(node.shape))
+                bounds = self.sizes.held.get(nid)
+                if bounds is not None and nid not in self.outputs:
+                    self.held[nid] = TileGrid(tuple(node.shape), node.dtype,
+                                              tuple(tuple(b) for b in bounds), {})
             if space.makes_regions and nid not in self.outputs:
                 continue  # made region by region, as consumers ask
             self.cuts[nid] = self._choose(nid, node, ins, space)
@@ -202,8 +210,8 @@ class _Tiler:
             for a in space.axes:
                 for i, j in a.aligns:
                     src = node.inputs[i] if i < len(node.inputs) else None
-                    free = src is None or self.spaces[src].makes_regions  # sources make any region
-                    grid = None if free else self.grids.get(src)
+                    free = src is None or (self.spaces[src].makes_regions and src not in self.held)
+                    grid = None if free else self.grids.get(src) or self.held.get(src)
                     if grid is not None and len(grid.bounds[j]) > 2 and grid.bounds[j][-1] == a.length:
                         cuts[a.name] = grid.bounds[j]
                         break
@@ -391,7 +399,9 @@ class _Tiler:
         if key in self.memo:
             return self.memo[key]
         grid = self.grids.get(nid)
-        if self.spaces[nid].makes_regions:
+        if nid in self.held:  # read from the tiles it is held in
+            tid = self._assemble(nid, self.held[nid], region)
+        elif self.spaces[nid].makes_regions:
             exact = _exact_cell(grid, region) if grid is not None else None
             tid = grid.tiles[exact] if exact is not None and grid is not None else \
                 self._make_region(nid, region, f"{nid}@{_text(region)}")
@@ -429,8 +439,10 @@ class _Tiler:
         return build({}, 0)
 
     def _piece(self, nid: str, grid: TileGrid, cell: tuple[int, ...], sub: Region) -> str:
-        tile = grid.tiles[cell]
         cell_reg = grid.region(cell)
+        if cell not in grid.tiles:  # a held input's tile, made when first read
+            grid.tiles[cell] = self._make_region(nid, cell_reg, f"{nid}[{','.join(map(str, cell))}]")  # type: ignore[index]
+        tile = grid.tiles[cell]
         if sub == cell_reg:
             return tile
         key = (nid, sub)
