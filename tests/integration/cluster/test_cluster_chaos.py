@@ -14,6 +14,7 @@ import httpx
 import numpy as np
 import pytest
 from cluster_graphs import GRAPHS
+from cluster_rows import task_rows
 
 import triplane as tp
 from triplane.embedded import EmbeddedSession
@@ -95,23 +96,6 @@ def assert_same(got: list[np.ndarray], want: list[np.ndarray]) -> None:
         np.testing.assert_allclose(g, w, rtol=2e-5, atol=1e-6)
 
 
-def task_rows(cluster: LocalCluster, job: str, timeout_s: float = 10.0) -> list[Any]:
-    """The job's task log from the metadb (written in batches: wait until all are done)."""
-    from triplane import metadb as mdb
-    from triplane.metadb.tasks import list_tasks
-
-    db = mdb.open_db(cluster.db)
-    try:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            with db.read() as s:
-                rows = list_tasks(s, job)
-            if (rows and all(r.state == "done" for r in rows)) or time.monotonic() > deadline:
-                return rows
-            time.sleep(0.2)
-    finally:
-        db.close()
-
 
 def test_sigkill_an_executor_mid_job(start_cluster: Callable[..., Any]) -> None:
     want = EmbeddedSession().evaluate(long_job())
@@ -125,7 +109,7 @@ def test_sigkill_an_executor_mid_job(start_cluster: Callable[..., Any]) -> None:
         got = bg.join(100)
         recovered_s = time.monotonic() - t_kill
         assert_same(got, want)
-        rows = task_rows(cluster, s.last_job)
+        rows = task_rows(cluster.db, s.last_job)
         assert rows and all(r.state == "done" for r in rows), [(r.task_id, r.state) for r in rows]
         retried = [r for r in rows if r.attempt >= 1]
         assert retried, "no task shows a second attempt after its executor was killed"

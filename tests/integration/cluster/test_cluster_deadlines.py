@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
+from cluster_rows import task_rows
 
 import triplane as tp
 from triplane.embedded import EmbeddedSession
@@ -38,22 +39,6 @@ def build() -> list[tp.Tensor]:
     y = x @ w
     return [tp.tanh(y).sum(), y]
 
-
-def task_rows(db_url: str, job: str, timeout_s: float = 10.0) -> list[Any]:
-    from triplane import metadb as mdb
-    from triplane.metadb.tasks import list_tasks
-
-    db = mdb.open_db(db_url)
-    try:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            with db.read() as s:
-                rows = list_tasks(s, job)
-            if (rows and all(r.state == "done" for r in rows)) or time.monotonic() > deadline:
-                return rows
-            time.sleep(0.2)
-    finally:
-        db.close()
 
 
 def test_a_kernel_hung_on_a_live_acking_executor_drifts_after_its_run_deadline(

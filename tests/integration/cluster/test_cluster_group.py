@@ -15,30 +15,13 @@ import httpx
 import numpy as np
 import pytest
 from cluster_memory import settled_free
+from cluster_rows import task_rows
 
 import triplane as tp
 from triplane.executor.tasks import STALL_ENV
 from triplane.proto.errors import KernelError
 from triplane.sdk.remote import RemoteSession
 from triplane.sdk.session import use_session
-
-
-def rows_of(db_url: str, job: str, timeout_s: float = 10.0) -> list[Any]:
-    """The job's task rows once all are done (the journal writes them in batches)."""
-    from triplane import metadb as mdb
-    from triplane.metadb.tasks import list_tasks
-
-    db = mdb.open_db(db_url)
-    try:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            with db.read() as s:
-                rows = list(list_tasks(s, job))
-            if (rows and all(r.state == "done" for r in rows)) or time.monotonic() > deadline:
-                return rows
-            time.sleep(0.1)
-    finally:
-        db.close()
 
 
 def test_a_tiny_job_is_one_task_with_numpys_values(start_cluster: Callable[..., Any]) -> None:
@@ -58,7 +41,7 @@ def test_a_tiny_job_is_one_task_with_numpys_values(start_cluster: Callable[..., 
             job = s.last_job
             body = h.get(f"/v1/jobs/{job}").json()
             assert body["state"] == "done" and body["progress"] == {"done": 1, "total": 1}, body
-            (row,) = rows_of(cluster.db, job)
+            (row,) = task_rows(cluster.db, job)
             assert row.op == "graph" and row.state == "done" and row.attempt == 0
             want = np.tanh(xa @ wa)
             np.testing.assert_allclose(got[0], want.sum(), rtol=1e-5)
@@ -125,6 +108,6 @@ def test_the_executor_running_a_group_sigkilled_drifts_it_whole(
         assert not worker.is_alive() and "error" not in result, result.get("error")
         np.testing.assert_allclose(result["got"][0], -(xa @ xa).sum(), rtol=1e-4)
         np.testing.assert_allclose(result["got"][1], np.exp(-xa), rtol=1e-6)
-        (row,) = rows_of(cluster.db, s.last_job)
+        (row,) = task_rows(cluster.db, s.last_job)
         assert row.op == "graph" and row.state == "done" and row.attempt >= 1 and row.node != victim.name
         s.close()

@@ -24,9 +24,10 @@ from typing import Any
 import httpx
 import pytest
 from cluster_memory import free_bytes, settled_free
+from cluster_run import running_cluster
 
 import triplane as tp
-from triplane.launcher import ClusterConfig, LocalCluster
+from triplane.launcher import LocalCluster
 from triplane.sdk.remote import RemoteError, RemoteSession
 from triplane.sdk.session import use_session
 
@@ -37,16 +38,9 @@ ROOT = Path(__file__).resolve().parents[3]
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    pytest.importorskip("uvicorn", reason="the cluster extra is not installed")
-    home = tmp_path_factory.mktemp("lifecycle")
-    c = LocalCluster(home, ClusterConfig(executors=2, memory="256MiB", ready_timeout_s=60.0,
-                                         scheduler_args=["--session-ttl", f"{TTL_S:g}"]))
-    try:
-        c.start()
+    with running_cluster(tmp_path_factory.mktemp("lifecycle"), bound_s=900.0, executors=2,
+                         scheduler_args=["--session-ttl", f"{TTL_S:g}"]) as c:
         yield c
-    finally:
-        c.stop(grace_s=3.0)
-        c.run.clear_cluster()
 
 
 def api(c: LocalCluster) -> httpx.Client:

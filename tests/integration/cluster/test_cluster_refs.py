@@ -16,6 +16,7 @@ import httpx
 import numpy as np
 import pytest
 from cluster_memory import settled_free
+from cluster_run import running_cluster
 
 from triplane.launcher import ClusterConfig, LocalCluster
 from triplane.scheduler.compiler.group import MAX_GROUP_TASKS
@@ -23,15 +24,8 @@ from triplane.scheduler.compiler.group import MAX_GROUP_TASKS
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    pytest.importorskip("uvicorn", reason="the cluster extra is not installed")
-    c = LocalCluster(tmp_path_factory.mktemp("refs"), ClusterConfig(executors=2, memory="256MiB",
-                                                                    ready_timeout_s=60.0))
-    try:
-        c.start()
+    with running_cluster(tmp_path_factory.mktemp("refs"), bound_s=900.0, executors=2) as c:
         yield c
-    finally:
-        c.stop(grace_s=3.0)
-        c.run.clear_cluster()
 
 
 def api(c: LocalCluster) -> httpx.Client:
