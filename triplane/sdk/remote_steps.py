@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from triplane.proto import dtypes as dt
+from triplane.proto.values import encode_data
 from triplane.sdk.compile import TraceCache, signature
 from triplane.sdk.remote_values import RemoteValue
 
@@ -111,10 +112,8 @@ class BoundSteps:
                 return arr.ref  # kept on the cluster: bound by its ref, nothing travels
             arr = arr.numpy()  # another session's value
         assert arr is not None
-        if arr.nbytes <= INLINE_MAX_BYTES:
-            d = dt.dtype(arr.dtype)
-            data = np.ascontiguousarray(arr, dtype=d.np.newbyteorder("<")).tobytes()
-            return {"shape": list(arr.shape), "dtype": d.name, "data": base64.b64encode(data).decode()}
+        if arr.nbytes <= INLINE_MAX_BYTES:  # the bytes a constant node's data holds
+            return {"shape": list(arr.shape), "dtype": dt.dtype(arr.dtype).name, "data": encode_data(arr)}
         return session.upload_once(arr)
 
 
