@@ -1,0 +1,2 @@
+export class Client {}
+export class Job {}
