@@ -12,3 +12,4 @@ export { DTYPES, ITEMSIZE, arrayClass, dtypeOfArray } from "./dtypes.js";
 export { TriplaneError, GraphError, ServerError, AuthError, JobError, ConnectionError, AbortedError } from "./errors.js";
 export { Client, Job } from "./client.js";
 
+export { Linear, crossEntropy, softmax, relu, sgdStep, Adam, mulberry32 } from "./nn.js";

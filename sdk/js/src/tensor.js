@@ -162,7 +162,7 @@ export function tensor(data, shape, o = {}) {
   return apply("constant", [], { data: base64(bytes), shape, dtype });
 }
 
-/** Standard padded base64 of bytes (no Buffer: works in browsers). @param {Uint8Array} bytes */
+/** Standard padded base64 of bytes (btoa, so it works in browsers). @param {Uint8Array} bytes */
 export function base64(bytes) {
   let s = "";
   for (let i = 0; i < bytes.length; i += 0x8000) s += String.fromCharCode(...bytes.subarray(i, i + 0x8000));
