@@ -13,6 +13,10 @@ every block of every file found here, so a new file or block is covered without 
   (``PLACEHOLDERS`` says which parts of a shown line stand for any value). A command
   must exit 0. Shell commands run with a private run directory (``TRIPLANE_HOME``) and
   with ``python``, ``python3`` and ``triplane`` meaning this interpreter and checkout.
+* ``js`` (or ``javascript``): the block is an ES module run alone by ``node`` (20 or later),
+  in the shell commands' environment and working directory, where ``node_modules/triplane``
+  is the checkout's sdk/js (as ``npm install sdk/js`` makes it); it must exit 0, and what
+  it prints is echoed. A block that calls ``connect(`` runs with the integration module.
 * ``text`` (diagrams, trees, transcripts), ``json``, ``yaml``: data. json and yaml
   blocks must parse. Every block names its language; one that does not fails the tests.
 
@@ -31,6 +35,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -41,7 +46,7 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-LANGUAGES = ("python", "bash", "console", "text", "json", "yaml")
+LANGUAGES = ("python", "bash", "console", "js", "javascript", "text", "json", "yaml")
 
 # Commands not run, matched by their leading words (comments stripped, `&&` parts apart).
 SKIP: dict[tuple[str, ...], str] = {
@@ -225,6 +230,25 @@ def _newest_job(cwd: Path, env: dict[str, str], timeout_s: float) -> str:
     return str(jobs[0]["id"])
 
 
+# -- javascript ------------------------------------------------------------------------------
+
+def run_js(block: Block, home: Path, cwd: Path, timeout_s: float = 180.0) -> None:
+    """Run a js block as an ES module with node, ``triplane`` resolving to sdk/js."""
+    node = shutil.which("node")
+    assert node, f"{block.name}: a js block needs Node 20 or later on PATH (.ci/run installs nodejs)"
+    modules = cwd / "node_modules"
+    modules.mkdir(exist_ok=True)
+    if not (modules / "triplane").exists():
+        (modules / "triplane").symlink_to(ROOT / "sdk" / "js", target_is_directory=True)
+    script = cwd / f".docjs-{Path(block.path).stem}-{block.number}.mjs"
+    script.write_text("\n" * block.line + block.code)
+    env = shell_env(home, cwd / ".docbin")
+    r = subprocess.run([node, str(script)], cwd=cwd, env=env, capture_output=True, text=True,
+                       timeout=timeout_s)
+    print(r.stdout, end="")
+    assert r.returncode == 0, f"{block.name} exited {r.returncode}:\n{(r.stdout + r.stderr)[-3000:]}"
+
+
 # -- python ----------------------------------------------------------------------------------
 
 def run_python(block: Block, ns: dict[str, object]) -> None:
@@ -279,6 +303,8 @@ def runs_processes(path: str) -> bool:
             return True
         if b.lang == "python" and "tp.connect(" in b.code:
             return True
+        if b.lang in ("js", "javascript") and "connect(" in b.code:
+            return True
     return False
 
 
@@ -294,6 +320,8 @@ def run_file(path: str, ns: dict[str, object], home: Path, cwd: Path, root: Path
                 run_python(b, ns)
             elif b.lang in ("bash", "console"):
                 run_shell(b, home, cwd)
+            elif b.lang in ("js", "javascript"):
+                run_js(b, home, cwd)
             else:
                 check_data(b)
         except Exception as e:  # a known failure may raise anything
