@@ -76,6 +76,6 @@ function esString(s) {
  * @param {Uint8Array} bytes
  */
 export async function sha256Hex(bytes) {
-  const digest = await globalThis.crypto.subtle.digest("SHA-256", bytes);
+  const digest = await globalThis.crypto.subtle.digest("SHA-256", /** @type {BufferSource} */ (bytes));
   return Array.from(new Uint8Array(digest), (b) => b.toString(16).padStart(2, "0")).join("");
 }

@@ -69,7 +69,12 @@ export class Client {
     }
   }
 
-  /** @param {string} method @param {string} path @param {{json?: unknown, signal?: AbortSignal}} [o] */
+  /**
+   * A request whose answer is JSON (parsed).
+   * @param {string} method @param {string} path
+   * @param {{json?: unknown, body?: BodyInit, headers?: Record<string, string>, signal?: AbortSignal}} [o]
+   * @returns {Promise<any>}
+   */
   async json(method, path, o) {
     return (await this.request(method, path, o)).json();
   }
@@ -97,7 +102,7 @@ export class Client {
       throw new GraphError(`data holds ${bytes.byteLength} bytes; ${dtype}[${shape.join(", ")}] needs ${want}`, { kind: "shape", op: "input", loc });
     }
     const res = await this.json("POST", "/v1/tensors", {
-      body: bytes, signal: o.signal,
+      body: /** @type {BodyInit} */ (/** @type {unknown} */ (bytes)), signal: o.signal,
       headers: { "content-type": "application/octet-stream", "x-triplane-shape": shape.join(","), "x-triplane-dtype": dtype },
     });
     const t = apply("input", [], { tensor: res.id, shape, dtype });
