@@ -50,6 +50,7 @@ for (let step = 1; step <= steps; step++) {
   previous = job;
 }
 await previous?.release();
+for (const t of [x, y, ...l1.parameters(), ...l2.parameters()]) await client.releaseUpload(t);
 if (!(losses.at(-1) < losses[0])) {
   console.error(`the loss did not fall: ${losses.join(", ")}`);
   process.exit(1);

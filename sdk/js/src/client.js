@@ -12,6 +12,9 @@ import { Tensor, apply, buildGraph, callerLoc } from "./tensor.js";
 
 const TERMINAL = new Set(["done", "failed", "cancelled"]);
 const WAIT_SLICE_S = 10;
+// Connection errors after which a request may have reached the server (Node's codes; a
+// browser's fetch says nothing, and its errors count as never sent).
+const MAYBE_ARRIVED = new Set(["ECONNRESET", "EPIPE", "ETIMEDOUT", "UND_ERR_SOCKET", "UND_ERR_CLOSED"]);
 
 /** A client of one scheduler. */
 export class Client {
@@ -19,7 +22,8 @@ export class Client {
    * @param {{url: string, token?: string|null, fetch?: typeof fetch} & RetryPolicy} o
    *   retries: attempts after the first on a connection error (default 4); backoffMs: the
    *   first pause, doubled each time up to maxBackoffMs (defaults 100 and 2000 ms). Errors
-   *   the server answered (4xx, 5xx) are never retried.
+   *   the server answered (4xx, 5xx) are never retried, nor a POST whose connection broke
+   *   after it was made (the scheduler may have received it).
    */
   constructor(o) {
     if (!o || typeof o.url !== "string" || !/^https?:\/\//.test(o.url)) {
@@ -56,6 +60,12 @@ export class Client {
         res = await this.fetchImpl(this.url + path, { method, headers, body, signal: o.signal });
       } catch (e) {
         if (o.signal?.aborted) throw new AbortedError(`${method} ${path}: aborted`, o.signal.reason);
+        if (method === "POST" && MAYBE_ARRIVED.has(codeOf(e))) {
+          // The connection broke after it was made: the scheduler may have acted on it, and a
+          // second submit would make a second job. Only a request that never left is retried.
+          throw new ConnectionError(`the connection to ${this.url} broke during ${method} ${path} `
+            + `(${causeText(e)}); not retried, since the scheduler may have received it`, e);
+        }
         if (attempt >= this.retries) {
           throw new ConnectionError(`cannot reach the scheduler at ${this.url} (${method} ${path}): `
             + `${causeText(e)}; gave up after ${attempt + 1} attempt(s)`, e);
@@ -281,6 +291,12 @@ async function errorOf(res, method, path) {
   b.message = b.message ?? `${method} ${path}: HTTP ${res.status}`;
   b.kind = b.kind ?? (res.status === 401 ? "unauthorized" : res.status === 403 ? "forbidden" : "internal");
   return res.status === 401 || res.status === 403 ? new AuthError(res.status, b) : new ServerError(res.status, b);
+}
+
+/** @param {unknown} e */
+function codeOf(e) {
+  const err = /** @type {any} */ (e);
+  return err?.cause?.code ?? err?.code ?? null;
 }
 
 /** @param {unknown} e */

@@ -53,3 +53,21 @@ test("an aborted signal stops the retries at once", async () => {
   await assert.rejects(client.request("GET", "/v1/whoami", { signal: controller.signal }), { kind: "aborted" });
   assert.ok(Date.now() - started < 1000);
 });
+
+test("a POST whose connection broke after it was made is not retried (no second job)", async () => {
+  let calls = 0;
+  const reset = async () => {
+    calls += 1;
+    throw new TypeError("fetch failed", { cause: { code: "ECONNRESET" } });
+  };
+  const client = new tp.Client({ url: "http://x.invalid", fetch: reset, backoffMs: 1 });
+  await assert.rejects(client.json("POST", "/v1/jobs", { json: {} }), (e) => {
+    assert.ok(e instanceof tp.ConnectionError);
+    assert.match(e.message, /not retried, since the scheduler may have received it/);
+    return true;
+  });
+  assert.equal(calls, 1);
+  calls = 0;
+  await assert.rejects(client.json("GET", "/v1/jobs/j1"), tp.ConnectionError);
+  assert.equal(calls, 5, "a GET is retried (4 retries by default)");
+});
