@@ -1,11 +1,13 @@
 """The JavaScript SDK (sdk/js) against a live local cluster: `node --test` in sdk/js with
 TRIPLANE_TEST_URL / TRIPLANE_TEST_TOKEN (and a read-role token for the 403 case) set, so
-its live tests run instead of skipping; and examples/mlp.mjs trains the digits MLP with a
-falling loss. Skipped, saying so, where Node is not installed (.ci/run installs it)."""
+its live tests run instead of skipping; examples/mlp.mjs trains the digits MLP with a
+falling loss; tools/crosscheck.mjs (PLAN's cross-language contract) equals numpy. Skipped,
+saying so, where Node is not installed (.ci/run installs it)."""
 
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import re
 import shutil
@@ -14,6 +16,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from triplane.launcher import LocalCluster
@@ -76,3 +79,55 @@ def test_mlp_example_trains_with_a_falling_loss(cluster: LocalCluster, tmp_path:
     assert len(losses) == 6, proc.stdout
     assert all(b < a for a, b in itertools.pairwise(losses)), losses
     assert losses[-1] < losses[0] - 0.1, losses
+
+
+def _numpy_reference(a: dict[str, np.ndarray], lr: float, betas: tuple[float, float],
+                     eps: float) -> dict[str, np.ndarray]:
+    """The MLP's loss and logits, and one Adam step (step 1, zero moments), in float64."""
+    x = a["x"].astype(np.float64)
+    pre = x @ a["w1"] + a["b1"]
+    h = np.maximum(pre, 0.0)
+    logits = h @ a["w2"] + a["b2"]
+    z = logits - logits.max(axis=1, keepdims=True)
+    p = np.exp(z) / np.exp(z).sum(axis=1, keepdims=True)
+    n = len(a["y"])
+    loss = -np.log(p[np.arange(n), a["y"]]).mean()
+    d = p.copy()
+    d[np.arange(n), a["y"]] -= 1.0
+    d /= n
+    dh = (d @ a["w2"].T) * (pre > 0)
+    grads = {"w2": h.T @ d, "b2": d.sum(axis=0), "w1": x.T @ dh, "b1": dh.sum(axis=0)}
+    out: dict[str, np.ndarray] = {"loss": np.array(loss), "logits": logits}
+    for k, g in grads.items():
+        m_hat = (1 - betas[0]) * g / (1 - betas[0])
+        v_hat = (1 - betas[1]) * g * g / (1 - betas[1])
+        out[k] = a[k] - lr * m_hat / (np.sqrt(v_hat) + eps)
+    return out
+
+
+def test_crosscheck_program_matches_numpy(cluster: LocalCluster, tmp_path: Path) -> None:
+    rng = np.random.default_rng(5)
+    arrays = {"x": rng.standard_normal((64, 64)).astype(np.float32),
+              "y": rng.integers(0, 10, 64).astype(np.int64),
+              "w1": (rng.standard_normal((64, 32)) * 0.1).astype(np.float32),
+              "b1": (rng.standard_normal(32) * 0.1).astype(np.float32),
+              "w2": (rng.standard_normal((32, 10)) * 0.1).astype(np.float32),
+              "b2": (rng.standard_normal(10) * 0.1).astype(np.float32)}
+    spec = {"inputs": {}, "lr": 0.01, "betas": [0.9, 0.999], "eps": 1e-8}
+    for name, arr in arrays.items():
+        arr.tofile(tmp_path / f"{name}.bin")
+        spec["inputs"][name] = {"shape": list(arr.shape), "dtype": str(arr.dtype), "file": f"{name}.bin"}
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    env = _env(cluster, TRIPLANE_URL=cluster.url, TRIPLANE_TOKEN=cluster.token)
+    proc = subprocess.run([NODE, str(SDK / "tools" / "crosscheck.mjs"), str(tmp_path)], env=env,
+                          capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    assert len(lines) == 1, proc.stdout
+    got = json.loads(lines[0])
+    want = _numpy_reference(arrays, 0.01, (0.9, 0.999), 1e-8)
+    np.testing.assert_allclose(got["loss"], want["loss"], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.array(got["logits"]).reshape(64, 10), want["logits"], rtol=1e-5, atol=1e-5)
+    for name in ("w1", "b1", "w2", "b2"):
+        np.testing.assert_allclose(np.array(got[name]).reshape(arrays[name].shape), want[name], atol=1e-5,
+                                   err_msg=name)
