@@ -12,8 +12,10 @@ import { VECTORS } from "../testing/paths.mjs";
 const dir = join(VECTORS, "shapes");
 const files = readdirSync(dir).filter((f) => f.endsWith(".json")).sort();
 
-test("there is a shape vector file per op", () => {
+test("there is a shape vector file per op", (t) => {
   assert.ok(files.length >= 80, `only ${files.length} vector files in ${dir}`);
+  const cases = files.reduce((n, f) => n + JSON.parse(readFileSync(join(dir, f), "utf8")).cases.length, 0);
+  t.diagnostic(`shape vectors: ${cases} cases of ${files.length} ops, each run below`);
 });
 
 for (const file of files) {
