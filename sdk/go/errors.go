@@ -3,6 +3,7 @@ package triplane
 import (
 	"errors"
 	"fmt"
+	"strings"
 )
 
 // Kinds of Error. The graph kinds are the op table's (and the server's 400s); the others
@@ -52,6 +53,9 @@ func (e *Error) Error() string {
 		if e.Node != "" {
 			msg += fmt.Sprintf(" (node %q)", e.Node)
 		}
+	}
+	if e.Loc != "" && !strings.Contains(msg, e.Loc) {
+		msg += " (at " + e.Loc + ")"
 	}
 	return fmt.Sprintf("triplane: %s: %s", e.Kind, msg)
 }
