@@ -13,6 +13,12 @@ every block of every file found here, so a new file or block is covered without 
   (``PLACEHOLDERS`` says which parts of a shown line stand for any value). A command
   must exit 0. Shell commands run with a private run directory (``TRIPLANE_HOME``) and
   with ``python``, ``python3`` and ``triplane`` meaning this interpreter and checkout.
+* ``go``: a whole Go program (``package main``) using the Go SDK: it is built and run
+  (``go run``) in a module of its own that finds ``triplane`` in this checkout's
+  ``sdk/go``, with the shell commands' environment (so ``triplane.Connect`` finds the
+  cluster a block above started with ``triplane up``); it must exit 0, and what it prints
+  is the test's output. Without a ``go`` tool the block fails, naming it (.ci/run
+  installs Go).
 * ``text`` (diagrams, trees, transcripts), ``json``, ``yaml``: data. json and yaml
   blocks must parse. Every block names its language; one that does not fails the tests.
 
@@ -31,6 +37,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -41,7 +48,8 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-LANGUAGES = ("python", "bash", "console", "text", "json", "yaml")
+LANGUAGES = ("python", "bash", "console", "go", "text", "json", "yaml")
+GO_SDK = ROOT / "sdk" / "go"
 
 # Commands not run, matched by their leading words (comments stripped, `&&` parts apart).
 SKIP: dict[tuple[str, ...], str] = {
@@ -225,6 +233,27 @@ def _newest_job(cwd: Path, env: dict[str, str], timeout_s: float) -> str:
     return str(jobs[0]["id"])
 
 
+# -- go ------------------------------------------------------------------------------------
+
+def run_go(block: Block, home: Path, cwd: Path, timeout_s: float = 300.0) -> None:
+    """Build and run a go block (a ``package main`` program) in a module of its own that
+    replaces ``triplane`` by sdk/go; AssertionError with its output when it fails."""
+    go = shutil.which("go")
+    assert go is not None, f"{block.name}: a go block needs the Go toolchain (.ci/run installs golang-go)"
+    assert re.search(r"^package main\b", block.code, re.M), f"{block.name}: a go block is a whole program"
+    mod = cwd / f".goblock-{Path(block.path).stem}-{block.number}"
+    mod.mkdir(parents=True, exist_ok=True)
+    (mod / "go.mod").write_text(f"module docblock\n\ngo 1.21\n\nrequire triplane v0.0.0\n\n"
+                                f"replace triplane => {GO_SDK}\n")
+    (mod / "main.go").write_text(block.code)
+    env = shell_env(home, cwd / ".docbin")
+    r = subprocess.run([go, "run", "."], cwd=mod, env=env, capture_output=True, text=True,
+                       timeout=timeout_s)
+    print(r.stdout, end="")
+    said = (r.stdout + r.stderr)[-3000:]
+    assert r.returncode == 0, f"{block.name}: `go run` exited {r.returncode}:\n{said}"
+
+
 # -- python ----------------------------------------------------------------------------------
 
 def run_python(block: Block, ns: dict[str, object]) -> None:
@@ -279,6 +308,8 @@ def runs_processes(path: str) -> bool:
             return True
         if b.lang == "python" and "tp.connect(" in b.code:
             return True
+        if b.lang == "go":  # a Go program builds and runs: a process
+            return True
     return False
 
 
@@ -294,6 +325,8 @@ def run_file(path: str, ns: dict[str, object], home: Path, cwd: Path, root: Path
                 run_python(b, ns)
             elif b.lang in ("bash", "console"):
                 run_shell(b, home, cwd)
+            elif b.lang == "go":
+                run_go(b, home, cwd)
             else:
                 check_data(b)
         except Exception as e:  # a known failure may raise anything
