@@ -1,7 +1,6 @@
 package triplane
 
 import (
-	"fmt"
 	"strings"
 )
 
@@ -471,5 +470,3 @@ func inferFused(ins []TensorType, a map[string]any) (TensorType, error) {
 	}
 	return steps[len(steps)-1], nil
 }
-
-var _ = fmt.Sprint

@@ -2,7 +2,6 @@ package triplane
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -160,7 +159,10 @@ func (j *Job) Wait(ctx context.Context) error {
 		poll := 10.0
 		if d, ok := ctx.Deadline(); ok {
 			if left := time.Until(d).Seconds(); left < poll {
-				poll = max(left, 0)
+				poll = left
+			}
+			if poll < 0 {
+				poll = 0
 			}
 		}
 		var s Status
@@ -295,5 +297,3 @@ func asError(err error, target **Error) bool {
 	}
 	return ok
 }
-
-var _ = json.Valid
