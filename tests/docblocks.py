@@ -17,6 +17,12 @@ every block of every file found here, so a new file or block is covered without 
   in the shell commands' environment and working directory, where ``node_modules/triplane``
   is the checkout's sdk/js (as ``npm install sdk/js`` makes it); it must exit 0, and what
   it prints is echoed. A block that calls ``connect(`` runs with the integration module.
+* ``go``: a whole Go program (``package main``) using the Go SDK: it is built and run
+  (``go run``) in a module of its own that finds ``triplane`` in this checkout's
+  ``sdk/go``, with the shell commands' environment (so ``triplane.Connect`` finds the
+  cluster a block above started with ``triplane up``); it must exit 0, and what it prints
+  is the test's output. Without a ``go`` tool the block fails, naming it (.ci/run
+  installs Go).
 * ``text`` (diagrams, trees, transcripts), ``json``, ``yaml``: data. json and yaml
   blocks must parse. Every block names its language; one that does not fails the tests.
 
@@ -46,7 +52,8 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-LANGUAGES = ("python", "bash", "console", "js", "javascript", "text", "json", "yaml")
+LANGUAGES = ("python", "bash", "console", "go", "js", "javascript", "text", "json", "yaml")
+GO_SDK = ROOT / "sdk" / "go"
 
 # Commands not run, matched by their leading words (comments stripped, `&&` parts apart).
 SKIP: dict[tuple[str, ...], str] = {
@@ -247,6 +254,25 @@ def run_js(block: Block, home: Path, cwd: Path, timeout_s: float = 180.0) -> Non
                        timeout=timeout_s)
     print(r.stdout, end="")
     assert r.returncode == 0, f"{block.name} exited {r.returncode}:\n{(r.stdout + r.stderr)[-3000:]}"
+# -- go ------------------------------------------------------------------------------------
+
+def run_go(block: Block, home: Path, cwd: Path, timeout_s: float = 300.0) -> None:
+    """Build and run a go block (a ``package main`` program) in a module of its own that
+    replaces ``triplane`` by sdk/go; AssertionError with its output when it fails."""
+    go = shutil.which("go")
+    assert go is not None, f"{block.name}: a go block needs the Go toolchain (.ci/run installs golang-go)"
+    assert re.search(r"^package main\b", block.code, re.M), f"{block.name}: a go block is a whole program"
+    mod = cwd / f".goblock-{Path(block.path).stem}-{block.number}"
+    mod.mkdir(parents=True, exist_ok=True)
+    (mod / "go.mod").write_text(f"module docblock\n\ngo 1.21\n\nrequire triplane v0.0.0\n\n"
+                                f"replace triplane => {GO_SDK}\n")
+    (mod / "main.go").write_text(block.code)
+    env = shell_env(home, cwd / ".docbin")
+    r = subprocess.run([go, "run", "."], cwd=mod, env=env, capture_output=True, text=True,
+                       timeout=timeout_s)
+    print(r.stdout, end="")
+    said = (r.stdout + r.stderr)[-3000:]
+    assert r.returncode == 0, f"{block.name}: `go run` exited {r.returncode}:\n{said}"
 
 
 # -- python ----------------------------------------------------------------------------------
@@ -305,6 +331,8 @@ def runs_processes(path: str) -> bool:
             return True
         if b.lang in ("js", "javascript") and "connect(" in b.code:
             return True
+        if b.lang == "go":  # a Go program builds and runs: a process
+            return True
     return False
 
 
@@ -322,6 +350,8 @@ def run_file(path: str, ns: dict[str, object], home: Path, cwd: Path, root: Path
                 run_shell(b, home, cwd)
             elif b.lang in ("js", "javascript"):
                 run_js(b, home, cwd)
+            elif b.lang == "go":
+                run_go(b, home, cwd)
             else:
                 check_data(b)
         except Exception as e:  # a known failure may raise anything

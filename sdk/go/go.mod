@@ -1,0 +1,3 @@
+module triplane
+
+go 1.21
