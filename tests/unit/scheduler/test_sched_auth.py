@@ -157,7 +157,7 @@ def test_role_matrix_every_route(cluster: Cluster, who: str) -> None:
     upload = cluster.upload("submit")
     session = cluster.client.post("/v1/sessions", headers=cluster.headers("submit")).json()["id"]
     served = app_routes(cluster.app)
-    routes = sorted(served) + [("POST", "/v1/jobs#compiled-step")]
+    routes = [*sorted(served), ("POST", "/v1/jobs#compiled-step")]
     assert len(routes) >= 45
     for method, path in routes:
         allowed = ROUTE_ROLES[(method, path.partition("#")[0])]
