@@ -185,18 +185,23 @@ class Admin:
         return out
 
     async def tiles(self, job: str, *, after: tuple[str, str] | None, limit: int) -> list[dict[str, Any]]:
-        """Up to ``limit`` of a job's tile rows (where its fetched results live) after ``after``."""
-        def read() -> list[mdb.TileInfo]:
+        """Up to ``limit`` of a job's tile rows (where its fetched results live) after ``after``
+        (a ``plan_node`` and index key). ``tensor`` is the fetched name a row holds (the
+        plan's id of the tile where it holds a part of one)."""
+        def read() -> tuple[list[mdb.TileInfo], dict[str, str]]:
             with self.s.db.read() as s:
-                return mdb.tile_page(s, job, after=after, limit=limit)
+                rows = mdb.tile_page(s, job, after=after, limit=limit)
+                ev = mdb.list_events(s, job, limit=1, kind=BINDINGS)
+            fetch = ev[0].payload.get("fetch") if ev and isinstance(ev[0].payload, dict) else None
+            return rows, {node: name for name, node in fetch.items()} if isinstance(fetch, dict) else {}
 
         try:
-            rows = await asyncio.to_thread(read)
+            rows, names = await asyncio.to_thread(read)
         except (mdb.UnknownJobError, mdb.InvalidInputError):  # the cursor's key is checked already
             raise NotFound(f"unknown job {job[:128]!r}") from None
-        return [{"tensor": t.tensor, "index": list(t.index), "shape": list(t.shape), "dtype": t.dtype,
-                 "node": t.node, "memory_engine": t.memory_engine, "nbytes": t.nbytes, "state": t.state,
-                 "updated_at": t.updated_at} for t in rows]
+        return [{"tensor": names.get(t.tensor, t.tensor), "plan_node": t.tensor, "index": list(t.index),
+                 "shape": list(t.shape), "dtype": t.dtype, "node": t.node, "memory_engine": t.memory_engine,
+                 "nbytes": t.nbytes, "state": t.state, "updated_at": t.updated_at} for t in rows]
 
     # --- configuration -----------------------------------------------------------------------
 
