@@ -260,7 +260,7 @@ def create_app(
         held = await scheduler.end_session(sid)
         return {"id": sid, "uploads": len(held.uploads), "jobs": len(held.jobs)}
 
-    @api.post("/jobs", status_code=201, response_model=m.SubmitAnswer, response_model_exclude_none=True,
+    @api.post("/jobs", status_code=201, response_model=m.SubmitAnswer, response_model_exclude_unset=True,
               tags=["jobs"])
     async def submit(request: Request, p: Principal = changer) -> dict[str, Any]:
         body = await read_body(request, max_graph_bytes, "job request")
