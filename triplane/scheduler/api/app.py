@@ -197,7 +197,8 @@ def create_app(
     async def whoami(p: Principal = anyone) -> dict[str, Any]:
         return {"name": p.name, "role": p.role}
 
-    @api.post("/tensors", status_code=201, response_model=m.Upload, tags=["tensors"])
+    @api.post("/tensors", status_code=201, response_model=m.Upload, tags=["tensors"],
+              openapi_extra=m.UPLOAD_BODY)
     async def upload(request: Request, p: Principal = changer) -> dict[str, Any]:
         try:
             shape = parse_shape(request.headers.get("x-triplane-shape", ""))
@@ -220,7 +221,8 @@ def create_app(
             scheduler.sessions.tag_upload(lease, stored.id)
         return stored.as_dict()
 
-    @api.post("/tensors/copy", status_code=201, response_model=m.CopyResult, tags=["tensors"])
+    @api.post("/tensors/copy", status_code=201, response_model=m.CopyResult, tags=["tensors"],
+              openapi_extra=m.body_of(m.CopyRequest))
     async def copy_tensors(request: Request, p: Principal = changer) -> dict[str, Any]:
         """Copies of refs' values as uploads of the caller (checkpoints: ``scheduler/refs.py``)."""
         refs = parse_copy_request(await read_body(request, 1 << 20, "copy request"))
@@ -261,7 +263,7 @@ def create_app(
         return {"id": sid, "uploads": len(held.uploads), "jobs": len(held.jobs)}
 
     @api.post("/jobs", status_code=201, response_model=m.SubmitAnswer, response_model_exclude_unset=True,
-              tags=["jobs"])
+              tags=["jobs"], openapi_extra=m.body_of(m.JobRequest))
     async def submit(request: Request, p: Principal = changer) -> dict[str, Any]:
         body = await read_body(request, max_graph_bytes, "job request")
         if len(body) > 65536:
