@@ -297,3 +297,13 @@ def test_a_live_tasks_drifts_name_the_node_left_and_the_node_reached() -> None:
            Transitioned("j", "t", "ready", "dispatched", 1, "n2", "tick-10", 2.1),
            Transitioned("j", "t", "dispatched", "done", 1, "n2", "reply-3", 3.0)]
     assert _drifts(log) == [{"at": 2.0, "attempt": 1, "from": "n1", "to": "n2", "reason": "tick-9"}]
+
+
+def test_engines_page_names_each_engines_binding(api: Api) -> None:
+    from triplane.registry import Binding
+
+    bound = Binding("n1", "numpy", "host")
+    asyncio.run(api.registry.put(bound.key(), encode(bound)))
+    pages = api.pages("/v1/engines", 1)
+    assert [len(p) for p in pages] == [1, 1]
+    assert [(e["node"], e["memory_engine"]) for p in pages for e in p] == [("n1", "host"), ("n2", None)]

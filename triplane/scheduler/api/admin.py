@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse
 
 from triplane import metadb as mdb
 from triplane.metadb import validate as v
-from triplane.registry import list_op_engines
+from triplane.registry import list_bindings, list_op_engines
 from triplane.scheduler.admin import Admin
 from triplane.scheduler.api import models as m
 from triplane.scheduler.api.auth import Authenticator, Principal
@@ -99,10 +99,12 @@ def install_admin(app: FastAPI, scheduler: Scheduler, auth: Authenticator, owner
 
     @api.get("/engines", response_model=m.EnginePage, tags=["nodes"])
     async def engines(limit: int = Limit, cursor: str | None = Cursor, p: Principal = who) -> dict[str, Any]:
-        """The registered op engines by (node, engine)."""
+        """The registered op engines by (node, engine), each with the memory engine it is bound to."""
         after = decode_cursor(cursor, (str, str))
         found = sorted(await list_op_engines(scheduler.registry), key=lambda e: (e.node, e.engine))
-        items = [{**e.__dict__, "ops": list(e.ops), "dtypes": list(e.dtypes)} for e in found
+        bound = {(b.node, b.op_engine): b.memory_engine for b in await list_bindings(scheduler.registry)}
+        items = [{**e.__dict__, "ops": list(e.ops), "dtypes": list(e.dtypes),
+                  "memory_engine": bound.get((e.node, e.engine))} for e in found
                  if after is None or (e.node, e.engine) > tuple(after)]
         return page(items[:limit + 1], limit, lambda e: [e["node"], e["engine"]])
 
