@@ -85,14 +85,8 @@ class Admin:
             return
 
         def write() -> None:
-            from triplane.metadb.models import Job, JobTag
-
             with self.s.db.transaction() as s:
-                row = s.get(Job, job)
-                if row is None:
-                    raise NotFound(f"unknown job {job!r}")
-                row.name, row.tags = name, list(tags) or None
-                s.add_all(JobTag(job_id=job, tag=t) for t in tags)
+                mdb.set_job_labels(s, job, name, tags)
 
         await asyncio.to_thread(write)
 

@@ -21,7 +21,6 @@ from fastapi.responses import JSONResponse
 
 from triplane import metadb as mdb
 from triplane.metadb import validate as v
-from triplane.registry import list_bindings, list_op_engines
 from triplane.scheduler.admin import Admin
 from triplane.scheduler.api import models as m
 from triplane.scheduler.api.auth import Authenticator, Principal
@@ -101,11 +100,8 @@ def install_admin(app: FastAPI, scheduler: Scheduler, auth: Authenticator, owner
     async def engines(limit: int = Limit, cursor: str | None = Cursor, p: Principal = who) -> dict[str, Any]:
         """The registered op engines by (node, engine), each with the memory engine it is bound to."""
         after = decode_cursor(cursor, (str, str))
-        found = sorted(await list_op_engines(scheduler.registry), key=lambda e: (e.node, e.engine))
-        bound = {(b.node, b.op_engine): b.memory_engine for b in await list_bindings(scheduler.registry)}
-        items = [{**e.__dict__, "ops": list(e.ops), "dtypes": list(e.dtypes),
-                  "memory_engine": bound.get((e.node, e.engine))} for e in found
-                 if after is None or (e.node, e.engine) > tuple(after)]
+        items = [e for e in await scheduler.engines()
+                 if after is None or (e["node"], e["engine"]) > (after[0], after[1])]
         return page(items[:limit + 1], limit, lambda e: [e["node"], e["engine"]])
 
     # --- jobs --------------------------------------------------------------------------------
