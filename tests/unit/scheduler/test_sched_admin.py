@@ -156,6 +156,10 @@ def test_cancel_by_post_and_retry_makes_a_new_job_of_the_same_graph(api: Api) ->
     theirs = api.submit()
     assert api.c.post(f"/v1/jobs/{theirs}/cancel", headers=api.alice).status_code == 403
     assert api.c.post(f"/v1/jobs/{theirs}/retry", headers=api.reader).status_code == 403
+    hers = api.submit(api.alice)
+    assert api.c.delete(f"/v1/jobs/{hers}", headers=api.alice).json()["state"] == "cancelled"
+    again = api.c.post(f"/v1/jobs/{hers}/retry", headers=H).json()["id"]  # an admin retries it ...
+    assert api.c.get(f"/v1/jobs/{again}", headers=api.alice).json()["owner"] == "alice"  # ... hers still
 
 
 def test_tasks_and_tiles_pages(api: Api) -> None:

@@ -141,9 +141,9 @@ def install_admin(app: FastAPI, scheduler: Scheduler, auth: Authenticator, owner
 
     @api.post("/jobs/{job}/retry", response_model=m.Retried, status_code=201, tags=["jobs"])
     async def retry(job: str, p: Principal = who) -> dict[str, Any]:
-        """A failed or cancelled job again, as a new job (same graph, fetch, inputs, name, tags)."""
+        """A failed or cancelled job again, as a new job (same graph, fetch, inputs, owner, name, tags)."""
         owners.check(p, job)
-        return await admin.retry(job, p.name)
+        return await admin.retry(job)
 
     @api.get("/jobs/{job}/tasks", response_model=m.TaskPage, tags=["jobs"])
     async def tasks(job: str, limit: int = Limit, cursor: str | None = Cursor,
