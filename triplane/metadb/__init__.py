@@ -43,6 +43,7 @@ from triplane.metadb.jobs import (
     get_plan,
     list_jobs,
     put_graph,
+    set_job_labels,
     set_job_state,
     upsert_plan,
 )
@@ -61,6 +62,7 @@ from triplane.metadb.records import (
 from triplane.metadb.tasks import (
     add_events,
     get_task,
+    index_key,
     insert_tasks,
     jobs_to_resume,
     list_events,
@@ -68,6 +70,9 @@ from triplane.metadb.tasks import (
     list_tiles,
     mark_node_tiles_lost,
     record_tiles,
+    task_events,
+    task_page,
+    tile_page,
     transition_task,
 )
 from triplane.metadb.validate import (
@@ -92,6 +97,7 @@ __all__ = [
     "TileInfo", "TileLocation",
     "add_events", "get_task", "insert_tasks", "jobs_to_resume", "list_events", "list_tasks",
     "list_tiles", "mark_node_tiles_lost", "record_tiles", "transition_task",
+    "index_key", "set_job_labels", "task_events", "task_page", "tile_page",
     "JOB_STATES", "TASK_STATES", "TERMINAL_JOB_STATES", "TERMINAL_TASK_STATES", "TILE_STATES",
     "JobState", "TaskState", "TileState",
 ]
