@@ -60,6 +60,7 @@ PROGRESS_PER_S = 2.0  # job.progress events per job and second, at most
 RING_SIZE = 10_000
 QUEUE_SIZE = 1_000
 DB_PAGE = 1_000  # events read from the metadb at a time when catching up
+RETRY_S = 1.0  # a subscriber catching up from a metadb that fails tries again after this
 
 
 @dataclass(frozen=True)
@@ -140,12 +141,16 @@ class Subscription:
         step of the event loop, so no event published meanwhile is missed or seen twice."""
         bus = self._bus
         if not bus.ring_covers(self.last):
-            page = await asyncio.to_thread(bus.load, self.last, self._filter, DB_PAGE, bus.ring_start())
+            try:
+                page = await asyncio.to_thread(bus.load, self.last, self._filter, DB_PAGE, bus.ring_start())
+            except Exception as e:  # the metadb failed; no skipping ahead: the reader waits for it
+                log.warning("event subscriber waits for the metadb: %s", e)
+                await asyncio.sleep(RETRY_S)
+                return
             if page:
                 self._queue.extend(page)
                 return
-            # none left below the ring (or the metadb failed: we go on with the ring)
-            if not bus.ring_covers(self.last):
+            if not bus.ring_covers(self.last):  # none left below the ring
                 self.last = max(self.last, bus.ring_start() - 1)
         events = bus.ring_after(self.last, self._filter)
         self._queue.extend(events[:self._size])
@@ -204,6 +209,11 @@ class EventBus:
     def publish(self, kind: str, *, job: str | None = None, task: str | None = None,
                 node: str | None = None, **data: Any) -> Event:
         """Number, keep and hand out one event; it never blocks."""
+        return self.publish_data(kind, data, job=job, task=task, node=node)
+
+    def publish_data(self, kind: str, data: dict[str, Any], *, job: str | None = None,
+                     task: str | None = None, node: str | None = None) -> Event:
+        """``publish`` with the data as one dict (whose keys may be any: ``kind``, ``node``)."""
         e = Event(self._next, time.time(), kind, job, task, node, data,
                   self._owners.get(job) if job is not None else None)
         self._next += 1
@@ -287,18 +297,14 @@ class EventBus:
         return [e for e in itertools.islice(ring, skip, None) if flt(e)]
 
     def load(self, after: int, flt: _Filter, limit: int, before: int) -> list[Event]:
-        """Events ``after`` < id < ``before`` from the metadb (blocking); [] without one or
-        when it fails (logged: a reader then goes on with the ring buffer)."""
+        """Events ``after`` < id < ``before`` from the metadb (blocking); [] without one.
+        Raises what the metadb raises (MetaDBError, SQLAlchemy errors)."""
         if self.db is None:
             return []
-        try:
-            with self.db.read() as s:
-                rows = mdb.stream_events(s, after=after, before=before, job=flt.job,
-                                         kinds=sorted(flt.kinds) if flt.kinds is not None else None,
-                                         owner=flt.owner, limit=limit)
-        except mdb.MetaDBError as e:
-            log.error("cannot read events from the metadb: %s", e)
-            return []
+        with self.db.read() as s:
+            rows = mdb.stream_events(s, after=after, before=before, job=flt.job,
+                                     kinds=sorted(flt.kinds) if flt.kinds is not None else None,
+                                     owner=flt.owner, limit=limit)
         return [Event(r.seq or 0, r.at, r.kind, r.job_id, r.task_id, r.node,
                       r.payload if isinstance(r.payload, dict) else {}, r.owner) for r in rows]
 
