@@ -32,7 +32,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from triplane.proto.states import TaskState
-from triplane.scheduler.dispatch.state import DispatchState, Transitioned
+from triplane.scheduler.dispatch.state import DispatchState, JobFinished, Transitioned
 from triplane.scheduler.events import Event
 
 __all__ = ["CONTENT_TYPE", "Counts", "Hist", "Metrics", "SchedulerCollector"]
@@ -85,6 +85,15 @@ class Counts:
         self._running: dict[str, float] = {}  # job -> when it started running
         self.queued = 0  # tasks ready (moves into ready less moves out of it)
         self._seen: DispatchState | None = None
+        # The shell reports a job's end before the transitions of the same step, and the
+        # job leaves the dispatcher's state at its end: its record waits here for them.
+        self._ending: dict[str, Any] = {}
+
+    def finished(self, f: JobFinished) -> None:
+        """The dispatcher's finished hook (call it before the job leaves the state)."""
+        js = self._state().jobs.get(f.job)
+        if js is not None:
+            self._ending[f.job] = js
 
     def transitions(self, ts: list[Transitioned]) -> None:
         """The dispatcher's transitions hook (beside the journal's)."""
@@ -92,6 +101,9 @@ class Counts:
         if state is not self._seen:  # a new leadership's dispatcher: its queue starts empty
             self._seen, self.queued = state, 0
         jobs = state.jobs
+        if self._ending:
+            jobs = {**self._ending, **jobs}
+            self._ending = {}
         tasks = self.tasks
         for t in ts:
             f = t.finish

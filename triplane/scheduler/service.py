@@ -43,7 +43,15 @@ from triplane.scheduler.cluster import ClusterView
 from triplane.scheduler.compiler.jobplan import TaskTemplate, tile_id
 from triplane.scheduler.compiler.pipeline import PlanCache
 from triplane.scheduler.dispatch.shell import DispatchShell, Hooks
-from triplane.scheduler.dispatch.state import CancelJob, DispatchState, Free, Policy, Send, Transitioned
+from triplane.scheduler.dispatch.state import (
+    CancelJob,
+    DispatchState,
+    Free,
+    JobFinished,
+    Policy,
+    Send,
+    Transitioned,
+)
 from triplane.scheduler.earlier import EarlierJobs
 from triplane.scheduler.errors import Conflict, SchedulerError, Standby
 from triplane.scheduler.events import EventBus
@@ -133,7 +141,7 @@ class Scheduler(Leading):
         self.counts = Counts(lambda: self.shell.state)
         self.events.sinks.append(self.counts.event)
         self.metrics = Metrics(self.counts, self._metric_sources)
-        self.shell.hooks = Hooks(self.jobs.finished, self._transitions, self.jobs.output,
+        self.shell.hooks = Hooks(self._finished, self._transitions, self.jobs.output,
                                  self._node_down, self._free, self._sending, self._node_up)
 
         self._packet_port, self._data_port = packet_port, data_port
@@ -198,6 +206,10 @@ class Scheduler(Leading):
     def _running_on(self, node: str) -> int:
         n = self.shell.state.nodes.get(node)
         return len(n.running) if n is not None else 0
+
+    def _finished(self, f: JobFinished) -> None:
+        self.counts.finished(f)
+        self.jobs.finished(f)
 
     def _transitions(self, ts: list[Transitioned]) -> None:
         self.journal.transitions(ts)
