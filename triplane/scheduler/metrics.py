@@ -105,36 +105,51 @@ class Counts:
             jobs = {**self._ending, **jobs}
             self._ending = {}
         tasks = self.tasks
+        # Locals and one job lookup per run of a job's transitions: this runs per task.
+        queued = self.queued
+        dl, tl = self.dispatch_latency, self.task_latency
+        dl_bounds, dl_counts, tl_bounds, tl_counts = dl.bounds, dl.counts, tl.bounds, tl.counts
+        dl_sum = tl_sum = 0.0
+        job_id: str | None = None
+        records: dict[str, Any] = {}
         for t in ts:
-            f = t.finish
-            if t.start is _READY:
-                self.queued -= 1
+            f, start = t.finish, t.start
+            if start is _READY:
+                queued -= 1
             if f is _READY:
-                self.queued += 1
-            elif f is _DISPATCHED:
-                rec = _record(jobs, t)
-                if rec is not None:
-                    tasks["dispatched", rec.spec.op, t.node or ""] += 1
-                    log = rec.log
-                    if len(log) > 1:
-                        self.dispatch_latency.observe(max(0.0, t.at - log[-2].at))
+                queued += 1
+                if start is not _DISPATCHED:
+                    continue
+            elif f is _PENDING and start is not _DISPATCHED:
+                continue
+            if t.job != job_id:
+                job_id = t.job
+                js = jobs.get(job_id)
+                records = js.tasks if js is not None else {}
+            rec = records.get(t.task)
+            if rec is None:
+                continue
+            log = rec.log
+            if f is _DISPATCHED:
+                tasks["dispatched", rec.spec.op, t.node or ""] += 1
+                if len(log) > 1:
+                    v = t.at - log[-2].at
+                    dl_counts[bisect_left(dl_bounds, v)] += 1
+                    dl_sum += v
             elif f is _DONE:
-                rec = _record(jobs, t)
-                if rec is not None:
-                    tasks["succeeded", rec.spec.op, t.node or ""] += 1
-                    log = rec.log
-                    if len(log) > 1 and log[-2].finish is _DISPATCHED:
-                        self.task_latency.observe(max(0.0, t.at - log[-2].at))
+                tasks["succeeded", rec.spec.op, t.node or ""] += 1
+                if len(log) > 1 and log[-2].finish is _DISPATCHED:
+                    v = t.at - log[-2].at
+                    tl_counts[bisect_left(tl_bounds, v)] += 1
+                    tl_sum += v
             elif f is _FAILED:
-                rec = _record(jobs, t)
-                if rec is not None:
-                    tasks["failed", rec.spec.op, t.node or ""] += 1
-            if t.start is _DISPATCHED and (f is _READY or f is _PENDING):
-                rec = _record(jobs, t)
-                if rec is not None:
-                    log = rec.log
-                    node = log[-2].node if len(log) > 1 else t.node
-                    tasks["drifted", rec.spec.op, node or ""] += 1
+                tasks["failed", rec.spec.op, t.node or ""] += 1
+            if start is _DISPATCHED and (f is _READY or f is _PENDING):
+                node = log[-2].node if len(log) > 1 else t.node
+                tasks["drifted", rec.spec.op, node or ""] += 1
+        self.queued = queued
+        dl.sum += dl_sum
+        tl.sum += tl_sum
 
     def event(self, e: Event) -> None:
         """An event of the bus (a sink): job durations, from running to its end."""
@@ -150,11 +165,6 @@ class Counts:
                 if h is None:
                     h = self.job_durations[state] = Hist(JOB_BUCKETS)
                 h.observe(max(0.0, e.at - started))
-
-
-def _record(jobs: dict[str, Any], t: Transitioned) -> Any:
-    js = jobs.get(t.job)
-    return None if js is None else js.tasks.get(t.task)
 
 
 class Metrics:
