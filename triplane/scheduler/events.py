@@ -25,6 +25,10 @@ nothing, and it sees every event once, in id order, with no gap and no duplicate
 whose connection drops does the same by reconnecting with its last id (``after``; SSE's
 ``Last-Event-ID``).
 
+Ids continue from the metadb's largest, so an event published in the last moments of a
+scheduler that died before its journal wrote it (at most 0.2 s of events) may see its id
+given again by the next one.
+
 Replay reaches back as far as the metadb keeps events (the jobs that retention keeps, and
 every node event). The ring buffer (``ring_size`` events) serves recent ids without a
 database read; an event leaves it long after the journal has written it (the journal

@@ -4,6 +4,8 @@ tests/integration/cluster/test_cluster_events.py)."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 from pathlib import Path
 
 import pytest
@@ -13,8 +15,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from triplane import metadb as mdb
 from triplane.registry import MemoryBackend
 from triplane.scheduler.api.app import create_app
-from triplane.scheduler.api.events import decode_cursor, encode_cursor
+from triplane.scheduler.api.events import decode_cursor, encode_cursor, sse_frame, sse_stream
 from triplane.scheduler.api.tokens import add_token
+from triplane.scheduler.events import EventBus
 from triplane.scheduler.service import Scheduler
 
 ADMIN = "admin-token-0123456789"
@@ -93,3 +96,24 @@ def test_metrics_parse_and_count(setup: Setup) -> None:
     for name in ("triplane_queue_depth", "triplane_tasks_dispatched", "triplane_dispatch_latency_seconds",
                  "triplane_plan_cache_hits", "triplane_executor_memory_free_bytes"):
         assert name in fams
+
+
+def test_the_stream_keeps_alive_and_frames_events() -> None:
+    async def main() -> list[bytes]:
+        bus = EventBus()
+        sub = bus.subscribe()
+        stream = sse_stream(sub, keepalive_s=0.05)
+        got = [await stream.__anext__(), await stream.__anext__()]  # connected, then silence
+        e = bus.publish("node.up", node="ex0", address="127.0.0.1")
+        got.append(await stream.__anext__())
+        await stream.aclose()  # the client went: the subscription is closed
+        assert sub.closed and bus.subscribers == 0
+        assert got[2] == sse_frame(e)
+        return got
+
+    got = asyncio.run(main())
+    assert got[:2] == [b": connected\n\n", b": keep-alive\n\n"]
+    head, _, data = got[2].decode().partition("data: ")
+    assert head == "id: 1\nevent: node.up\n"
+    assert json.loads(data) == {"id": 1, "at": json.loads(data)["at"], "kind": "node.up", "job": None,
+                                "task": None, "node": "ex0", "data": {"address": "127.0.0.1"}}

@@ -26,11 +26,12 @@ from pydantic import BaseModel
 
 from triplane.scheduler.api.auth import ANYONE, Authenticator, Principal
 from triplane.scheduler.errors import BadRequest
-from triplane.scheduler.events import KINDS, Event
+from triplane.scheduler.events import KINDS, Event, Subscription
 from triplane.scheduler.metrics import CONTENT_TYPE
 from triplane.scheduler.service import Scheduler
 
-__all__ = ["EventOut", "EventPage", "events_router"]
+__all__ = ["EventOut", "EventPage", "decode_cursor", "encode_cursor", "events_router", "sse_frame",
+           "sse_stream"]
 
 KEEPALIVE_S = 15.0
 SSE = "text/event-stream"
@@ -117,7 +118,7 @@ def events_router(scheduler: Scheduler, auth: Authenticator, check_job: Callable
         if SSE in request.headers.get("accept", ""):
             start = _start(after, cursor, request.headers.get("last-event-id"))
             sub = bus.subscribe(job=job, after=start, kinds=kinds, owner=owner)
-            return StreamingResponse(_stream(sub, keepalive_s), media_type=SSE,
+            return StreamingResponse(sse_stream(sub, keepalive_s), media_type=SSE,
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         start = _start(after, cursor, None)
         items = await bus.aquery(job=job, kinds=kinds, after=start, limit=limit, owner=owner)
@@ -134,7 +135,7 @@ def events_router(scheduler: Scheduler, auth: Authenticator, check_job: Callable
     return router
 
 
-async def _stream(sub: Any, keepalive_s: float) -> AsyncIterator[bytes]:
+async def sse_stream(sub: Subscription, keepalive_s: float) -> AsyncIterator[bytes]:
     """The subscription as SSE frames; a comment every ``keepalive_s`` of silence. The
     response ends when the client goes (the subscription is closed)."""
     nxt: asyncio.Future[Event] | None = None
