@@ -29,7 +29,7 @@ from typing import Any
 
 from triplane import metadb as mdb
 from triplane.proto.packet import Reply, Timings
-from triplane.scheduler.dispatch.state import Transitioned
+from triplane.scheduler.dispatch.state import DispatchState, Transitioned
 from triplane.scheduler.events import Event, EventBus
 
 log = logging.getLogger(__name__)
@@ -61,9 +61,10 @@ class Journal:
     ``events``: the bus it publishes on and persists (a private one when not given)."""
 
     def __init__(self, db: mdb.MetaDB, progress: Callable[[str], tuple[bool, int, int]],
-                 events: EventBus | None = None) -> None:
+                 events: EventBus | None = None, state: Callable[[], DispatchState] | None = None) -> None:
         self.db = db
         self.progress = progress
+        self.state = state  # the dispatcher's state: the node a drifted task left
         self.events = EventBus() if events is None else events
         self.events.persist = self.record
         self.writer: mdb.BatchWriter | None = None
@@ -121,9 +122,17 @@ class Journal:
                 continue
             self._tx[(t.job, t.task)] = t
             if t.start in ("dispatched", "done") and t.finish in ("ready", "pending", "failed"):
-                self.events.publish(TASK_EVENTS[t.start, t.finish], job=t.job, task=t.task, node=t.node,
-                                    attempt=t.attempt, reason=t.stimulus_id[:128], **{"from": t.start,
-                                                                                       "to": t.finish})
+                self.events.publish(TASK_EVENTS[t.start, t.finish], job=t.job, task=t.task,
+                                    node=self._left(t), attempt=t.attempt, reason=t.stimulus_id[:128],
+                                    **{"from": t.start, "to": t.finish})
+
+    def _left(self, t: Transitioned) -> str | None:
+        """The node a task left (a drift clears its node: its previous transition says)."""
+        if t.node is not None or self.state is None:
+            return t.node
+        js = self.state().jobs.get(t.job)
+        rec = js.tasks.get(t.task) if js is not None else None
+        return rec.log[-2].node if rec is not None and len(rec.log) > 1 else None
 
     def record(self, e: Event) -> None:
         """An event the bus published: written with the next flush (the bus's ``persist``)."""

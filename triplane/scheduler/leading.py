@@ -112,6 +112,7 @@ class Leading:
         self._lead_tasks.append(loop.create_task(self._keep_data_published(), name="scheduler-data"))
         await asyncio.to_thread(self.journal.events.open)  # event ids continue from the metadb's
         nodes = await list_nodes(self.registry)
+        await self.cluster.read_drained()  # drained nodes get no new tasks (docs/api.md)
         for n in nodes:
             self.shell.node_up(n)
         self._lead_tasks.append(self.shell.watch(self.registry))

@@ -15,7 +15,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from triplane import metadb as mdb
 from triplane.registry import MemoryBackend
 from triplane.scheduler.api.app import create_app
-from triplane.scheduler.api.events import decode_cursor, encode_cursor, sse_frame, sse_stream
+from triplane.scheduler.api.events import sse_frame, sse_stream
+from triplane.scheduler.api.pages import decode_cursor, encode_cursor
 from triplane.scheduler.api.tokens import add_token
 from triplane.scheduler.events import EventBus
 from triplane.scheduler.service import Scheduler
@@ -46,7 +47,7 @@ def test_pages_filters_and_cursors(setup: tuple[Scheduler, TestClient, dict[str,
     page = r.json()
     assert [e["id"] for e in page["items"]] == [1, 2] and page["next"]
     items = page["items"]
-    while page["next"]:  # a full page has a next; the one after the last may be empty
+    while page["next"]:
         page = c.get("/v1/events", params={"limit": 2, "cursor": page["next"]}, headers=h["reader"]).json()
         items += page["items"]
     assert [e["id"] for e in items] == [1, 2, 3, 4, 5, 6]
@@ -68,13 +69,15 @@ Setup = tuple[Scheduler, TestClient, dict[str, dict[str, str]]]
 def test_bad_requests_name_what_is_wrong(setup: Setup) -> None:
     _, c, h = setup
     r = c.get("/v1/events", params={"cursor": "nope"}, headers=h["admin"])
-    assert r.status_code == 400 and "bad cursor" in r.json()["error"]["message"]
+    assert r.status_code == 400 and "is not a cursor" in r.json()["error"]["message"]
+    r = c.get("/v1/events", params={"cursor": encode_cursor(["t1"])}, headers=h["admin"])  # a tasks cursor
+    assert r.status_code == 400
     r = c.get("/v1/events", params={"kind": "job.exploded"}, headers=h["admin"])
     assert r.status_code == 400 and "job.exploded" in r.json()["error"]["message"]
     assert c.get("/v1/events", params={"limit": 0}, headers=h["admin"]).status_code == 400
     assert c.get("/v1/events").status_code == 401
     assert c.get("/metrics").status_code == 401
-    assert decode_cursor(encode_cursor(41)) == 41
+    assert decode_cursor(encode_cursor([41]), (int,)) == [41]
 
 
 def test_metrics_parse_and_count(setup: Setup) -> None:

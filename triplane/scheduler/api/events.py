@@ -2,10 +2,10 @@
 server-sent events) and ``GET /metrics`` (Prometheus text format); docs/observability.md.
 
 Any client role may read both; a submit token sees only its own jobs' events (no executor
-events, no other token's jobs). A page is ``{"items": [event...], "next": cursor | null}``:
-``next`` is an opaque cursor (pass it as ``cursor``) when the page was full, null when no
-more events were there when it was read (to follow newer ones, pass ``after`` = the last
-id, or stream). The stream sends each event as ``id: <event id>``, ``event: <kind>``,
+events, no other token's jobs). A page is ``{"items": [event...], "next": cursor | null}``
+(``pages.py``): ``next`` is an opaque cursor (pass it as ``cursor``), null when no more
+events were there when it was read (to follow newer ones, pass ``after`` = the last id, or
+stream). The stream sends each event as ``id: <event id>``, ``event: <kind>``,
 ``data: <the event as JSON>``, and a comment line (``: keep-alive``) when nothing happened
 for ``keepalive_s``; a client that reconnects with ``Last-Event-ID`` (or ``after``) gets
 every event after that id exactly once.
@@ -14,7 +14,6 @@ every event after that id exactly once.
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import json
 from collections.abc import AsyncIterator, Callable
@@ -22,16 +21,17 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import Response, StreamingResponse
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
-from triplane.scheduler.api.auth import ANYONE, Authenticator, Principal
+from triplane.scheduler.api.auth import Authenticator, Principal
+from triplane.scheduler.api.models import ERRORS
+from triplane.scheduler.api.pages import DEFAULT_LIMIT, MAX_LIMIT, decode_cursor, page
 from triplane.scheduler.errors import BadRequest
 from triplane.scheduler.events import KINDS, Event, Subscription
 from triplane.scheduler.metrics import CONTENT_TYPE
 from triplane.scheduler.service import Scheduler
 
-__all__ = ["EventOut", "EventPage", "decode_cursor", "encode_cursor", "events_router", "sse_frame",
-           "sse_stream"]
+__all__ = ["EventOut", "EventPage", "events_router", "sse_frame", "sse_stream"]
 
 KEEPALIVE_S = 15.0
 SSE = "text/event-stream"
@@ -49,30 +49,14 @@ class EventOut(BaseModel):
 
 class EventPage(BaseModel):
     items: list[EventOut]
-    next: str | None
-
-
-def encode_cursor(after: int) -> str:
-    raw = json.dumps({"after": after}, separators=(",", ":")).encode()
-    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
-
-
-def decode_cursor(cursor: str) -> int:
-    """The event id a cursor continues after; BadRequest for anything not made by
-    ``encode_cursor``."""
-    try:
-        doc = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
-        after = doc["after"]
-    except (ValueError, TypeError, KeyError) as e:
-        raise BadRequest(f"bad cursor {cursor[:40]!r} (pass back the 'next' of a page): {e}") from None
-    if type(after) is not int or after < 0:
-        raise BadRequest(f"bad cursor {cursor[:40]!r}: not one this API made")
-    return after
+    next: str | None = Field(description="the cursor of the next page; null when no more events were there")
 
 
 def _start(after: int | None, cursor: str | None, last_event_id: str | None) -> int | None:
-    if cursor is not None:
-        return decode_cursor(cursor)
+    """Where a read starts: after the cursor's event, ``Last-Event-ID``'s, or ``after``."""
+    key = decode_cursor(cursor, (int,))
+    if key is not None:
+        return int(key[0])
     if last_event_id is not None:
         if not last_event_id.strip().isdigit():
             raise BadRequest(f"Last-Event-ID must be an event id, got {last_event_id[:40]!r}")
@@ -98,19 +82,20 @@ def events_router(scheduler: Scheduler, auth: Authenticator, check_job: Callable
                   *, keepalive_s: float = KEEPALIVE_S) -> APIRouter:
     """The routes; ``check_job(principal, job)`` raises Forbidden unless the caller may see
     ``job`` (api/app.py's ``Owners.check``)."""
-    router = APIRouter()
-    anyone = Depends(auth.require(ANYONE, "read events and metrics"))
+    router = APIRouter(responses=ERRORS)
+    anyone = Depends(auth.route)  # who may: auth.ROUTE_ROLES (any client role)
     bus = scheduler.events
 
-    @router.get("/v1/events", response_model=EventPage,
+    @router.get("/v1/events", response_model=EventPage, tags=["events"],
                 responses={200: {"content": {SSE: {"schema": {"type": "string"}}},
                                  "description": "A page of events, or (Accept: text/event-stream) "
                                                 "a live stream of them"}})
     async def events(request: Request, job: str | None = None,
                      kind: Annotated[list[str] | None, Query()] = None,
                      after: Annotated[int | None, Query(ge=0)] = None,
-                     limit: Annotated[int, Query(ge=1, le=1000)] = 50,
-                     cursor: str | None = None, p: Principal = anyone) -> Any:
+                     limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = DEFAULT_LIMIT,
+                     cursor: Annotated[str | None, Query(max_length=1024)] = None,
+                     p: Principal = anyone) -> Any:
         if job is not None:
             check_job(p, job)
         kinds = _kinds(kind)
@@ -121,11 +106,11 @@ def events_router(scheduler: Scheduler, auth: Authenticator, check_job: Callable
             return StreamingResponse(sse_stream(sub, keepalive_s), media_type=SSE,
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         start = _start(after, cursor, None)
-        items = await bus.aquery(job=job, kinds=kinds, after=start, limit=limit, owner=owner)
-        nxt = encode_cursor(items[-1].id) if len(items) == limit else None
-        return {"items": [e.as_dict() for e in items], "next": nxt}  # checked by response_model
+        items = await bus.aquery(job=job, kinds=kinds, after=start, limit=limit + 1, owner=owner)
+        body = page(items, limit, lambda e: [e.id])
+        return {"items": [e.as_dict() for e in body["items"]], "next": body["next"]}
 
-    @router.get("/metrics", response_class=Response,
+    @router.get("/metrics", response_class=Response, tags=["metrics"],
                 responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}},
                                  "description": "Prometheus text exposition format"}})
     async def metrics(p: Principal = anyone) -> Response:

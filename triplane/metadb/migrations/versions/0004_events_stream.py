@@ -1,7 +1,7 @@
 """The events table holds the scheduler's event stream (scheduler/events.py).
 
-Revision ID: 0003_events_stream
-Revises: 0002_jobs_owner_index
+Revision ID: 0004_events_stream
+Revises: 0003_job_names_tags
 Create Date: 2026-11-25
 
 ``seq``: the event's id in the stream (the EventBus numbers events itself, so that a
@@ -15,8 +15,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0003_events_stream"
-down_revision = "0002_jobs_owner_index"
+revision = "0004_events_stream"
+down_revision = "0003_job_names_tags"
 branch_labels = None
 depends_on = None
 
