@@ -68,6 +68,7 @@ class Admin:
             raise NotFound(f"unknown node {node[:128]!r} (not registered now: GET /v1/nodes lists them)")
         await set_drained(self.s.registry, node, drained, by=by)
         await self.s.cluster.read_drained()
+        self.s.events.publish("node.drained" if drained else "node.undrained", node=node, by=by)
         return await self.node(node)
 
     # --- jobs --------------------------------------------------------------------------------

@@ -206,6 +206,10 @@ def test_drain_is_kept_in_the_registry_and_leaves_the_node_out_of_placement(api:
     assert asyncio.run(list_drained(api.registry)) == [] and api.s.shell.state.drained == frozenset()
     figures, _ = asyncio.run(api.s.cluster.figures())
     assert [f.name for f in figures] == ["n1", "n2"]
+    events = api.c.get("/v1/events", params=[("kind", "node.drained"), ("kind", "node.undrained")],
+                       headers=H).json()["items"]
+    assert [(e["kind"], e["node"], e["data"]["by"]) for e in events] == [
+        ("node.drained", "n1", "admin"), ("node.undrained", "n1", "admin")]
 
 
 def _state(*nodes: str) -> DispatchState:
