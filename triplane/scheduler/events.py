@@ -194,12 +194,21 @@ class EventBus:
         self.published = 0
 
     def open(self) -> None:
-        """Continue the ids from the metadb's largest (blocking: call it in a thread, on
-        start and when taking the lead)."""
+        """Continue the ids from the metadb's largest (blocking; ``aopen`` on the loop)."""
+        self._continue(self._top())
+
+    async def aopen(self) -> None:
+        """``open`` for the event loop (on start and when taking the lead): the read in a
+        worker thread, the change on the loop."""
+        self._continue(await asyncio.to_thread(self._top))
+
+    def _top(self) -> int:
         if self.db is None:
-            return
+            return 0
         with self.db.read() as s:
-            top = mdb.max_event_seq(s)
+            return mdb.max_event_seq(s)
+
+    def _continue(self, top: int) -> None:
         start = max(self._next, top + 1)
         if start != self._next:
             self._next = self._first = start
