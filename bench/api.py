@@ -17,14 +17,17 @@ One local cluster (``triplane up``, ``--executors`` executors), two parts, in th
   threads of this process); tasks/s = tasks / (submit -> done), ``--repeats`` of each.
   Target (issue 13): the median rate with observers at least 90% of the median without.
 
-Results go to bench/results/api.{json,md} (``--results-dir``, ``--name``). Every process
-started is stopped on the way out (bench/dispatch.py's ``triplane_cluster``).
+Results go to bench/results/api.{json,md} (``--results-dir``, ``--name``), with the load
+average when each part ended: on a shared machine other processes' load moves every figure
+(bench/README.md). Every process started is stopped on the way out (bench/dispatch.py's
+``triplane_cluster``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import threading
@@ -81,8 +84,9 @@ def latency(client: Any, big: int, requests: int) -> dict[str, Any]:
             if r.status_code != 200:
                 raise RuntimeError(f"GET {paths[route]} answered {r.status_code}: {r.text[:300]}")
     progress = client.get(f"/v1/jobs/{job}").json()["progress"]
+    load = os.getloadavg()[0]
     client.delete(f"/v1/jobs/{job}")  # cancel what is left: the next part wants the cluster
-    return {"job": job, "tasks": big, "submit_s": submit_s, "ended_early": done_during,
+    return {"job": job, "tasks": big, "submit_s": submit_s, "ended_early": done_during, "load": load,
             "progress": progress, "missing": [r for r in ROUTES if r not in times],
             "ms": {r: {"n": len(v), "p50": statistics.median(v), "p99": percentile(v, 0.99),
                        "max": max(v)} for r, v in times.items() if v}}
@@ -132,7 +136,7 @@ class Observers:
 
 def observed_rates(client: Any, url: str, token: str, n: int, repeats: int,
                    scrape_s: float) -> dict[str, Any]:
-    out: dict[str, Any] = {"without": [], "with": [], "events": 0, "scrapes": 0}
+    out: dict[str, Any] = {"without": [], "with": [], "events": 0, "scrapes": 0, "load": []}
     run_job(client, noop_graph(min(n, 500), salt=10**6), 120.0)  # warm up
     for r in range(repeats):
         for attached in (False, True):  # alternated: drift of the machine hits both alike
@@ -145,6 +149,7 @@ def observed_rates(client: Any, url: str, token: str, n: int, repeats: int,
             else:
                 t = run_job(client, graph, 60.0 + n / 100)
             out["with" if attached else "without"].append(n / t["total"])
+            out["load"].append(os.getloadavg()[0])
     return out
 
 
@@ -165,7 +170,8 @@ def report(lat: dict[str, Any], rates: dict[str, Any], args: argparse.Namespace,
         "# REST API under load (bench/api.py)", "",
         f"Latency while a {args.big:,}-task job ran (limit=50, one request at a time; "
         f"submit took {lat['submit_s']:.1f} s; progress when measuring ended: "
-        f"{lat['progress']['done']:,} of {lat['progress']['total']:,} tasks"
+        f"{lat['progress']['done']:,} of {lat['progress']['total']:,} tasks; load average "
+        f"{lat['load']:.1f} on {facts['nproc']} CPUs"
         + ("; the job ended before every route had its requests" if lat["ended_early"] else "") + "):", "",
         markdown_table(["route", "requests", "p50 ms", "p99 ms", "max ms", "p99 / target"], rows,
                        [False, True, True, True, True, False]), "",
@@ -176,7 +182,8 @@ def report(lat: dict[str, Any], rates: dict[str, Any], args: argparse.Namespace,
                         [f"SSE client + /metrics every {args.scrape_s:g} s",
                          ", ".join(fmt(x) for x in rates["with"]), fmt(with_), f"{ratio:.2f}"]],
                        [False, False, True, True]), "",
-        f"The SSE client read {rates['events']:,} events and the scraper made {rates['scrapes']:,} scrapes.",
+        f"The SSE client read {rates['events']:,} events and the scraper made {rates['scrapes']:,} scrapes; "
+        f"load average {min(rates['load']):.1f} to {max(rates['load']):.1f} over the jobs.",
         f"Target (issue 13): ratio >= {RATIO_TARGET:.2f}: {ratio:.2f} -- "
         f"{'met' if ratio >= RATIO_TARGET else 'NOT met'}.", "",
         "Machine: " + ", ".join(f"{k} {facts[k]}" for k in ("nproc", "cpu", "system", "python", "commit")
