@@ -41,7 +41,7 @@ import asyncio
 import itertools
 import logging
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -64,6 +64,7 @@ PROGRESS_PER_S = 2.0  # job.progress events per job and second, at most
 RING_SIZE = 10_000
 QUEUE_SIZE = 1_000
 DB_PAGE = 1_000  # events read from the metadb at a time when catching up
+OWNERS_KEPT = 10_000  # jobs whose owner the bus remembers (events of older ones: the metadb's)
 RETRY_S = 1.0  # a subscriber catching up from a metadb that fails tries again after this
 
 
@@ -189,7 +190,8 @@ class EventBus:
         self._next = 1
         self._first = 1  # the first id this bus published (older ones: the metadb only)
         self._subs: set[Subscription] = set()
-        self._owners: dict[str, str | None] = {}  # job -> owner, for the jobs with events still to come
+        # job -> owner of the jobs seen last (a job's last task events come after its end)
+        self._owners: OrderedDict[str, str | None] = OrderedDict()
         self._progress_at: dict[str, float] = {}
         self.published = 0
 
@@ -219,6 +221,8 @@ class EventBus:
     def own(self, job: str, owner: str | None) -> None:
         """Say whose ``job`` is (its later events carry it, for the owner filter)."""
         self._owners[job] = owner
+        if len(self._owners) > OWNERS_KEPT:
+            self._owners.popitem(last=False)
 
     def publish(self, kind: str, *, job: str | None = None, task: str | None = None,
                 node: str | None = None, **data: Any) -> Event:
@@ -241,7 +245,6 @@ class EventBus:
         for sink in self.sinks:
             sink(e)
         if job is not None and kind in ("job.done", "job.failed", "job.cancelled"):
-            self._owners.pop(job, None)
             self._progress_at.pop(job, None)
         return e
 

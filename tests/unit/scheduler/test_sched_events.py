@@ -116,3 +116,13 @@ def test_progress_is_rate_limited_per_job() -> None:
     assert bus.progress("j1", 2, 10) is None  # within half a second of the last
     assert bus.progress("j2", 1, 10) is not None
     assert [e.job for e in bus.query(kinds=["job.progress"])] == ["j1", "j2"]
+
+
+def test_a_jobs_events_after_its_end_are_still_its_owners() -> None:
+    # The shell reports a job's end before the transitions of the same step: a task.failed
+    # published after job.failed must still reach the job's owner.
+    bus = EventBus()
+    bus.own("j1", "alice")
+    bus.publish("job.failed", job="j1")
+    bus.publish("task.failed", job="j1", task="t0")
+    assert [e.kind for e in bus.query(owner="alice")] == ["job.failed", "task.failed"]
