@@ -226,12 +226,19 @@ class Journal:
         """Record a job's end and publish it (``job.done``, ``job.cancelled``, with ``done``
         and ``data``; ``job.failed``, whose data is ``failure``: the failed job's error body,
         kind, message, node, op; so that its status reads the same once the job has left
-        the scheduler's memory)."""
+        the scheduler's memory). The event is published once the dispatcher's current step
+        is carried out: the shell reports a job's end before that step's task transitions,
+        and a job's end must be its last event (a watcher stops there)."""
         if state == "failed" and failure is not None:
             node = failure.get("node")
-            self.events.publish_data(FAILED, failure, job=job, node=node if isinstance(node, str) else None)
+            end = (FAILED, failure, node if isinstance(node, str) else None)
         else:
-            self.events.publish(END_EVENTS.get(state, f"job.{state}"), job=job, done=done, **data)
+            end = (END_EVENTS.get(state, f"job.{state}"), {"done": done, **data}, None)
+        try:
+            asyncio.get_running_loop().call_soon(lambda: self.events.publish_data(end[0], end[1], job=job,
+                                                                                  node=end[2]))
+        except RuntimeError:  # no event loop (a journal fed by hand)
+            self.events.publish_data(end[0], end[1], job=job, node=end[2])
         if self.writer is None:
             return
         if job in self._held:

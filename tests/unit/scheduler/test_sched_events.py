@@ -8,6 +8,8 @@ import asyncio
 from pathlib import Path
 
 from triplane import metadb as mdb
+from triplane.proto.states import TaskState
+from triplane.scheduler.dispatch.state import Transitioned
 from triplane.scheduler.events import Event, EventBus, Subscription
 from triplane.scheduler.journal import Journal
 
@@ -126,3 +128,18 @@ def test_a_jobs_events_after_its_end_are_still_its_owners() -> None:
     bus.publish("job.failed", job="j1")
     bus.publish("task.failed", job="j1", task="t0")
     assert [e.kind for e in bus.query(owner="alice")] == ["job.failed", "task.failed"]
+
+
+def test_a_jobs_end_is_its_last_event() -> None:
+    # The shell reports a failed job's end, then the step's transitions (its task failing).
+    async def main() -> list[str]:
+        bus = EventBus()
+        journal = Journal(None, lambda job: (False, 0, 0), bus)  # type: ignore[arg-type]  # no writes
+        journal.job_ended("j1", "failed", 0, "boom", {"kind": "user", "message": "boom", "node": "ex0",
+                                                     "op": "exp"})
+        journal.transitions([Transitioned("j1", "t0", TaskState.DISPATCHED, TaskState.FAILED, 0, "ex0",
+                                          "reply:1", 1.0)])
+        await asyncio.sleep(0)
+        return [e.kind for e in bus.query(job="j1")]
+
+    assert asyncio.run(main()) == ["task.failed", "job.failed"]
