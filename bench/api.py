@@ -134,13 +134,41 @@ class Observers:
                 self.scrapes += 1
 
 
+def scheduler_pid(url: str) -> int | None:
+    """The pid of the process listening on ``url``'s port (``ss``; None where it is missing)."""
+    import re
+    import subprocess
+
+    try:
+        out = subprocess.run(["ss", "-ltnpH", f"sport = :{url.rsplit(':', 1)[1]}"], capture_output=True,
+                             text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    pids = re.findall(r"pid=(\d+)", out)
+    return int(pids[0]) if pids else None
+
+
+def cpu_s(pid: int | None) -> float:
+    """CPU seconds (user + system) a process has used; 0 when unknown."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def observed_rates(client: Any, url: str, token: str, n: int, repeats: int,
                    scrape_s: float) -> dict[str, Any]:
-    out: dict[str, Any] = {"without": [], "with": [], "events": 0, "scrapes": 0, "load": []}
+    """Rates (tasks/s) and the scheduler's CPU seconds per job, with and without observers:
+    the CPU is the steadier figure where other processes share the machine."""
+    out: dict[str, Any] = {"without": [], "with": [], "events": 0, "scrapes": 0, "load": [],
+                           "cpu_without": [], "cpu_with": []}
+    pid = scheduler_pid(url)
     run_job(client, noop_graph(min(n, 500), salt=10**6), 120.0)  # warm up
     for r in range(repeats):
         for attached in (False, True):  # alternated: drift of the machine hits both alike
             graph = noop_graph(n, salt=100 + 2 * r + attached)
+            before = cpu_s(pid)
             if attached:
                 with Observers(url, token, scrape_s) as obs:
                     t = run_job(client, graph, 60.0 + n / 100)
@@ -149,6 +177,7 @@ def observed_rates(client: Any, url: str, token: str, n: int, repeats: int,
             else:
                 t = run_job(client, graph, 60.0 + n / 100)
             out["with" if attached else "without"].append(n / t["total"])
+            out["cpu_with" if attached else "cpu_without"].append(cpu_s(pid) - before)
             out["load"].append(os.getloadavg()[0])
     return out
 
@@ -182,6 +211,11 @@ def report(lat: dict[str, Any], rates: dict[str, Any], args: argparse.Namespace,
                         [f"SSE client + /metrics every {args.scrape_s:g} s",
                          ", ".join(fmt(x) for x in rates["with"]), fmt(with_), f"{ratio:.2f}"]],
                        [False, False, True, True]), "",
+        *([f"Scheduler CPU per job (steadier than the rate on a shared machine): "
+           f"{statistics.median(rates['cpu_without']):.2f} s without, "
+           f"{statistics.median(rates['cpu_with']):.2f} s with observers "
+           f"({statistics.median(rates['cpu_with']) / statistics.median(rates['cpu_without']):.2f}x; "
+           f"the observers' requests included)."] if all(rates["cpu_without"]) else []),
         f"The SSE client read {rates['events']:,} events and the scraper made {rates['scrapes']:,} scrapes; "
         f"load average {min(rates['load']):.1f} to {max(rates['load']):.1f} over the jobs.",
         f"Target (issue 13): ratio >= {RATIO_TARGET:.2f}: {ratio:.2f} -- "
