@@ -221,6 +221,14 @@ class Journal:
             except mdb.MetaDBError as err:
                 log.error("cannot record event %d (%s of job %s): %s", e.id, e.kind, e.job, err)
 
+    def job_started(self, job: str, owner: str | None, tasks: int, done: int, *, resumed: bool) -> None:
+        """Publish a job's start: ``job.submitted`` (not for a job resumed from the metadb)
+        and ``job.running``; its later events carry ``owner`` (who may see them)."""
+        self.events.own(job, owner)
+        if not resumed:
+            self.events.publish("job.submitted", job=job, owner=owner, tasks=tasks)
+        self.events.publish("job.running", job=job, tasks=tasks, done=done, resumed=resumed)
+
     def job_ended(self, job: str, state: str, done: int, error: str | None,
                   failure: dict[str, Any] | None = None, **data: Any) -> None:
         """Record a job's end and publish it (``job.done``, ``job.cancelled``, with ``done``

@@ -276,11 +276,11 @@ class Scheduler(Leading):
     # --- the API's calls (docs/runtime.md) ----------------------------------------------------
 
     async def submit(self, graph_doc: Any, fetch: Any, deadline_s: float | None = None, *,
-                     owner: str | None = None, name: str | None = None,
-                     tags: Sequence[str] = ()) -> dict[str, Any]:
+                     owner: str | None = None, grad: tuple[str, list[str]] | None = None,
+                     name: str | None = None, tags: Sequence[str] = ()) -> dict[str, Any]:
         """Submit a job (``Jobs.submit``); its ``name`` and ``tags`` are recorded before
         this answers (``Admin.label``)."""
-        body = await self.jobs.submit(graph_doc, fetch, deadline_s, owner=owner)
+        body = await self.jobs.submit(graph_doc, fetch, deadline_s, owner=owner, grad=grad)
         await self.admin.label(body["id"], name, tags)
         return body
 
@@ -336,9 +336,6 @@ class Scheduler(Leading):
                 values[name] = {"shape": list(shape), "dtype": dtype, "data": base64.b64encode(data).decode()}
         return {"job": job, **answer, "state": status["state"], "progress": status["progress"],
                 "error": status["error"], "values": values}
-
-    def list_jobs(self, limit: int = 50, *, owner: str | None = None) -> list[dict[str, Any]]:
-        return self.jobs.list(limit, owner=owner)
 
     async def wait(self, job: str, timeout: float) -> dict[str, Any]:
         return await self.jobs.wait(job, timeout)

@@ -140,6 +140,8 @@ class JobRequest(BaseModel):
     deadline_s: float | None = Field(None, gt=0, le=604800)
     wait_s: float | None = Field(None, gt=0, le=60, description="answer when the job ends or this passes")
     inline: list[str] | None = Field(None, description="fetched names whose values come back inline")
+    grad: dict[str, Any] | None = Field(None, description="{of: <node>, wrt: [<nodes>]}: the gradients, "
+                                                           "fetched as grad:<node>")
     name: str | None = Field(None, min_length=1, max_length=128)
     tags: list[str] | None = Field(None, max_length=16)
 
@@ -233,6 +235,7 @@ class Engine(BaseModel):
     dtypes: list[str]
     gflops: float
     gbps: float
+    memory_engine: str | None = Field(description="the memory engine it computes on (its binding)")
 
 
 class Token(BaseModel):
