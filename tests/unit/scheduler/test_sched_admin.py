@@ -169,8 +169,9 @@ def test_tasks_and_tiles_pages(api: Api) -> None:
     with api.db.transaction() as s:
         mdb.transition_task(s, job, t0, "failed", attempt=1, node="n2", error_kind="user",
                             error_message="boom")
-        mdb.add_events(s, [mdb.NewEvent(job, "task.ready", task_id=t1, stimulus_id="tick-3", at=5.0,
-                                        payload={"from": "dispatched", "attempt": 1, "node": None})])
+        mdb.add_events(s, [mdb.NewEvent(job, "task.drifted", task_id=t1, stimulus_id="tick-3", at=5.0,
+                                        node="n1", seq=1, payload={"from": "dispatched", "to": "ready",
+                                                                   "attempt": 1, "reason": "tick-3"})])
         tiles = [mdb.TileLocation("y4", (i, 0), (1, 2), "float32", 8, "n1", "host") for i in range(2)]
         mdb.record_tiles(s, job, [*tiles, mdb.TileLocation("y3", (), (2, 2), "float32", 16, "n2")])
     api.s.shell.state.jobs.clear()  # as once the dispatcher is done with it: the rows tell
@@ -183,7 +184,7 @@ def test_tasks_and_tiles_pages(api: Api) -> None:
     assert failed["attempt"] == 1 and {"queued_at", "started_at", "finished_at", "predicted_s",
                                        "actual_s", "op"} <= set(failed)
     assert by_id[t0] is failed and [t["id"] for t in by_id.values() if t["drifts"]] == [t1]
-    assert by_id[t1]["drifts"] == [{"at": 5.0, "attempt": 1, "from": None, "to": None, "reason": "tick-3"}]
+    assert by_id[t1]["drifts"] == [{"at": 5.0, "attempt": 1, "from": "n1", "to": None, "reason": "tick-3"}]
     tiles = [t for p in api.pages(f"/v1/jobs/{job}/tiles", 2) for t in p]
     assert [(t["tensor"], t["index"]) for t in tiles] == [("y3", []), ("y4", [0, 0]), ("y4", [1, 0])]
     assert tiles[1]["memory_engine"] == "host" and tiles[1]["nbytes"] == 8 and tiles[1]["node"] == "n1"
@@ -209,6 +210,10 @@ def test_drain_is_kept_in_the_registry_and_leaves_the_node_out_of_placement(api:
     assert asyncio.run(list_drained(api.registry)) == [] and api.s.shell.state.drained == frozenset()
     figures, _ = asyncio.run(api.s.cluster.figures())
     assert [f.name for f in figures] == ["n1", "n2"]
+    events = api.c.get("/v1/events", params=[("kind", "node.drained"), ("kind", "node.undrained")],
+                       headers=H).json()["items"]
+    assert [(e["kind"], e["node"], e["data"]["by"]) for e in events] == [
+        ("node.drained", "n1", "admin"), ("node.undrained", "n1", "admin")]
 
 
 def _state(*nodes: str) -> DispatchState:

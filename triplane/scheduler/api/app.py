@@ -38,6 +38,7 @@ from triplane.scheduler.api import models as m
 from triplane.scheduler.api.admin import install_admin, pop_labels
 from triplane.scheduler.api.auth import Authenticator, Principal
 from triplane.scheduler.api.bound import BoundRequest, parse_bound_request
+from triplane.scheduler.api.events import events_router
 from triplane.scheduler.api.waiting import Waiting, check_inline, pop_waiting
 from triplane.scheduler.errors import BadRequest, Forbidden, NotFound, TooLarge
 from triplane.scheduler.refs import MAX_COPY, parse_ref, refs_in_args, refs_in_graph
@@ -349,6 +350,7 @@ def create_app(
 
     app.include_router(api)
     install_admin(app, scheduler, auth, owners, tokens_file=tokens_file, max_graph_bytes=max_graph_bytes)
+    app.include_router(events_router(scheduler, auth, owners.check))
     if isinstance(scheduler.registry, MemoryBackend):
         _mount_registry(app, scheduler.registry, auth, node_credential(scheduler.secret))
     return app
