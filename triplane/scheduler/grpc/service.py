@@ -186,21 +186,23 @@ class TriplaneService(pb_grpc.TriplaneServicer):
                        context: grpc.aio.ServicerContext) -> AsyncIterator[pb.Event]:
         p = self.caller(context, "WatchJob")
         self.owners.check(p, request.job)
-        after = request.after or None
+        after = request.after  # 0: from the job's first event
         ended = self.scheduler.status(request.job)["state"] in _ENDED  # NotFound for an unknown job
         events = self.scheduler.events
-        if ended:  # its events are all stored: no live subscription that might wait for ever
+        if ended:  # its events are all published: no live subscription that might wait for ever
             while True:
-                page = events.query(job=request.job, after=after, limit=500)
+                page = await events.aquery(job=request.job, after=after, limit=500)
                 for e in page:
                     yield _event(e)
                 if len(page) < 500:
                     return
                 after = page[-1].id
-        async for e in events.subscribe(job=request.job, after=after):
-            yield _event(e)
-            if e.kind in TERMINAL:
-                return
+        # A subscription that falls behind catches up by id by itself (events.py): no gap, no repeat.
+        async with events.subscribe(job=request.job, after=after) as subscription:
+            async for e in subscription:
+                yield _event(e)
+                if e.kind in TERMINAL:
+                    return
 
     @_unary
     async def UploadTensor(self, request_iterator: AsyncIterator[pb.TensorChunk],
