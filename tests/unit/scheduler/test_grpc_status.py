@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import grpc
 
 from triplane.metadb import MetaDBError
@@ -44,3 +46,27 @@ def test_error_bodies() -> None:
     assert error_of(DataPortError("gone", kind="missing"))["kind"] == "unavailable"
     secret = error_of(KeyError("a private detail"))
     assert secret["kind"] == "internal" and "private" not in secret["message"]
+
+
+def _table(heading: str) -> list[list[str]]:
+    """The rows of the first table under ``heading`` in docs/grpc.md (cells stripped)."""
+    text = (Path(__file__).resolve().parents[3] / "docs" / "grpc.md").read_text()
+    section = text.split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
+    rows = [ln.strip().strip("|").split("|") for ln in section.splitlines() if ln.startswith("|")]
+    return [[c.strip() for c in r] for r in rows[2:]]  # past the header and its rule
+
+
+def test_the_docs_error_table_is_the_code_table() -> None:
+    documented = {kind.strip(): (code, int(status)) for kinds, code, status in _table("Errors")
+                  for kind in kinds.split(",")}
+    assert {k: c for k, (c, _) in documented.items()} == {k: c.name for k, c in CODE.items()}
+    assert {k: s for k, (_, s) in documented.items()} == STATUS
+
+
+def test_the_docs_role_table_is_the_service_table() -> None:
+    from triplane.scheduler.grpc.service import ROLES
+
+    roles = ("admin", "submit", "read")
+    documented = {row[0]: {r for r, cell in zip(roles, row[1:]) if cell != "no"}
+                  for row in _table("Tokens and roles")}
+    assert documented == {m: set(allowed) for m, (allowed, _) in ROLES.items()}
