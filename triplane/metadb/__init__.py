@@ -36,6 +36,7 @@ from triplane.metadb.errors import (
     UnknownJobError,
     UnknownTaskError,
 )
+from triplane.metadb.events import max_event_seq, stream_events
 from triplane.metadb.jobs import (
     create_job,
     get_graph,
@@ -92,6 +93,7 @@ __all__ = [
     "TileInfo", "TileLocation",
     "add_events", "get_task", "insert_tasks", "jobs_to_resume", "list_events", "list_tasks",
     "list_tiles", "mark_node_tiles_lost", "record_tiles", "transition_task",
+    "max_event_seq", "stream_events",
     "JOB_STATES", "TASK_STATES", "TERMINAL_JOB_STATES", "TERMINAL_TASK_STATES", "TILE_STATES",
     "JobState", "TaskState", "TileState",
 ]

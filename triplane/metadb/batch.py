@@ -108,12 +108,16 @@ class BatchWriter:
         self._check_job(job_id)
         self._put_many([(_TILE, None, r) for r in rows])
 
-    def event(self, job_id: str, kind: str, *, task_id: str | None = None,
-              stimulus_id: str | None = None, at: float | None = None, payload: Any = None) -> None:
-        """Queue an event; ``at`` defaults to now (the time it was queued, not written)."""
+    def event(self, job_id: str | None, kind: str, *, task_id: str | None = None,
+              stimulus_id: str | None = None, at: float | None = None, payload: Any = None,
+              seq: int | None = None, node: str | None = None) -> None:
+        """Queue an event (``NewEvent``'s fields); ``at`` defaults to now (the time it was
+        queued, not written)."""
         row = event_row(NewEvent(job_id=job_id, kind=kind, task_id=task_id, stimulus_id=stimulus_id,
-                                 at=at, payload={} if payload is None else payload), time.time())
-        self._check_job(job_id)
+                                 at=at, payload={} if payload is None else payload, seq=seq, node=node),
+                        time.time())
+        if job_id is not None:
+            self._check_job(job_id)
         self._put(_EVENT, None, row)
 
     def job_progress(self, job_id: str, *, state: str | None = None, tasks_done: int | None = None,

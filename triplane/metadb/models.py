@@ -144,14 +144,20 @@ class Tile(Base):
 
 
 class Event(Base):
-    """One transition or notable happening of a job (or one of its tasks), append-only."""
+    """One transition or notable happening of a job (or one of its tasks, or an executor:
+    no job), append-only. ``seq`` is the id of the scheduler's event stream
+    (``scheduler/events.py``: assigned by its EventBus, strictly increasing); rows the
+    scheduler keeps for itself (a job's bindings, its release) have none and are not part
+    of the stream."""
 
     __tablename__ = "events"
-    __table_args__ = (Index(None, "job_id", "at"),)
+    __table_args__ = (Index(None, "job_id", "at"), Index(None, "seq"))
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
-    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    seq: Mapped[int | None] = mapped_column(BigInteger)
+    job_id: Mapped[str | None] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
     task_id: Mapped[str | None] = mapped_column(String(ID))
+    node: Mapped[str | None] = mapped_column(String(ID))
     kind: Mapped[str] = mapped_column(String(64))
     stimulus_id: Mapped[str | None] = mapped_column(String(ID))
     at: Mapped[float] = mapped_column(Float)

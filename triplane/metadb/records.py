@@ -134,27 +134,33 @@ class TileInfo:
 class NewEvent:
     """An event to append. ``at`` defaults to the time it is written."""
 
-    job_id: str
+    job_id: str | None  # None: an executor's event (node.up, node.down)
     kind: str
     task_id: str | None = None
     stimulus_id: str | None = None
     at: float | None = None
     payload: Any = field(default_factory=dict)
+    seq: int | None = None  # its id in the scheduler's event stream (None: not part of it)
+    node: str | None = None
 
 
 @dataclass(frozen=True)
 class EventInfo:
     id: int
-    job_id: str
+    job_id: str | None
     task_id: str | None
     kind: str
     stimulus_id: str | None
     at: float
     payload: Any
+    seq: int | None = None
+    node: str | None = None
+    owner: str | None = None  # the job's owner (read by ``events.stream_events`` only)
 
     @classmethod
-    def of(cls, row: m.Event) -> EventInfo:
-        return cls(row.id, row.job_id, row.task_id, row.kind, row.stimulus_id, row.at, row.payload)
+    def of(cls, row: m.Event, owner: str | None = None) -> EventInfo:
+        return cls(row.id, row.job_id, row.task_id, row.kind, row.stimulus_id, row.at, row.payload,
+                   row.seq, row.node, owner)
 
 
 @dataclass(frozen=True)

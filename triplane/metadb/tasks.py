@@ -240,10 +240,14 @@ def event_row(e: NewEvent, now: float) -> dict[str, Any]:
         raise InvalidInputError(f"events must be NewEvent records, got {type(e).__name__}")
     v.json_size("event payload", e.payload, v.MAX_PAYLOAD_BYTES)
     at = v.check_time("at", e.at)
-    return {"job_id": v.check_id("job_id", e.job_id), "task_id": v.check_optional_id("task_id", e.task_id),
+    if e.seq is not None:
+        v.check_count("seq", e.seq)
+    return {"job_id": v.check_optional_id("job_id", e.job_id),
+            "task_id": v.check_optional_id("task_id", e.task_id),
             "kind": _kind(e.kind),
             "stimulus_id": v.check_optional_id("stimulus_id", e.stimulus_id),
-            "at": now if at is None else at, "payload": e.payload}
+            "at": now if at is None else at, "payload": e.payload, "seq": e.seq,
+            "node": v.check_optional_id("node", e.node)}
 
 
 def _kind(kind: object) -> str:
@@ -260,7 +264,7 @@ def add_events(session: Session, events: Iterable[NewEvent], *, now: float | Non
     rows = [event_row(e, t) for e in events]
     if not rows:
         return 0
-    require_jobs(session, {r["job_id"] for r in rows})
+    require_jobs(session, {r["job_id"] for r in rows if r["job_id"] is not None})
     session.execute(sa.insert(Event.__table__), rows)
     return len(rows)
 

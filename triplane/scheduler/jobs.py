@@ -272,12 +272,12 @@ class Jobs:
             except Exception as e:
                 raise _store_failed(plan.job, e) from None
             self.refs.bind(plan.job, held)
-            return self.body(plan.job, self._dispatch(plan, now, (), factors, deadline_s))
+            return self.body(plan.job, self._dispatch(plan, now, (), factors, deadline_s, owner=owner))
         # Dispatch first and store meanwhile: the executors start while ~10^4 task rows are
         # inserted. The journal holds the job's writes back until its rows exist.
         self.journal.hold(plan.job)
         self.refs.bind(plan.job, held)
-        live = self._dispatch(plan, now, (), factors, deadline_s)
+        live = self._dispatch(plan, now, (), factors, deadline_s, owner=owner)
         try:
             await asyncio.to_thread(self.store_job, plan, fetch, bindings, now, owner)
         except Exception as e:
@@ -340,8 +340,14 @@ class Jobs:
                     row.plan_id = info.id
 
     def _dispatch(self, plan: JobPlan, created: float, done: tuple[tuple[str, str], ...],
-                  factors: Factors | None = None, deadline_s: float | None = None) -> LiveJob:
+                  factors: Factors | None = None, deadline_s: float | None = None, *,
+                  owner: str | None = None, resumed: bool = False) -> LiveJob:
         live = LiveJob(plan, dict(plan.back), created, time.time(), factors=factors)
+        events = self.journal.events
+        events.own(plan.job, owner)
+        if not resumed:
+            events.publish("job.submitted", job=plan.job, owner=owner, tasks=len(plan.specs))
+        events.publish("job.running", job=plan.job, tasks=len(plan.specs), done=len(done), resumed=resumed)
         live.fetched_tasks = frozenset(fetched_tasks_of(plan))
         self.live[plan.job] = live
         self.templates[plan.job] = dict(plan.templates)
@@ -386,7 +392,7 @@ class Jobs:
             if type(deadline_s) not in (int, float):
                 deadline_s = None
             self.refs.bind(info.id, held)
-            self._dispatch(plan, info.created_at, done, None, deadline_s)
+            self._dispatch(plan, info.created_at, done, None, deadline_s, owner=info.owner, resumed=True)
             log.info("resumed job %s (%d of %d tasks already done)", info.id, len(done), len(plan.specs))
 
     def _set_failed(self, job: str, error: str) -> None:
@@ -485,7 +491,7 @@ class Jobs:
         live.holders = {tid: t.node for tid, t in js.tasks.items() if t.node}
         live.done = len(js.tasks) - js.remaining
         self.journal.job_ended(f.job, live.state, live.done, live.error["message"] if live.error else None,
-                               live.error)
+                               live.error, total=len(js.tasks), duration_s=live.updated - live.created)
         # The dispatcher is done with the job: what outlives it is on ``live``.
         del self.shell.state.jobs[f.job]
         self.templates.pop(f.job, None)
@@ -527,9 +533,10 @@ class Jobs:
             op = inner.op if inner is not None else op
         return {"kind": e.kind, "message": e.message, "node": node, "op": op}
 
-    def progress(self, job: str) -> tuple[bool, int]:
+    def progress(self, job: str) -> tuple[bool, int, int]:
         js = self.shell.state.jobs.get(job)
-        return (False, 0) if js is None else (js.state == "running", len(js.tasks) - js.remaining)
+        return (False, 0, 0) if js is None else (js.state == "running", len(js.tasks) - js.remaining,
+                                                 len(js.tasks))
 
     def output(self, job: str, task: str, node: str, r: Reply) -> None:
         tpl = self.templates.get(job, {}).get(task)

@@ -1,13 +1,17 @@
-"""Batched persistence of the dispatcher's state: task transitions, drift events, tiles.
+"""Batched persistence of the dispatcher's state: task transitions, events, tiles.
 
 The hot path only fills dicts on the event loop (``transitions``, ``output``); every
 ``period_s`` the journal hands the *latest* transition of each task to the metadb
 ``BatchWriter`` (so a task that went ready -> dispatched -> done in between costs one
-row update), appends an event row only for the unusual transitions (drift, lineage
-recompute, failure: the normal path is in the tasks table already), and queues the output
-tile locations beside them (written in the same batches, one transaction each). A
-database error is logged and the next period tries again; nothing here blocks the event
-loop.
+row update), and queues the output tile locations beside them (written in the same
+batches, one transaction each). A database error is logged and the next period tries
+again; nothing here blocks the event loop.
+
+Events: the journal publishes the unusual task transitions (``task.failed``,
+``task.drifted``, ``task.recomputed``: the normal path is in the tasks table already), a
+job's end and its ``job.progress`` (at most every ``period_s``, rate-limited by the bus)
+on the scheduler's ``EventBus`` (``events.py``), and writes every event the bus publishes
+as an events row (``record``; a held job's wait for its rows like its transitions).
 
 A done task's row gets its kernel's own times from the executor's reply (``started_at``
 / ``finished_at``: kernel start and end, unix seconds on the executor's clock;
@@ -26,6 +30,7 @@ from typing import Any
 from triplane import metadb as mdb
 from triplane.proto.packet import Reply, Timings
 from triplane.scheduler.dispatch.state import Transitioned
+from triplane.scheduler.events import Event, EventBus
 
 log = logging.getLogger(__name__)
 
@@ -41,16 +46,29 @@ TASK_STATE = {
 }
 
 
+# an unusual transition (start, finish) -> its event's kind
+TASK_EVENTS = {
+    ("dispatched", "ready"): "task.drifted", ("dispatched", "pending"): "task.drifted",
+    ("done", "ready"): "task.recomputed", ("done", "pending"): "task.recomputed",
+    ("dispatched", "failed"): "task.failed", ("done", "failed"): "task.failed",
+}
+END_EVENTS = {"done": "job.done", "failed": "job.failed", "cancelled": "job.cancelled"}
+
+
 class Journal:
     """Collects what the metadb must learn; ``flush`` queues it to the BatchWriter.
-    ``progress(job)`` gives (running?, tasks done) for the job counters."""
+    ``progress(job)`` gives (running?, tasks done, tasks in all) for the job counters.
+    ``events``: the bus it publishes on and persists (a private one when not given)."""
 
-    def __init__(self, db: mdb.MetaDB, progress: Callable[[str], tuple[bool, int]]) -> None:
+    def __init__(self, db: mdb.MetaDB, progress: Callable[[str], tuple[bool, int, int]],
+                 events: EventBus | None = None) -> None:
         self.db = db
         self.progress = progress
+        self.events = EventBus() if events is None else events
+        self.events.persist = self.record
         self.writer: mdb.BatchWriter | None = None
         self._tx: dict[tuple[str, str], Transitioned] = {}
-        self._events: list[Transitioned] = []
+        self._events: list[Event] = []  # published, to be written
         self._tiles: dict[str, list[mdb.TileLocation]] = defaultdict(list)
         # Kernel times of successful replies, until their done transition is written. The
         # shell reports the reply before the transition, and a job's end flushes between
@@ -61,7 +79,7 @@ class Journal:
         self._late: dict[tuple[str, str], Timings] = {}
         # Jobs dispatched while their rows are still being stored: their writes wait.
         self._held: set[str] = set()
-        self._ended: dict[str, tuple[str, int, str | None, dict[str, Any] | None]] = {}
+        self._ended: dict[str, tuple[str, int, str | None]] = {}
 
     def hold(self, job: str) -> None:
         """Keep ``job``'s writes back until :meth:`release` (its rows are being inserted)."""
@@ -71,7 +89,7 @@ class Journal:
         """Drop everything held for ``job`` (its rows could not be stored)."""
         self._ended.pop(job, None)
         self._tx = {k: t for k, t in self._tx.items() if k[0] != job}
-        self._events = [t for t in self._events if t.job != job]
+        self._events = [e for e in self._events if e.job != job]
         self._tiles.pop(job, None)
         self._times = {k: v for k, v in self._times.items() if k[0] != job}
         self._late = {k: v for k, v in self._late.items() if k[0] != job}
@@ -80,7 +98,7 @@ class Journal:
         self._held.discard(job)
         ended = self._ended.pop(job, None)
         if ended is not None:
-            self.job_ended(job, *ended)
+            self._write_end(job, *ended)
 
     def open(self) -> None:
         self.writer = mdb.BatchWriter(self.db, max_items=2000, max_delay=0.05)
@@ -103,7 +121,14 @@ class Journal:
                 continue
             self._tx[(t.job, t.task)] = t
             if t.start in ("dispatched", "done") and t.finish in ("ready", "pending", "failed"):
-                self._events.append(t)
+                self.events.publish(TASK_EVENTS[t.start, t.finish], job=t.job, task=t.task, node=t.node,
+                                    attempt=t.attempt, reason=t.stimulus_id[:128], **{"from": t.start,
+                                                                                       "to": t.finish})
+
+    def record(self, e: Event) -> None:
+        """An event the bus published: written with the next flush (the bus's ``persist``)."""
+        if self.writer is not None:
+            self._events.append(e)
 
     def output(self, job: str, task: str, node: str, r: Reply, *, tiles: bool = True) -> None:
         """A successful reply of ``task`` on ``node`` (call it before the task's done
@@ -165,9 +190,10 @@ class Journal:
                 w.transitions(job, changes)
                 if job in tiles:
                     w.tiles(job, tiles.pop(job))
-                running, done = self.progress(job)
+                running, done, total = self.progress(job)
                 if running:
                     w.job_progress(job, tasks_done=done)
+                    self.events.progress(job, done, total)
             except mdb.MetaDBError as e:  # one job's bad record must not lose the others'
                 log.error("cannot record the tasks of job %s: %s", job, e)
         for job, locs in tiles.items():
@@ -175,34 +201,40 @@ class Journal:
                 w.tiles(job, locs)
             except mdb.MetaDBError as e:
                 log.error("cannot record the tiles of job %s: %s", job, e)
-        for t in events:
+        self._write_events(w, events)
+
+    @staticmethod
+    def _write_events(w: mdb.BatchWriter, events: list[Event]) -> None:
+        for e in events:
             try:
-                w.event(
-                    t.job,
-                    f"task.{t.finish}",
-                    task_id=t.task,
-                    stimulus_id=t.stimulus_id[:128],
-                    at=t.at,
-                    payload={"from": t.start, "attempt": t.attempt, "node": t.node},
-                )
-            except mdb.MetaDBError as e:
-                log.error("cannot record an event of job %s: %s", t.job, e)
+                w.event(e.job, e.kind, task_id=e.task, node=e.node, at=e.at, payload=e.data, seq=e.id,
+                        stimulus_id=e.data.get("reason") if e.task is not None else None)
+            except mdb.MetaDBError as err:
+                log.error("cannot record event %d (%s of job %s): %s", e.id, e.kind, e.job, err)
 
     def job_ended(self, job: str, state: str, done: int, error: str | None,
-                  failure: dict[str, Any] | None = None) -> None:
-        """Record a job's end; ``failure`` (a failed job's error body: kind, message, node,
-        op) becomes a ``job.failed`` event, so that its status reads the same once the job
-        has left the scheduler's memory."""
+                  failure: dict[str, Any] | None = None, **data: Any) -> None:
+        """Record a job's end and publish it (``job.done``, ``job.cancelled``, with ``done``
+        and ``data``; ``job.failed``, whose data is ``failure``: the failed job's error body,
+        kind, message, node, op; so that its status reads the same once the job has left
+        the scheduler's memory)."""
+        if state == "failed" and failure is not None:
+            node = failure.get("node")
+            self.events.publish_data(FAILED, failure, job=job, node=node if isinstance(node, str) else None)
+        else:
+            self.events.publish(END_EVENTS.get(state, f"job.{state}"), job=job, done=done, **data)
         if self.writer is None:
             return
         if job in self._held:
-            self._ended[job] = (state, done, error, failure)
+            self._ended[job] = (state, done, error)
             return
+        self._write_end(job, state, done, error)
+
+    def _write_end(self, job: str, state: str, done: int, error: str | None) -> None:
+        assert self.writer is not None
         try:
-            self.flush()
+            self.flush()  # the job's events with it
             self.writer.job_progress(job, state=state, tasks_done=done, error=error)
-            if failure is not None:
-                self.writer.event(job, FAILED, payload=failure)
         except mdb.MetaDBError as e:
             log.error("cannot record the end of job %s: %s", job, e)
 

@@ -110,6 +110,7 @@ class Leading:
         loop = asyncio.get_running_loop()
         await self._publish_data()
         self._lead_tasks.append(loop.create_task(self._keep_data_published(), name="scheduler-data"))
+        await asyncio.to_thread(self.journal.events.open)  # event ids continue from the metadb's
         nodes = await list_nodes(self.registry)
         for n in nodes:
             self.shell.node_up(n)

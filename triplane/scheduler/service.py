@@ -10,6 +10,7 @@ It builds the components and wires them to one another; each has one job:
 * ``leading.Leading``   leader election, the ``scheduler/data`` record, resume on taking the lead
 * the dispatcher (pure ``DispatchState`` + asyncio ``DispatchShell``), the metadb
   ``Journal`` (batched writes), the upload ``TensorStore`` and its data server.
+* ``events.EventBus``   the event stream (``GET /v1/events``), written by the journal
 
 The REST app (``triplane.scheduler.api``) is a thin layer over the coroutines below; they
 raise domain errors (``triplane/scheduler/errors.py``) that know no status code.
@@ -36,7 +37,7 @@ from typing import Any
 from triplane import metadb as mdb
 from triplane._version import __version__
 from triplane.net.dataport import DataClient, DataPortError, DataServer
-from triplane.registry import Leadership, RegistryBackend, leader
+from triplane.registry import Leadership, NodeInfo, RegistryBackend, leader
 from triplane.scheduler.cluster import ClusterView
 from triplane.scheduler.compiler.jobplan import TaskTemplate, tile_id
 from triplane.scheduler.compiler.pipeline import PlanCache
@@ -44,6 +45,7 @@ from triplane.scheduler.dispatch.shell import DispatchShell, Hooks
 from triplane.scheduler.dispatch.state import CancelJob, DispatchState, Free, Policy, Send
 from triplane.scheduler.earlier import EarlierJobs
 from triplane.scheduler.errors import Conflict, SchedulerError, Standby
+from triplane.scheduler.events import EventBus
 from triplane.scheduler.freeing import TileFreer
 from triplane.scheduler.jobs import RETAIN_FINISHED, Jobs, LiveJob
 from triplane.scheduler.journal import Journal
@@ -115,7 +117,8 @@ class Scheduler(Leading):
         self.results = Results(db=db, store=self.store, data_client=self.data_client, shell=self.shell,
                                cluster=self.cluster, earlier=EarlierJobs(db, self.plans), live=live,
                                require_leader=self.require_leader)
-        self.journal = Journal(db, lambda job: self.jobs.progress(job))
+        self.events = EventBus(db)
+        self.journal = Journal(db, lambda job: self.jobs.progress(job), self.events)
         self._inline: dict[str, list[str]] = {}  # job -> its own uploads (sent inline, copies of refs)
         self.refs = Refs(live=live, results=self.results, shell=self.shell, store=self.store,
                          job_uploads=self._inline)
@@ -126,7 +129,7 @@ class Scheduler(Leading):
         self.sessions = Sessions(session_ttl_s)
         self.freer = TileFreer(self.data_client, self._data_address)
         self.shell.hooks = Hooks(self.jobs.finished, self.journal.transitions, self.jobs.output,
-                                 self._node_down, self._free, self._sending)
+                                 self._node_down, self._free, self._sending, self._node_up)
 
         self._packet_port, self._data_port = packet_port, data_port
         self.data_port = 0
@@ -135,6 +138,7 @@ class Scheduler(Leading):
         self._lead_tasks: list[asyncio.Task[Any]] = []
         self._data_lease = 0
         self._data_keepalive: Any = None
+        self._up: set[str] = set()  # executors up, for node.up / node.down events
 
     @property
     def state(self) -> DispatchState:
@@ -190,8 +194,16 @@ class Scheduler(Leading):
         n = self.shell.state.nodes.get(node)
         return len(n.running) if n is not None else 0
 
+    def _node_up(self, info: NodeInfo) -> None:
+        if info.node not in self._up:  # not for a registration renewed or updated
+            self._up.add(info.node)
+            self.events.publish("node.up", node=info.node, address=info.address)
+
     def _node_down(self, node: str) -> None:
         log.warning("executor %s is gone", node)
+        if node in self._up:
+            self._up.discard(node)
+            self.events.publish("node.down", node=node)
         self.cluster.node_down(node)
         asyncio.get_running_loop().call_soon(self._refs_lost, node)
 

@@ -107,7 +107,7 @@ def test_upgrade_from_0001_keeps_jobs_and_adds_the_owner_index(db_url: str) -> N
                                  "tasks_done, tasks_failed, created_at, updated_at) VALUES "
                                  "('j1', 'done', 'g', '[]', 'alice', 0, 0, 0, 1, 1)"))
         assert current_revision(engine) == "0001_initial"
-        assert migrate(db_url) == head_revision() == "0002_jobs_owner_index"
+        assert migrate(db_url) == head_revision()  # through 0002 (and every later revision)
         assert "ix_jobs_owner_created_at" in {i["name"] for i in sa.inspect(engine).get_indexes("jobs")}
     finally:
         engine.dispose()
@@ -116,3 +116,36 @@ def test_upgrade_from_0001_keeps_jobs_and_adds_the_owner_index(db_url: str) -> N
 
         assert [j.id for j in mdb.list_jobs(s, owner="alice")] == ["j1"]
         assert mdb.list_jobs(s, owner="bob") == []
+
+
+def test_upgrade_from_0002_keeps_events_and_takes_node_events(db_url: str) -> None:
+    from alembic import command
+
+    from triplane import metadb as mdb
+    from triplane.metadb.db import _alembic_config
+
+    engine = create_engine(db_url)
+    try:
+        with engine.begin() as conn:
+            command.upgrade(_alembic_config(conn), "0002_jobs_owner_index")
+            conn.execute(sa.text("INSERT INTO graphs (hash, canonical, node_count, created_at) "
+                                 "VALUES ('g', :c, 1, 0)"), {"c": b"{}"})
+            conn.execute(sa.text("INSERT INTO jobs (id, state, graph_hash, \"fetch\", owner, tasks_total, "
+                                 "tasks_done, tasks_failed, created_at, updated_at) VALUES "
+                                 "('j1', 'done', 'g', '[]', 'alice', 0, 0, 0, 1, 1)"))
+            conn.execute(sa.text("INSERT INTO events (job_id, kind, at, payload) "
+                                 "VALUES ('j1', 'job.bindings', 1, '{}')"))
+        assert migrate(db_url) == head_revision()
+    finally:
+        engine.dispose()
+    with open_db(db_url) as db:
+        with db.transaction() as s:  # an executor's event has no job; stream events carry a seq
+            mdb.add_events(s, [mdb.NewEvent(None, "node.up", seq=7, node="ex0", at=2.0),
+                               mdb.NewEvent("j1", "job.done", seq=8, at=3.0)])
+        with db.read() as s:
+            assert [e.kind for e in mdb.list_events(s, "j1")] == ["job.bindings", "job.done"]
+            assert mdb.max_event_seq(s) == 8
+            assert [(e.seq, e.kind, e.node, e.owner) for e in mdb.stream_events(s)] == [
+                (7, "node.up", "ex0", None), (8, "job.done", None, "alice")]
+            assert [e.seq for e in mdb.stream_events(s, owner="alice")] == [8]
+            assert [e.seq for e in mdb.stream_events(s, after=7, kinds=["node.up"])] == []

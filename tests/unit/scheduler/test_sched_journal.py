@@ -36,7 +36,7 @@ def ran(j: Journal, job: str, task: str, node: str, attempt: int = 0) -> None:
 
 def test_tasks_and_tiles_reach_metadb_and_a_held_job_waits_for_its_rows(tmp_path: Path) -> None:
     db = open_db(tmp_path)
-    j = Journal(db, lambda job: (True, 0))
+    j = Journal(db, lambda job: (True, 0, 1))
     j.open()
     j.hold("j2")  # dispatched while its rows are still being inserted
     store(db, "j1", 500)
@@ -57,14 +57,15 @@ def test_tasks_and_tiles_reach_metadb_and_a_held_job_waits_for_its_rows(tmp_path
         assert [(t.node, t.shape, t.nbytes, t.state) for t in mdb.list_tiles(s, "j1", "n3")] == [
             ("ex1", (2,), 8, "present")]
         assert len(s.scalars(sa.select(Tile)).all()) == 501
-        assert [(e.kind, e.task_id) for e in mdb.list_events(s, "j1")] == [("task.ready", "n3")]
+        assert [(e.kind, e.task_id) for e in mdb.list_events(s, "j1")] == [
+            ("task.recomputed", "n3"), ("job.progress", None)]
         assert mdb.get_task(s, "j2", "n0").node == "ex1"  # written once its rows existed
         assert [t.node for t in mdb.list_tiles(s, "j2", "n0")] == ["ex1"]
 
 
 def test_one_jobs_bad_record_does_not_lose_another_jobs_writes(tmp_path: Path) -> None:
     db = open_db(tmp_path)
-    j = Journal(db, lambda job: (True, 0))
+    j = Journal(db, lambda job: (True, 0, 1))
     j.open()
     store(db, "j1", 2)
     ran(j, "j1", "n0", "ex0")
@@ -80,7 +81,7 @@ def test_a_stored_jobs_submit_transitions_are_not_written_again(tmp_path: Path) 
     # The submit's waiting -> ready moves are what the inserted rows say already; a task
     # made ready later (its input done) is written as usual.
     db = open_db(tmp_path)
-    j = Journal(db, lambda job: (True, 0))
+    j = Journal(db, lambda job: (True, 0, 1))
     j.open()
     j.hold("j1")
     j.transitions([Transitioned("j1", f"n{i}", "pending", "ready", 0, None, "submit:j1", 1.0)
@@ -108,7 +109,7 @@ def test_a_done_tasks_row_holds_its_kernels_times_even_when_the_jobs_end_flushes
         tmp_path: Path) -> None:
     db = open_db(tmp_path)
     store(db, "j1", 3)
-    j = Journal(db, lambda job: (True, 0))
+    j = Journal(db, lambda job: (True, 0, 1))
     j.open()
     for i, task in enumerate(("n0", "n1")):
         j.transitions([Transitioned("j1", task, "ready", "dispatched", 0, "ex0", "s", 10.0)])
@@ -136,7 +137,7 @@ def test_a_done_tasks_row_holds_its_kernels_times_even_when_the_jobs_end_flushes
 def test_kernel_times_wait_with_a_held_job_and_unmatched_ones_are_dropped(tmp_path: Path) -> None:
     db = open_db(tmp_path)
     store(db, "j1", 2)
-    j = Journal(db, lambda job: (True, 0))
+    j = Journal(db, lambda job: (True, 0, 1))
     j.open()
     j.hold("j2")
     j.transitions([Transitioned("j2", "n0", "ready", "dispatched", 0, "ex0", "s", 1.0)])

@@ -78,6 +78,7 @@ class Hooks:
     node_down: Callable[[str], None] = lambda node: None
     free: Callable[[Free], None] = lambda f: None  # delete an intermediate tile (batched)
     sending: Callable[[Send], None] = lambda s: None  # a task goes out: keep its tile
+    node_up: Callable[[NodeInfo], None] = lambda info: None  # (also for one registered again)
 
 
 @dataclass
@@ -187,6 +188,7 @@ class DispatchShell:
     def node_up(self, info: NodeInfo) -> None:
         self._suspects.pop(info.node, None)
         self.nodes[info.node] = info
+        self.hooks.node_up(info)
         self.handle(NodeUp(f"node-up:{info.node}", info.node, self.slots, time.time()))
 
     def node_down(self, node: str) -> None:
