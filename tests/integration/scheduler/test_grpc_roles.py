@@ -243,3 +243,36 @@ def test_uploads_are_bounded_and_checked(tmp_path: Path) -> None:
             assert e.value.code() == C.RESOURCE_EXHAUSTED
 
     asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_watch_streams_a_jobs_events_to_its_end_and_resumes_after_an_id(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with Served(tmp_path) as s:
+            md = s.metadata("submit")
+            job, other = await s.submit("alice"), await s.submit("alice")
+            live = s.stub.WatchJob(pb.WatchJobRequest(job=job), metadata=md, timeout=30)
+            first = await live.read()  # the stream is open and has replayed the job's start
+            assert (first.kind, first.job) == ("job.submitted", job)
+            await s.scheduler.release_job(job)  # cancel: its last event ends the stream
+            seen = [first]
+            while (event := await live.read()) is not grpc.aio.EOF:
+                seen.append(event)
+            assert seen[-1].kind == "job.cancelled" and all(e.job == job for e in seen)
+            assert [e.id for e in seen] == sorted({e.id for e in seen})
+            assert all(isinstance(json.loads(e.data), dict) for e in seen)
+            # the job has ended: a watch replays its stored events and ends; after an id, the rest
+            again = [e async for e in s.stub.WatchJob(pb.WatchJobRequest(job=job), metadata=md)]
+            assert [e.id for e in again] == [e.id for e in seen]
+            resumed = s.stub.WatchJob(pb.WatchJobRequest(job=job, after=first.id), metadata=md)
+            after = [e async for e in resumed]
+            assert [e.id for e in after] == [e.id for e in seen[1:]]
+            assert other not in {e.job for e in again}
+            with pytest.raises(grpc.aio.AioRpcError) as e:
+                await drain_watch(s, "j0000000000000000")
+            assert e.value.code() == C.NOT_FOUND
+
+    asyncio.run(asyncio.wait_for(main(), 60))
+
+
+async def drain_watch(s: Served, job: str) -> list[pb.Event]:
+    return [e async for e in s.stub.WatchJob(pb.WatchJobRequest(job=job), metadata=s.metadata("admin"))]
