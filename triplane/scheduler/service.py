@@ -235,8 +235,8 @@ class Scheduler(Leading):
     # --- the API's calls (docs/runtime.md) ----------------------------------------------------
 
     async def submit(self, graph_doc: Any, fetch: Any, deadline_s: float | None = None, *,
-                     owner: str | None = None) -> dict[str, Any]:
-        return await self.jobs.submit(graph_doc, fetch, deadline_s, owner=owner)
+                     owner: str | None = None, grad: tuple[str, list[str]] | None = None) -> dict[str, Any]:
+        return await self.jobs.submit(graph_doc, fetch, deadline_s, owner=owner, grad=grad)
 
     async def submit_bound(self, plan_hash: str, args: Sequence[str | tuple[bytes, tuple[int, ...], str]],
                            fetch: list[str], deadline_s: float | None = None, *,

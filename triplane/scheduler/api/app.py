@@ -24,6 +24,7 @@ from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from triplane import metadb as mdb
+from triplane.proto.autograd import GRAD_PREFIX, check_grad_request
 from triplane.proto.errors import GraphError, LimitError
 from triplane.proto.limits import MAX_RANK
 from triplane.proto.validate import check_submission, loads_json
@@ -59,13 +60,14 @@ async def read_body(request: Request, limit: int, what: str) -> bytearray:
     return body
 
 
-def parse_job_request(body: bytes | bytearray) -> tuple[tuple[Any, Any, float | None] | BoundRequest,
+def parse_job_request(body: bytes | bytearray) -> tuple[tuple[Any, Any, float | None, Any] | BoundRequest,
                                                         Waiting | None]:
-    """((graph document, fetch list, deadline_s), waiting) of a ``POST /v1/jobs`` body,
+    """((graph document, fetch list, deadline_s, grad), waiting) of a ``POST /v1/jobs`` body,
     checked at the front door: strict JSON (a duplicate key anywhere is a 400), the known
     fields, the ids and declared ranks of ``check_submission`` (400 naming the node or
     field), ``deadline_s`` (the job fails with kind "deadline" if not ended by then) and
-    ``wait_s``/``inline`` (``waiting.py``). A body with ``plan`` instead of ``graph`` is a
+    ``wait_s``/``inline`` (``waiting.py``), ``grad`` ((of, wrt): ``proto/autograd.py``; the
+    gradients ``grad:<w>`` join the fetch list). A body with ``plan`` instead of ``graph`` is a
     compiled step: a :class:`BoundRequest` in place of the triple."""
     try:
         doc = loads_json(body)
@@ -80,10 +82,10 @@ def parse_job_request(body: bytes | bytearray) -> tuple[tuple[Any, Any, float | 
         return bound, waiting
     if not isinstance(doc, dict) or "graph" not in doc:
         raise BadRequest('expected {"graph": <graph document>, "fetch": [node ids]}')
-    unknown = set(doc) - {"graph", "fetch", "deadline_s"}
+    unknown = set(doc) - {"graph", "fetch", "deadline_s", "grad"}
     if unknown:
         raise BadRequest(f"unknown field(s) {sorted(unknown)} "
-                         "(known: ['deadline_s', 'fetch', 'graph', 'inline', 'wait_s'])")
+                         "(known: ['deadline_s', 'fetch', 'grad', 'graph', 'inline', 'wait_s'])")
     deadline_s = doc.get("deadline_s")
     if deadline_s is not None and (type(deadline_s) not in (int, float) or not 0 < deadline_s <= 604800):
         raise BadRequest(f"'deadline_s' must be seconds in (0, 604800], got {deadline_s!r:.40}")
@@ -92,12 +94,15 @@ def parse_job_request(body: bytes | bytearray) -> tuple[tuple[Any, Any, float | 
     if fetch is None and isinstance(graph, dict):
         fetch = list(graph.get("outputs") or [])
     try:
+        grad = check_grad_request(doc["grad"]) if "grad" in doc else None
+        if grad is not None and isinstance(fetch, list):  # the gradients asked for are fetched
+            fetch = fetch + [n for n in (GRAD_PREFIX + w for w in grad[1]) if n not in fetch]
         check_submission(graph, fetch)
     except GraphError as e:
         kind = "limit" if isinstance(e, LimitError) else "graph"
         raise BadRequest(str(e), kind=kind, node=e.node, op=e.op) from None
     check_inline(waiting, fetch)
-    return (graph, fetch, deadline_s), waiting
+    return (graph, fetch, deadline_s, grad), waiting
 
 
 def parse_copy_request(body: bytes | bytearray) -> list[str]:
@@ -272,8 +277,8 @@ def create_app(
                 scheduler.sessions.tag_job(lease, body_out["id"])
             answer = {"id": body_out["id"], "state": body_out["state"]}
         else:
-            graph, fetch, deadline_s = parsed
-            body_out = await scheduler.submit(graph, fetch, deadline_s, owner=p.name)
+            graph, fetch, deadline_s, grad = parsed
+            body_out = await scheduler.submit(graph, fetch, deadline_s, owner=p.name, grad=grad)
             if lease is not None:
                 scheduler.sessions.tag_job(lease, body_out["id"])
             answer = {"id": body_out["id"], "state": body_out["state"], "plan": body_out["plan"],
