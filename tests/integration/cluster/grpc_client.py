@@ -5,9 +5,11 @@
 It uses the generated stubs only (no SDK): lists the nodes, uploads two matrices in
 256 KiB chunks, submits ``y = a @ b`` and ``z = exp(y)`` as the REST API's JSON document,
 watches the job's events to its end, fetches ``y`` and ``z`` and compares them with numpy;
-then submits a long chain of matmuls, cancels it once it runs and watches it end. Any
-difference is an AssertionError (exit 1); on success it prints one JSON line saying what
-it saw, for the test to check.
+submits the same graph with no shapes and a gradient request (REST's front door: the
+values equal numpy's, a wrong shape is refused naming the node and its loc); then submits
+a long chain of matmuls, cancels it at once and watches it end. Any difference is an
+AssertionError (exit 1); on success it prints one JSON line saying what it saw, for the
+test to check.
 """
 
 from __future__ import annotations
@@ -101,6 +103,28 @@ def main(address: str) -> dict[str, object]:
         resumed = list(stub.WatchJob(pb.WatchJobRequest(job=job.id, after=events[0].id), metadata=md))
         assert [e.id for e in resumed] == [e.id for e in events[1:]], "resuming lost or repeated an event"
 
+        # the same front door as REST: no shapes on the wire, a gradient asked for, a loc in errors
+        untyped = {"a": {"op": "input", "attrs": {"tensor": ua}},
+                   "b": {"op": "input", "attrs": {"tensor": ub}},
+                   "y": {"op": "matmul", "inputs": ["a", "b"], "loc": "client.py:1"},
+                   "loss": {"op": "sum", "inputs": ["y"]}}
+        doc = {"graph": {"version": 1, "nodes": untyped, "outputs": ["loss"]}, "fetch": ["loss"],
+               "grad": {"of": "loss", "wrt": ["b"]}, "wait_s": 60}
+        graded = stub.SubmitJob(pb.SubmitJobRequest(request=json.dumps(doc).encode()), metadata=md)
+        assert graded.state == "done", graded
+        loss, _ = fetch(stub, md, graded.id, "loss")
+        grad_b, _ = fetch(stub, md, graded.id, "grad:b")
+        np.testing.assert_allclose(loss, want.sum(), rtol=1e-3)
+        np.testing.assert_allclose(grad_b, np.repeat(a.sum(0)[:, None], 700, axis=1), rtol=1e-4, atol=1e-4)
+        untyped["y"]["inputs"] = ["b", "a"]
+        try:
+            stub.SubmitJob(pb.SubmitJobRequest(request=json.dumps(doc).encode()), metadata=md)
+            raise AssertionError("a wrong shape was accepted")
+        except grpc.RpcError as e:
+            shape_error = json.loads(dict(e.trailing_metadata())["triplane-error"])  # type: ignore[attr-defined]
+            assert e.code() == grpc.StatusCode.INVALID_ARGUMENT, e  # type: ignore[attr-defined]
+            assert shape_error["node"] == "y" and "client.py:1" in shape_error["message"], shape_error
+
         # a long job: a chain of matmuls with the identity, cancelled while it runs
         n = 1024
         ue = upload(stub, md, np.eye(n, dtype=np.float32))
@@ -119,7 +143,8 @@ def main(address: str) -> dict[str, object]:
             refused = e.code().name  # type: ignore[attr-defined]
     return {"nodes": len(nodes), "job": job.id, "kinds": [e.kind for e in events], "y_messages": y_messages,
             "max_error": float(np.abs(y - want).max()), "cancelled": long.id,
-            "cancelled_kinds": [e.kind for e in ended], "fetch_cancelled": refused}
+            "cancelled_kinds": [e.kind for e in ended], "fetch_cancelled": refused,
+            "shape_error": shape_error}
 
 
 if __name__ == "__main__":

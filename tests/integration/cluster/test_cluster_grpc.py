@@ -1,7 +1,8 @@
 """The gRPC front door of a live local cluster (docs/grpc.md): ``triplane up``'s scheduler
 serves it beside REST, records its address in the ready file and ``cluster.json``, and a
 client in another process (grpc_client.py, the generated stubs alone) submits, watches,
-uploads, fetches and cancels with a submit token; the values equal numpy's."""
+uploads, fetches and cancels with a submit token; the values equal numpy's (a graph with
+no shapes and a gradient request too: the REST API's front door)."""
 
 from __future__ import annotations
 
@@ -42,6 +43,7 @@ def test_a_grpc_client_process_submits_watches_uploads_fetches_and_cancels(start
         assert seen["y_messages"] >= 2  # 1.7 MB came in 1 MiB messages
         assert seen["max_error"] < 1e-4
         assert seen["cancelled_kinds"][-1] == "job.cancelled"
+        assert seen["shape_error"]["kind"] == "shape" and seen["shape_error"]["op"] == "matmul"
         assert seen["fetch_cancelled"] in ("NOT_FOUND", "FAILED_PRECONDITION"), seen
         with grpc.insecure_channel(c.grpc) as channel:  # the jobs are the token's: another sees none
             stub = pb_grpc.TriplaneStub(channel)

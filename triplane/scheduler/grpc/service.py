@@ -152,9 +152,11 @@ class TriplaneService(pb_grpc.TriplaneServicer):
         if len(body) > self.max_graph_bytes:
             raise TooLarge(f"job request is over the limit of {self.max_graph_bytes} bytes")
         if len(body) > 65536:  # as REST: a large document is parsed off the event loop
-            parsed, waiting = await asyncio.to_thread(parse_job_request, body)
+            parsed, waiting, *more = await asyncio.to_thread(parse_job_request, body)
         else:
-            parsed, waiting = parse_job_request(body)
+            parsed, waiting, *more = parse_job_request(body)
+        # the job's labels (name, tags), where the front door reads them: passed on as REST does
+        labels = dict(zip(("name", "tags"), more[0])) if more and not isinstance(parsed, BoundRequest) else {}
         if waiting is not None and waiting.inline:
             raise BadRequest("'inline' values are the REST API's: fetch them with FetchTensor")
         named = refs_in_args(parsed.args) if isinstance(parsed, BoundRequest) else refs_in_graph(parsed[0])
@@ -163,7 +165,8 @@ class TriplaneService(pb_grpc.TriplaneServicer):
         if isinstance(parsed, BoundRequest):  # a compiled step: new inputs for a known plan
             out = await self.scheduler.submit_bound(*parsed, owner=p.name)
         else:
-            out = await self.scheduler.submit(*parsed, owner=p.name)
+            graph, fetch, deadline_s, grad = parsed
+            out = await self.scheduler.submit(graph, fetch, deadline_s, owner=p.name, grad=grad, **labels)
         job = out["id"]
         status = (await self.scheduler.wait(job, waiting.wait_s) if waiting is not None
                   else self.scheduler.status(job))
