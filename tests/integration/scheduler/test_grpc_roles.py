@@ -10,6 +10,7 @@ are accepted and stay running; no executor runs them), as the REST role test doe
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -276,3 +277,34 @@ def test_watch_streams_a_jobs_events_to_its_end_and_resumes_after_an_id(tmp_path
 
 async def drain_watch(s: Served, job: str) -> list[pb.Event]:
     return [e async for e in s.stub.WatchJob(pb.WatchJobRequest(job=job), metadata=s.metadata("admin"))]
+
+
+def test_a_compiled_step_and_a_waiting_submit_go_through_the_same_front_door(tmp_path: Path) -> None:
+    """REST's other request forms: ``{"plan", "args", "fetch"}`` (new inputs for a known plan)
+    and ``wait_s`` (the answer once the job ends or the wait is over); ``inline`` is REST's."""
+
+    async def main() -> None:
+        async with Served(tmp_path) as s:
+            md = s.metadata("submit")
+
+            def request(doc: dict[str, Any]) -> pb.SubmitJobRequest:
+                return pb.SubmitJobRequest(request=json.dumps(doc).encode())
+
+            first = await s.stub.SubmitJob(request(job_request(s.upload())), metadata=md)
+            assert len(first.plan) == 64 and json.loads(first.json)["args"]
+            inline = {"shape": [2, 2], "dtype": "float32", "data": base64.b64encode(bytes(16)).decode()}
+            step = {"plan": first.plan, "args": [inline], "fetch": ["y"]}
+            again = await s.stub.SubmitJob(request(step), metadata=md)
+            assert again.id != first.id and again.state == "running" and again.total == first.total
+            unknown = {**step, "plan": "0" * 64}
+            with pytest.raises(grpc.aio.AioRpcError) as e:
+                await s.stub.SubmitJob(request(unknown), metadata=md)
+            assert e.value.code() == C.FAILED_PRECONDITION and error_of(e.value)["kind"] == "unknown_plan"
+            waited = {**job_request(s.upload()), "wait_s": 0.2}  # no executor: still running after it
+            job = await s.stub.SubmitJob(request(waited), metadata=md)
+            assert job.state == "running"
+            with pytest.raises(grpc.aio.AioRpcError) as e:
+                await s.stub.SubmitJob(request({**waited, "inline": ["y"]}), metadata=md)
+            assert e.value.code() == C.INVALID_ARGUMENT and "FetchTensor" in e.value.details()
+
+    asyncio.run(asyncio.wait_for(main(), 60))
