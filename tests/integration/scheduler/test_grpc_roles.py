@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import socket
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -308,3 +310,27 @@ def test_a_compiled_step_and_a_waiting_submit_go_through_the_same_front_door(tmp
             assert e.value.code() == C.INVALID_ARGUMENT and "FetchTensor" in e.value.details()
 
     asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_a_connection_that_never_speaks_http2_is_closed(tmp_path: Path) -> None:
+    """A half-open connection does not hold the port: closed at the handshake deadline."""
+
+    async def main() -> float:
+        registry = MemoryBackend()
+        db = mdb.open_db(f"sqlite:///{tmp_path / 'meta.sqlite3'}")
+        scheduler = Scheduler(registry=registry, db=db, run_dir=tmp_path, secret=SECRET)
+        server, port = await serve(scheduler, Authenticator(ADMIN), "127.0.0.1", 0, handshake_timeout_s=0.5)
+        try:
+            def silent() -> float:
+                with socket.create_connection(("127.0.0.1", port), timeout=10) as c:
+                    started = time.monotonic()
+                    while c.recv(4096):  # the server's SETTINGS frame, then the close
+                        pass
+                    return time.monotonic() - started
+
+            return await asyncio.to_thread(silent)
+        finally:
+            await server.stop(0)
+            db.close()
+
+    assert asyncio.run(asyncio.wait_for(main(), 30)) < 5.0

@@ -10,8 +10,9 @@ Bounds, as REST's: a job request of at most ``max_graph_bytes`` (gRPC refuses a 
 message with RESOURCE_EXHAUSTED before it is read), an upload of at most the upload limit
 (refused from its header when the declared tensor is larger, and as soon as its chunks
 pass the declared size), at most :data:`MAX_CALLS` calls at once (WatchJob streams
-included: one more is RESOURCE_EXHAUSTED). ``serve`` starts a ``grpc.aio`` server on the
-running event loop (the dispatcher's, uvloop or asyncio's).
+included: one more is RESOURCE_EXHAUSTED), and the connection limits of ``server_options``.
+``serve`` starts a ``grpc.aio`` server on the running event loop (the dispatcher's, uvloop
+or asyncio's).
 """
 
 from __future__ import annotations
@@ -260,22 +261,29 @@ class TriplaneService(pb_grpc.TriplaneServicer):
         return pb.ListNodesResponse(nodes=[_node(n) for n in await self.scheduler.nodes()])
 
 
-def server_options(max_graph_bytes: int) -> list[tuple[str, Any]]:
+def server_options(max_graph_bytes: int, handshake_timeout_s: float = 10.0) -> list[tuple[str, Any]]:
     """The channel arguments of the server: a job request fits one message (with room for
-    its framing); no SO_REUSEPORT (gRPC's default on Linux would let a second server share
-    a port that is in use instead of failing)."""
+    its framing); a connection that has not completed its HTTP/2 handshake within
+    ``handshake_timeout_s`` is closed (REST's idle limit: no half-open connection holds the
+    port), one with no call for 5 minutes too (clients reconnect by themselves); at most
+    100 calls at once on one connection; no SO_REUSEPORT (gRPC's default on Linux would let
+    a second server share a port that is in use instead of failing)."""
     return [("grpc.max_receive_message_length", max_graph_bytes + 4096),
             ("grpc.max_send_message_length", 4 * CHUNK_BYTES),
+            ("grpc.server_handshake_timeout_ms", int(handshake_timeout_s * 1000)),
+            ("grpc.max_connection_idle_ms", 300_000),
+            ("grpc.max_concurrent_streams", 100),
             ("grpc.so_reuseport", 0)]
 
 
 async def serve(scheduler: Scheduler, auth: Authenticator, host: str, port: int, *,
-                max_graph_bytes: int = MAX_GRAPH_BYTES,
-                max_upload_bytes: int | None = None) -> tuple[grpc.aio.Server, int]:
+                max_graph_bytes: int = MAX_GRAPH_BYTES, max_upload_bytes: int | None = None,
+                handshake_timeout_s: float = 10.0) -> tuple[grpc.aio.Server, int]:
     """Start serving ``triplane.v1.Triplane`` on ``host:port`` (0: any free port) in the
     running event loop; (the server, the port bound). OSError if the port cannot be bound.
     Stop it with ``await server.stop(grace_s)``."""
-    server = grpc.aio.server(options=server_options(max_graph_bytes), maximum_concurrent_rpcs=MAX_CALLS)
+    server = grpc.aio.server(options=server_options(max_graph_bytes, handshake_timeout_s),
+                             maximum_concurrent_rpcs=MAX_CALLS)
     service = TriplaneService(scheduler, auth, max_graph_bytes=max_graph_bytes,
                               max_upload_bytes=max_upload_bytes)
     pb_grpc.add_TriplaneServicer_to_server(service, server)
