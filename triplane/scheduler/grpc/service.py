@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
-import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
@@ -39,8 +38,6 @@ from triplane.scheduler.service import Scheduler
 from triplane.scheduler.store import UploadError, expected_bytes, parse_dtype, parse_shape
 
 __all__ = ["CHUNK_BYTES", "MAX_CALLS", "ROLES", "TERMINAL", "TriplaneService", "serve"]
-
-log = logging.getLogger(__name__)
 
 CHUNK_BYTES = 1 << 20  # FetchTensor's data messages (and the most an upload chunk should carry)
 MAX_CALLS = 1024
