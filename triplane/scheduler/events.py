@@ -179,6 +179,7 @@ class EventBus:
                  ring_size: int = RING_SIZE, queue_size: int = QUEUE_SIZE) -> None:
         self.db = db
         self.persist = persist
+        self.sinks: list[Callable[[Event], None]] = []  # also told of every event (metrics)
         self.queue_size = queue_size
         self._ring: deque[Event] = deque(maxlen=ring_size)
         self._next = 1
@@ -224,6 +225,8 @@ class EventBus:
                 sub._offer(e)
         if self.persist is not None:
             self.persist(e)
+        for sink in self.sinks:
+            sink(e)
         if job is not None and kind in ("job.done", "job.failed", "job.cancelled"):
             self._owners.pop(job, None)
             self._progress_at.pop(job, None)

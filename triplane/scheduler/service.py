@@ -11,6 +11,7 @@ It builds the components and wires them to one another; each has one job:
 * the dispatcher (pure ``DispatchState`` + asyncio ``DispatchShell``), the metadb
   ``Journal`` (batched writes), the upload ``TensorStore`` and its data server.
 * ``events.EventBus``   the event stream (``GET /v1/events``), written by the journal
+* ``metrics.Metrics``   the Prometheus metrics (``GET /metrics``), counted in the hooks
 
 The REST app (``triplane.scheduler.api``) is a thin layer over the coroutines below; they
 raise domain errors (``triplane/scheduler/errors.py``) that know no status code.
@@ -37,12 +38,20 @@ from typing import Any
 from triplane import metadb as mdb
 from triplane._version import __version__
 from triplane.net.dataport import DataClient, DataPortError, DataServer
-from triplane.registry import Leadership, NodeInfo, RegistryBackend, leader
+from triplane.registry import Leadership, NodeInfo, RegistryBackend, leader, list_memory_engines
 from triplane.scheduler.cluster import ClusterView
 from triplane.scheduler.compiler.jobplan import TaskTemplate, tile_id
 from triplane.scheduler.compiler.pipeline import PlanCache
 from triplane.scheduler.dispatch.shell import DispatchShell, Hooks
-from triplane.scheduler.dispatch.state import CancelJob, DispatchState, Free, Policy, Send
+from triplane.scheduler.dispatch.state import (
+    CancelJob,
+    DispatchState,
+    Free,
+    JobFinished,
+    Policy,
+    Send,
+    Transitioned,
+)
 from triplane.scheduler.earlier import EarlierJobs
 from triplane.scheduler.errors import Conflict, SchedulerError, Standby
 from triplane.scheduler.events import EventBus
@@ -50,6 +59,7 @@ from triplane.scheduler.freeing import TileFreer
 from triplane.scheduler.jobs import RETAIN_FINISHED, Jobs, LiveJob
 from triplane.scheduler.journal import Journal
 from triplane.scheduler.leading import Leading
+from triplane.scheduler.metrics import Counts, Metrics
 from triplane.scheduler.refs import Refs
 from triplane.scheduler.results import Opened, Results
 from triplane.scheduler.retention import KEEP_JOBS, PERIOD_S, retain
@@ -128,7 +138,10 @@ class Scheduler(Leading):
                          group=group_tiny_jobs)
         self.sessions = Sessions(session_ttl_s)
         self.freer = TileFreer(self.data_client, self._data_address)
-        self.shell.hooks = Hooks(self.jobs.finished, self.journal.transitions, self.jobs.output,
+        self.counts = Counts(lambda: self.shell.state)
+        self.events.sinks.append(self.counts.event)
+        self.metrics = Metrics(self.counts, self._metric_sources)
+        self.shell.hooks = Hooks(self._finished, self._transitions, self.jobs.output,
                                  self._node_down, self._free, self._sending, self._node_up)
 
         self._packet_port, self._data_port = packet_port, data_port
@@ -193,6 +206,28 @@ class Scheduler(Leading):
     def _running_on(self, node: str) -> int:
         n = self.shell.state.nodes.get(node)
         return len(n.running) if n is not None else 0
+
+    def _finished(self, f: JobFinished) -> None:
+        self.counts.finished(f)
+        self.jobs.finished(f)
+
+    def _transitions(self, ts: list[Transitioned]) -> None:
+        self.journal.transitions(ts)
+        self.counts.transitions(ts)
+
+    def _metric_sources(self) -> dict[str, Any]:
+        """What ``GET /metrics`` reads rather than counts (``metrics.SchedulerCollector``)."""
+        st, s = self.shell.state, self.shell.stats
+        return {"queued": max(0, self.counts.queued),
+                "running": sum(len(n.running) for n in st.nodes.values()),
+                "jobs_running": sum(1 for j in st.jobs.values() if j.state == "running"),
+                "plan_cache": (self.plans.hits, self.plans.misses), "sent": s.sent, "resent": s.resent,
+                "replies": s.replies, "events": self.events.published, "subscribers": self.events.subscribers}
+
+    async def refresh_metrics(self) -> None:
+        """Read the executors' memory engine records for ``/metrics`` (at most once a second)."""
+        if self.metrics.memory_stale():
+            self.metrics.set_memory(await list_memory_engines(self.registry))
 
     def _node_up(self, info: NodeInfo) -> None:
         if info.node not in self._up:  # not for a registration renewed or updated

@@ -33,6 +33,7 @@ from triplane.registry.credential import node_credential
 from triplane.scheduler.api import errors
 from triplane.scheduler.api.auth import ANYONE, CHANGERS, Authenticator, Principal
 from triplane.scheduler.api.bound import BoundRequest, parse_bound_request
+from triplane.scheduler.api.events import events_router
 from triplane.scheduler.api.waiting import Waiting, check_inline, pop_waiting
 from triplane.scheduler.errors import BadRequest, Forbidden, NotFound, TooLarge
 from triplane.scheduler.refs import MAX_COPY, parse_ref, refs_in_args, refs_in_graph
@@ -354,6 +355,7 @@ def create_app(
         )
 
     app.include_router(api)
+    app.include_router(events_router(scheduler, auth, owners.check))
     if isinstance(scheduler.registry, MemoryBackend):
         _mount_registry(app, scheduler.registry, auth, node_credential(scheduler.secret))
     return app
