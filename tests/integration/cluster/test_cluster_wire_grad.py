@@ -2,7 +2,8 @@
 (inputs typed by their uploads) and a gradient request, posted with plain ``curl``,
 computes what the Python SDK's run of the same model computes (``tp.connect`` and
 ``tp.grad``), within float32 rounding (rtol 1e-5, atol 1e-6); a wrong shape in it is a 400
-naming the node and the loc the client attached (proto/infer.py, proto/autograd.py)."""
+naming the node and the loc the client attached (proto/infer.py, proto/autograd.py). A
+gradient is a ref like any fetched name: an SGD step reads ``<job>:grad:w1`` untyped."""
 
 from __future__ import annotations
 
@@ -112,6 +113,17 @@ def test_a_shapeless_graph_with_a_grad_request_by_curl_equals_the_sdk_run(cluste
     h = np.tanh(a["x"] @ a["w1"] + a["b1"])
     d = h @ a["w2"] - a["t"]
     np.testing.assert_allclose(got[3], h.T @ (2 * d / d.size), rtol=1e-4, atol=1e-6)
+    # an SGD step reading the weight and its gradient by ref (<job>:grad:w1), no shapes either
+    step = {"graph": {"nodes": {
+        "w": {"op": "input", "attrs": {"tensor": ids["w1"]}},
+        "g": {"op": "input", "attrs": {"tensor": f"{job['id']}:grad:w1"}},
+        "lr": {"op": "full", "attrs": {"value": 0.5, "shape": []}},
+        "dw": {"op": "mul", "inputs": ["lr", "g"]}, "w2": {"op": "sub", "inputs": ["w", "dw"]}},
+        "outputs": ["w2"]}, "wait_s": 30}
+    code, body = post_job(cluster, tmp_path, step)
+    assert code == 201 and body["state"] == "done", body
+    np.testing.assert_allclose(fetch(cluster, body["id"], "w2", a["w1"].shape), a["w1"] - 0.5 * got[1],
+                               rtol=1e-6, atol=1e-7)
 
 
 def test_a_wrong_shape_by_curl_is_400_naming_the_node_and_the_loc(cluster: LocalCluster,
