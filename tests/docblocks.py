@@ -62,6 +62,8 @@ SKIP: dict[tuple[str, ...], str] = {
     ("bash", ".ci/run"): "is the CI itself: it runs these tests",
     ("triplane", "scheduler"): "a scheduler in the foreground, running until stopped (and this "
                                "one needs etcd and PostgreSQL): `triplane up` starts one in README.md",
+    ("python", "tools/gen_grpc.py"): "rewrites the checked-in gRPC stubs: tests/unit/tools/test_gen_grpc.py "
+                                     "runs it into a temporary directory and compares",
     ("python", "-m", "triplane.scheduler.cli"): "a scheduler in the foreground, running until "
                                                 "stopped: `triplane up` starts one in README.md",
 }

@@ -178,6 +178,7 @@ def up(executors: int = typer.Option(2, min=0, max=64, help="executor processes 
     else:
         console.print(f"token:   in {info['token_file']} (--show-token prints it)")
     console.print(f"run dir: {info['home']} (logs in {info['home']}/logs)")
+    console.print(f"gRPC:    {info.get('grpc') or 'not served'} (docs/grpc.md)")
     console.print("connect: tp.connect()  (or TRIPLANE_URL / TRIPLANE_TOKEN);  stop: triplane down")
 
 

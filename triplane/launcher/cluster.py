@@ -43,7 +43,8 @@ class LaunchError(RuntimeError):
 @dataclass
 class ClusterConfig:
     """What to start. ``memory`` is each executor's tile capacity (e.g. ``"1GiB"``);
-    ``port`` 0 picks a free one; ``executor_args`` / ``scheduler_args`` are appended to
+    ``port`` 0 picks a free one; ``grpc_port`` is the scheduler's gRPC port (docs/grpc.md;
+    0: a free one, None: no gRPC); ``executor_args`` / ``scheduler_args`` are appended to
     every executor's / the scheduler's command line (e.g. ``["--drop-udp", "0.2"]``)."""
 
     executors: int = 2
@@ -52,6 +53,7 @@ class ClusterConfig:
     memory: str = "1GiB"
     host: str = "127.0.0.1"
     port: int = 0
+    grpc_port: int | None = 0
     engines: str = "numpy"
     executor_args: list[str] = field(default_factory=list)
     scheduler_args: list[str] = field(default_factory=list)
@@ -94,6 +96,7 @@ class LocalCluster:
         self.config = config or ClusterConfig()
         self.env = {**os.environ, **(env or {}), "TRIPLANE_HOME": str(self.run.path)}
         self.url = ""
+        self.grpc = ""  # host:port of the scheduler's gRPC service ("" when not served)
         self.token = ""
         self.registry = ""
         self.db = ""
@@ -139,24 +142,27 @@ class LocalCluster:
         else:
             self.registry = cfg.etcd or "memory://"
         self.db = cfg.db or f"sqlite:///{self.run.path / 'metadb.sqlite3'}"
-        self.scheduler = _Proc("scheduler", self._scheduler_argv(cfg.port), self.run.log("scheduler"))
+        self.scheduler = _Proc("scheduler", self._scheduler_argv(cfg.port, cfg.grpc_port),
+                               self.run.log("scheduler"))
         self.scheduler.popen = spawn(self.scheduler.argv, self.scheduler.log, self.env)
         self._wait_scheduler()
-        # A restart must come back on the same port (clients and executors keep the URL).
-        self.scheduler.argv = self._scheduler_argv(int(self.url.rsplit(":", 1)[1]))
+        # A restart must come back on the same ports (clients and executors keep the URL).
+        self.scheduler.argv = self._scheduler_argv(int(self.url.rsplit(":", 1)[1]),
+                                                   int(self.grpc.rsplit(":", 1)[1]) if self.grpc else None)
         for _ in range(cfg.executors):
             self.add_executor(wait=False)
         self.wait_ready()
 
-    def _scheduler_argv(self, port: int) -> list[str]:
+    def _scheduler_argv(self, port: int, grpc_port: int | None) -> list[str]:
         cfg = self.config
+        grpc = ["--grpc-port", str(grpc_port)] if grpc_port is not None else []
         return triplane_argv("scheduler", "--registry", self.registry, "--db", self.db,
                              "--host", cfg.host, "--port", str(port), "--run-dir", str(self.run.path),
                              "--token-file", str(self.run.token_file),
                              "--tokens-file", str(self.run.tokens_file),
                              "--secret-file", str(self.run.secret_file),
                              "--ready-file", str(self.ready_file),
-                             "--log-level", cfg.log_level, *cfg.scheduler_args)
+                             "--log-level", cfg.log_level, *grpc, *cfg.scheduler_args)
 
     @property
     def ready_file(self) -> Path:
@@ -246,10 +252,12 @@ class LocalCluster:
             if not self.scheduler.running():
                 raise self._fail(f"the scheduler exited with code {self.scheduler.popen.returncode}"
                                  if self.scheduler.popen else "the scheduler did not start", self.scheduler)
-            url = self._ready_url()
+            ready = self._ready()
+            url = ready.get("url") if ready else None
             try:
-                if url and httpx.get(f"{url}/v1/health", timeout=1.0).status_code == 200:
+                if isinstance(url, str) and httpx.get(f"{url}/v1/health", timeout=1.0).status_code == 200:
                     self.url = url
+                    self.grpc = str(ready.get("grpc") or "")  # type: ignore[union-attr]
                     return
             except httpx.HTTPError:
                 pass
@@ -257,16 +265,16 @@ class LocalCluster:
         raise self._fail(f"the scheduler did not answer within {self.config.ready_timeout_s:g} s",
                          self.scheduler)
 
-    def _ready_url(self) -> str | None:
-        """The URL in the ready file, once the scheduler (this one: same pid) wrote it whole."""
+    def _ready(self) -> dict[str, Any] | None:
+        """The ready file (url, ports, "grpc"), once the scheduler (this one: same pid) wrote
+        it whole."""
         try:
             ready = json.loads(self.ready_file.read_text())
         except (OSError, ValueError):
             return None
         if not isinstance(ready, dict) or ready.get("pid") != self.scheduler.pid:  # type: ignore[union-attr]
             return None
-        url = ready.get("url")
-        return url if isinstance(url, str) else None
+        return ready
 
     def registered(self) -> list[dict[str, Any]]:
         """The nodes the scheduler lists now (``GET /v1/nodes``)."""
@@ -306,7 +314,8 @@ class LocalCluster:
         from triplane import __version__
 
         return {
-            "url": self.url, "registry": self.registry, "executor_registry": self.executor_registry,
+            "url": self.url, "grpc": self.grpc or None, "registry": self.registry,
+            "executor_registry": self.executor_registry,
             "db": self.db, "version": __version__, "started": time.time(), "home": str(self.run.path),
             "token_file": str(self.run.token_file), "tokens_file": str(self.run.tokens_file),
             "secret_file": str(self.run.secret_file),

@@ -2,7 +2,7 @@
 
 Layout (docs/cluster.md)::
 
-    cluster.json     what ``triplane up`` started: url, registry, db, pids, ports, logs
+    cluster.json     what ``triplane up`` started: url, grpc (host:port), registry, db, pids, logs
     token            the admin bearer token of the REST API, fresh for each ``up``
     tokens.json      more client tokens (admin, submit, read): names, roles, SHA-256 hashes
     secret           the cluster secret that signs packets and data-port requests (0600)

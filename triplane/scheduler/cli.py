@@ -3,8 +3,11 @@
 ``scheduler_command`` is a plain function with typer-compatible parameters; the
 ``triplane`` CLI mounts it (``app.command("scheduler")(scheduler_command)``). uvicorn
 serves the FastAPI app on the same asyncio loop as the dispatcher (uvloop where
-installed). The admin token and cluster secret come from ``--token-file`` /
-``--secret-file`` or ``TRIPLANE_TOKEN`` / ``TRIPLANE_SECRET``; without either, fresh ones
+installed); with ``--grpc-port`` (0: any free port), the gRPC service of
+``proto/triplane.proto`` (docs/grpc.md) is served beside it on the same loop, with the
+same tokens, and its address is written to the ready file as ``"grpc"``. The admin token
+and cluster secret come from ``--token-file`` / ``--secret-file`` or ``TRIPLANE_TOKEN`` /
+``TRIPLANE_SECRET``; without either, fresh ones
 are written (mode 0600) to the run directory. More client tokens (admin, submit, read)
 are listed in ``--tokens-file`` (default ``<run dir>/tokens.json``, re-read when it
 changes; docs/security.md). Bad options exit with status 2 and one
@@ -14,6 +17,7 @@ line; on SIGTERM the scheduler stops serving, flushes metadb and resigns leaders
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import secrets
@@ -78,6 +82,7 @@ async def _serve(
     session_ttl_s: float = 30.0,
     keep_jobs: int | None = KEEP_JOBS,
     retention_period_s: float = PERIOD_S,
+    grpc_port: int | None = None,
 ) -> int:
     import uvicorn
 
@@ -118,6 +123,7 @@ async def _serve(
     # The REST API (and the registry it may serve) with a deadline on each request's head
     # and a connection cap: no half-open connection holds the port (docs/security.md).
     server = uvicorn.Server(guarded_config(app, log_level="warning", access_log=False, lifespan="off"))
+    grpc_server, grpc_address = None, None
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -130,6 +136,16 @@ async def _serve(
         while not server.started and not serving.done():
             await asyncio.sleep(0.01)
         bound = sock.getsockname()[1]
+        if grpc_port is not None:
+            from triplane.scheduler.grpc.service import serve as serve_grpc
+
+            try:  # the REST app's Authenticator: one token book for both front doors
+                grpc_server, bound_grpc = await serve_grpc(sched, app.state.auth, host, grpc_port,
+                                                           max_upload_bytes=max_upload_bytes)
+            except OSError as e:
+                raise _Usage(str(e)) from None
+            grpc_address = f"{host}:{bound_grpc}"
+            log.info("gRPC on %s", grpc_address)
         log.info(
             "scheduler %s on http://%s:%d (packets %d, data %d, role %s)",
             sched.id,
@@ -144,16 +160,21 @@ async def _serve(
             tmp = ready_file.with_name(ready_file.name + ".tmp")
             tmp.write_text(
                 f'{{"url": "http://{host}:{bound}", "packet_port": {sched.shell.port}, '
-                f'"data_port": {sched.data_port}, "pid": {os.getpid()}, "role": "{sched.role}"}}\n'
+                f'"data_port": {sched.data_port}, "pid": {os.getpid()}, "role": "{sched.role}", '
+                f'"grpc": {json.dumps(grpc_address)}}}\n'
             )
             os.replace(tmp, ready_file)
         stopped = loop.create_task(sched.stopped.wait())
         stopping = loop.create_task(stop.wait())
         await asyncio.wait({serving, stopped, stopping}, return_when=asyncio.FIRST_COMPLETED)
         server.should_exit = True
+        if grpc_server is not None:  # open streams (WatchJob) get a second to end
+            await grpc_server.stop(1.0)
         await asyncio.wait_for(serving, 10)
         return 1 if sched.stopped.is_set() and not stop.is_set() else 0
     finally:
+        if grpc_server is not None:
+            await grpc_server.stop(0)
         await sched.close()
         await asyncio.to_thread(database.close)
         close = getattr(backend, "close", None)
@@ -179,6 +200,7 @@ def run_scheduler(
     session_ttl_s: float = 30.0,
     keep_jobs: int = KEEP_JOBS,
     retention_period_s: float = PERIOD_S,
+    grpc_port: int | None = None,
 ) -> int:
     """``scheduler_command`` returning its exit status instead of raising ``SystemExit``."""
     try:
@@ -190,6 +212,8 @@ def run_scheduler(
             raise _Usage(f"--keep-jobs must be >= 0 (or -1: keep every job), got {keep_jobs}")
         if not 0.05 <= retention_period_s <= 86400:
             raise _Usage(f"--retention-period must be in 0.05..86400 seconds, got {retention_period_s:g}")
+        if grpc_port is not None and not 0 <= grpc_port <= 65535:
+            raise _Usage(f"--grpc-port must be in 0..65535 (0: any free port), got {grpc_port}")
         if log_level.lower() not in ("debug", "info", "warning", "error"):
             raise _Usage(f"bad log level {log_level!r} (one of debug, info, warning, error)")
         logging.basicConfig(
@@ -222,6 +246,7 @@ def run_scheduler(
                 session_ttl_s,
                 None if keep_jobs == -1 else keep_jobs,
                 retention_period_s,
+                grpc_port,
             )
         )
     except _Usage as e:
@@ -255,6 +280,9 @@ def scheduler_command(
     retention_period: Annotated[
         float, typer.Option(help="seconds between two metadb retention passes")
     ] = PERIOD_S,
+    grpc_port: Annotated[
+        int | None, typer.Option(help="serve gRPC (docs/grpc.md) on this port too (0: any free port)")
+    ] = None,
 ) -> None:
     """Run the scheduler: REST API, dispatcher and upload store, until stopped."""
     code = run_scheduler(
@@ -275,6 +303,7 @@ def scheduler_command(
         session_ttl,
         keep_jobs,
         retention_period,
+        grpc_port,
     )
     if code:
         raise SystemExit(code)

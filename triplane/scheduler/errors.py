@@ -19,7 +19,8 @@ They extend the ``TriplaneError`` tree (``triplane/proto/errors.py``)::
 Each carries ``kind`` (machine-readable), ``message``, and the ``node`` and ``op`` of the
 submitted graph it is about, if any; an error about a ref (``refs.py``) also its ``ref``.
 Nothing here knows a transport: the REST API maps ``kind`` to a status code in one
-table (``triplane/scheduler/api/errors.py``), a gRPC front end would map it to its own codes.
+table (``triplane/scheduler/api/errors.py``), the gRPC service to its codes in another
+(``triplane/scheduler/grpc/status.py``).
 """
 
 from __future__ import annotations

@@ -1,1 +1,1 @@
-"""The REST (FastAPI) and gRPC front of the scheduler (the distributed-runtime issue)."""
+"""The REST (FastAPI) front of the scheduler (its gRPC one is ``triplane.scheduler.grpc``)."""
