@@ -82,14 +82,25 @@ def _storage_dtype(dtype: str) -> np.dtype:
     return d
 
 
+SMALL_BYTES = 64 * 1024  # uploads up to this size are also kept in memory (``TensorStore``)
+SMALL_TOTAL_BYTES = 64 << 20  # the most bytes kept so (the oldest go first)
+
+
 class TensorStore:
-    """Uploaded tensors under ``root``; ``max_bytes`` bounds one tensor."""
+    """Uploaded tensors under ``root``; ``max_bytes`` bounds one tensor.
+
+    The bytes of a small upload (at most ``SMALL_BYTES``: a compiled step's inline inputs,
+    read once by an executor right after they are stored) are also kept in memory, up to
+    ``SMALL_TOTAL_BYTES`` in all, so that serving them costs no file read; the files stay
+    the record a restarted scheduler finds."""
 
     def __init__(self, root: str | os.PathLike[str], max_bytes: int = 1 << 30) -> None:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.max_bytes = max_bytes
         self._index: dict[str, StoredTensor] = {}
+        self._small: dict[str, bytes] = {}  # id -> raw bytes (oldest first)
+        self._small_bytes = 0
         for meta in self.root.glob("u-*.json"):
             try:
                 d = json.loads(meta.read_text())
@@ -117,7 +128,15 @@ class TensorStore:
         meta_tmp.write_text(json.dumps({"shape": list(shape), "dtype": dtype, "bytes": need, "owner": owner}))
         os.replace(meta_tmp, self.root / f"{tid}.json")
         self._index[tid] = t
+        if need <= SMALL_BYTES:
+            self._keep(tid, bytes(data))
         return t
+
+    def _keep(self, tid: str, raw: bytes) -> None:
+        self._small[tid] = raw
+        self._small_bytes += len(raw)
+        while self._small_bytes > SMALL_TOTAL_BYTES:
+            self._small_bytes -= len(self._small.pop(next(iter(self._small))))
 
     def get(self, tid: str) -> StoredTensor | None:
         return self._index.get(tid)
@@ -126,6 +145,9 @@ class TensorStore:
         """The raw bytes of an upload (memory-mapped); KeyError if unknown."""
         if tid not in self._index:
             raise KeyError(tid)
+        raw = self._small.get(tid)
+        if raw is not None:
+            return memoryview(raw)
         arr = np.load(self.root / f"{tid}.npy", mmap_mode="r", allow_pickle=False)
         return memoryview(np.ascontiguousarray(arr)).cast("B")
 
@@ -156,7 +178,11 @@ class TensorStore:
             if not 0 <= lo <= hi <= n:
                 return None
             region.append((lo, hi))
-        arr = np.load(self.root / f"{tid}.npy", mmap_mode="r", allow_pickle=False)
+        raw = self._small.get(tid)
+        if raw is not None:
+            arr = np.frombuffer(raw, dtype=_storage_dtype(t.dtype)).reshape(t.shape)
+        else:
+            arr = np.load(self.root / f"{tid}.npy", mmap_mode="r", allow_pickle=False)
         part_arr = np.ascontiguousarray(arr[tuple(slice(lo, hi) for lo, hi in region)])
         shape = tuple(hi - lo for lo, hi in region)
         return StoredTensor(tile, shape, t.dtype, int(part_arr.nbytes)), memoryview(part_arr).cast("B")
@@ -164,10 +190,17 @@ class TensorStore:
     def delete(self, tid: str) -> bool:
         """Forget an upload and delete its files; whether it was known."""
         t = self._index.pop(tid, None)
+        raw = self._small.pop(tid, None)
+        if raw is not None:
+            self._small_bytes -= len(raw)
         for suffix in (".npy", ".json"):
             with contextlib.suppress(FileNotFoundError):
                 (self.root / f"{tid}{suffix}").unlink()
         return t is not None
+
+    def in_memory(self, tid: str) -> bool:
+        """Are the bytes of upload ``tid`` (a whole one) held in memory?"""
+        return tid in self._small
 
     def __contains__(self, tid: object) -> bool:
         return tid in self._index
@@ -192,6 +225,10 @@ class UploadTiles:
 
     def __init__(self, store: TensorStore) -> None:
         self.store = store
+
+    def cheap(self, tile: str) -> bool:
+        """A whole small upload is read from memory: no worker thread needed."""
+        return self.store.in_memory(tile)
 
     def read(self, tile: str) -> tuple[tuple[int, ...], str, memoryview] | None:
         found = self.store.region(tile)
