@@ -20,6 +20,7 @@ import json
 import logging
 import math
 import os
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -101,6 +102,9 @@ class TensorStore:
         self._index: dict[str, StoredTensor] = {}
         self._small: dict[str, bytes] = {}  # id -> raw bytes (oldest first)
         self._small_bytes = 0
+        # files of ``put(later=True)`` uploads: written (and deleted) in order by one thread
+        self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tensor-store")
+        self._writes: dict[str, Future[None]] = {}
         for meta in self.root.glob("u-*.json"):
             try:
                 d = json.loads(meta.read_text())
@@ -111,26 +115,56 @@ class TensorStore:
                 log.warning("skipping unreadable upload %s: %s", meta, e)
 
     def put(self, data: bytes | bytearray | memoryview, shape: tuple[int, ...], dtype: str,
-            owner: str | None = None) -> StoredTensor:
+            owner: str | None = None, *, later: bool = False) -> StoredTensor:
         """Store raw little-endian C-order bytes; UploadError if they do not fit the header.
-        ``owner`` (the uploading token's name) may delete it (``DELETE /v1/tensors/{id}``)."""
+        ``owner`` (the uploading token's name) may delete it (``DELETE /v1/tensors/{id}``).
+        ``later``: a small upload (a compiled step's inline input) is servable from memory
+        at once and its files are written by a worker thread, off the caller's path (its
+        deletion queues behind the write)."""
         need = expected_bytes(shape, dtype)
         if len(data) != need:
             raise UploadError(f"{dtype}{list(shape)} is {need} bytes, the body has {len(data)}")
         tid = new_tensor_id()
-        arr = np.frombuffer(data, dtype=_storage_dtype(dtype)).reshape(shape)
+        t = StoredTensor(tid, shape, dtype, need, owner)
+        if need <= SMALL_BYTES:
+            raw = bytes(data)
+            if later:
+                self._index[tid] = t
+                self._keep(tid, raw)
+                fut = self._io.submit(self._write, t, raw)
+                self._writes[tid] = fut
+                fut.add_done_callback(lambda f, tid=tid: self._wrote(tid, f))
+                return t
+            data = raw
+        self._write(t, data)
+        self._index[tid] = t
+        if need <= SMALL_BYTES:
+            self._keep(tid, data)  # type: ignore[arg-type]
+        return t
+
+    def _write(self, t: StoredTensor, data: bytes | bytearray | memoryview) -> None:
+        tid = t.id
+        arr = np.frombuffer(data, dtype=_storage_dtype(t.dtype)).reshape(t.shape)
         tmp = self.root / f".{tid}.tmp.npy"
         with open(tmp, "wb") as f:
             np.save(f, arr, allow_pickle=False)
         os.replace(tmp, self.root / f"{tid}.npy")
-        t = StoredTensor(tid, shape, dtype, need, owner)
         meta_tmp = self.root / f".{tid}.json.tmp"
-        meta_tmp.write_text(json.dumps({"shape": list(shape), "dtype": dtype, "bytes": need, "owner": owner}))
+        meta_tmp.write_text(json.dumps({"shape": list(t.shape), "dtype": t.dtype, "bytes": t.nbytes,
+                                        "owner": t.owner}))
         os.replace(meta_tmp, self.root / f"{tid}.json")
-        self._index[tid] = t
-        if need <= SMALL_BYTES:
-            self._keep(tid, bytes(data))
-        return t
+
+    def _wrote(self, tid: str, fut: Future[None]) -> None:
+        if self._writes.get(tid) is fut:
+            self._writes.pop(tid, None)
+        if not fut.cancelled() and fut.exception() is not None:
+            log.error("cannot write upload %s (served from memory until released): %s", tid, fut.exception())
+
+    def _written(self, tid: str) -> None:
+        """Wait for a pending write of ``tid``'s files (before reading them)."""
+        fut = self._writes.get(tid)
+        if fut is not None:
+            fut.result()
 
     def _keep(self, tid: str, raw: bytes) -> None:
         self._small[tid] = raw
@@ -148,6 +182,7 @@ class TensorStore:
         raw = self._small.get(tid)
         if raw is not None:
             return memoryview(raw)
+        self._written(tid)
         arr = np.load(self.root / f"{tid}.npy", mmap_mode="r", allow_pickle=False)
         return memoryview(np.ascontiguousarray(arr)).cast("B")
 
@@ -182,6 +217,7 @@ class TensorStore:
         if raw is not None:
             arr = np.frombuffer(raw, dtype=_storage_dtype(t.dtype)).reshape(t.shape)
         else:
+            self._written(tid)
             arr = np.load(self.root / f"{tid}.npy", mmap_mode="r", allow_pickle=False)
         part_arr = np.ascontiguousarray(arr[tuple(slice(lo, hi) for lo, hi in region)])
         shape = tuple(hi - lo for lo, hi in region)
@@ -193,10 +229,16 @@ class TensorStore:
         raw = self._small.pop(tid, None)
         if raw is not None:
             self._small_bytes -= len(raw)
+        if tid in self._writes:
+            self._io.submit(self._unlink, tid)  # behind its write (one thread, in order)
+        else:
+            self._unlink(tid)
+        return t is not None
+
+    def _unlink(self, tid: str) -> None:
         for suffix in (".npy", ".json"):
             with contextlib.suppress(FileNotFoundError):
                 (self.root / f"{tid}{suffix}").unlink()
-        return t is not None
 
     def in_memory(self, tid: str) -> bool:
         """Are the bytes of upload ``tid`` (a whole one) held in memory?"""
