@@ -47,7 +47,8 @@ log = logging.getLogger(__name__)
 
 class TileSource(Protocol):
     """What a ``DataServer`` serves. ``read`` may block (``blocking_reads``: the server
-    then calls it in a worker thread). A read-only source refuses ``put`` and ``delete``
+    then calls it in a worker thread, unless the source's optional ``cheap(tile)`` says
+    this read does not block, e.g. bytes held in memory). A read-only source refuses ``put`` and ``delete``
     (``writable`` false) and need not implement the other methods."""
 
     writable: bool
@@ -228,7 +229,8 @@ class DataServer:
         if req.op == "put":
             return await self._put(loop, conn, req)
         assert req.tile is not None
-        found = await asyncio.to_thread(src.read, req.tile) if src.blocking_reads else src.read(req.tile)
+        blocking = src.blocking_reads and not (hasattr(src, "cheap") and src.cheap(req.tile))
+        found = await asyncio.to_thread(src.read, req.tile) if blocking else src.read(req.tile)
         if found is None:
             await loop.sock_sendall(conn, self._error(req, "missing", f"no such tile: {req.tile}"))
             return True

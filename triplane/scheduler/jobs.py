@@ -9,8 +9,8 @@ Failure semantics:
   upload or an op no registered engine supports; ``BadRequest`` for a malformed fetch list;
   ``Unavailable`` with no executor at all or when the metadb refuses the job. Nothing is
   half-submitted: the job is stored (with its tasks) in one transaction, then dispatched --
-  or, for a job of more than ``STORE_FIRST_TASKS`` tasks, dispatched while it is stored and
-  cancelled if the store fails.
+  or, for a job of more than ``STORE_FIRST_TASKS`` tasks and for a grouped job (one task:
+  a compiled step), dispatched while it is stored and cancelled if the store fails.
 * A finished job (done, failed, cancelled) leaves the dispatcher's state at once (its
   holders -- task -> node keeping its output tile -- are kept on the job), and the
   ``retain`` most recent finished jobs stay in memory (and any that ended less than
@@ -268,11 +268,12 @@ class Jobs:
                 raise UnknownOpError(f"no registered executor engine supports op {missing!r}",
                                      node=plan.back.get(nid, nid), op=missing)
         now = time.time()
-        if len(plan.specs) <= STORE_FIRST_TASKS:
+        if len(plan.specs) <= STORE_FIRST_TASKS and not plan.group:
             # A job of few tasks is stored first (milliseconds): its tasks are big, and a
             # store running beside them would take CPU and the GIL from the replies when
             # the executors fill every core (the MLP step: 30-80 ms between a task's reply
             # and its successor's start early in the job, 1 ms once the store was done).
+            # A grouped job is one task with no successor: it runs while it is stored.
             try:
                 await asyncio.to_thread(self.store_job, plan, fetch, bindings, now, owner)
             except Exception as e:

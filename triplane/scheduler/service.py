@@ -293,7 +293,8 @@ class Scheduler(Leading):
         if known is None or known[2] != tuple(fetch):
             raise Conflict(f"unknown plan {plan_hash[:16]!r} for this fetch list: submit the graph",
                            kind="unknown_plan")
-        inline = {i: self.store.put(*a, owner).id for i, a in enumerate(args) if not isinstance(a, str)}
+        inline = {i: self.store.put(*a, owner, later=True).id  # files written off the event loop
+                  for i, a in enumerate(args) if not isinstance(a, str)}
         ids = [inline.get(i, a) for i, a in enumerate(args)]
         try:
             body = await self.jobs.submit_bound(plan_hash, ids, fetch, deadline_s, owner=owner)

@@ -20,6 +20,7 @@ import json
 import logging
 import math
 import os
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -82,14 +83,28 @@ def _storage_dtype(dtype: str) -> np.dtype:
     return d
 
 
+SMALL_BYTES = 64 * 1024  # uploads up to this size are also kept in memory (``TensorStore``)
+SMALL_TOTAL_BYTES = 64 << 20  # the most bytes kept so (the oldest go first)
+
+
 class TensorStore:
-    """Uploaded tensors under ``root``; ``max_bytes`` bounds one tensor."""
+    """Uploaded tensors under ``root``; ``max_bytes`` bounds one tensor.
+
+    The bytes of a small upload (at most ``SMALL_BYTES``: a compiled step's inline inputs,
+    read once by an executor right after they are stored) are also kept in memory, up to
+    ``SMALL_TOTAL_BYTES`` in all, so that serving them costs no file read; the files stay
+    the record a restarted scheduler finds."""
 
     def __init__(self, root: str | os.PathLike[str], max_bytes: int = 1 << 30) -> None:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.max_bytes = max_bytes
         self._index: dict[str, StoredTensor] = {}
+        self._small: dict[str, bytes] = {}  # id -> raw bytes (oldest first)
+        self._small_bytes = 0
+        # files of ``put(later=True)`` uploads: written (and deleted) in order by one thread
+        self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tensor-store")
+        self._writes: dict[str, Future[None]] = {}
         for meta in self.root.glob("u-*.json"):
             try:
                 d = json.loads(meta.read_text())
@@ -100,24 +115,62 @@ class TensorStore:
                 log.warning("skipping unreadable upload %s: %s", meta, e)
 
     def put(self, data: bytes | bytearray | memoryview, shape: tuple[int, ...], dtype: str,
-            owner: str | None = None) -> StoredTensor:
+            owner: str | None = None, *, later: bool = False) -> StoredTensor:
         """Store raw little-endian C-order bytes; UploadError if they do not fit the header.
-        ``owner`` (the uploading token's name) may delete it (``DELETE /v1/tensors/{id}``)."""
+        ``owner`` (the uploading token's name) may delete it (``DELETE /v1/tensors/{id}``).
+        ``later``: a small upload (a compiled step's inline input) is servable from memory
+        at once and its files are written by a worker thread, off the caller's path (its
+        deletion queues behind the write)."""
         need = expected_bytes(shape, dtype)
         if len(data) != need:
             raise UploadError(f"{dtype}{list(shape)} is {need} bytes, the body has {len(data)}")
         tid = new_tensor_id()
-        arr = np.frombuffer(data, dtype=_storage_dtype(dtype)).reshape(shape)
+        t = StoredTensor(tid, shape, dtype, need, owner)
+        if need <= SMALL_BYTES:
+            raw = bytes(data)
+            if later:
+                self._index[tid] = t
+                self._keep(tid, raw)
+                fut = self._io.submit(self._write, t, raw)
+                self._writes[tid] = fut
+                fut.add_done_callback(lambda f, tid=tid: self._wrote(tid, f))
+                return t
+            data = raw
+        self._write(t, data)
+        self._index[tid] = t
+        if need <= SMALL_BYTES:
+            self._keep(tid, data)  # type: ignore[arg-type]
+        return t
+
+    def _write(self, t: StoredTensor, data: bytes | bytearray | memoryview) -> None:
+        tid = t.id
+        arr = np.frombuffer(data, dtype=_storage_dtype(t.dtype)).reshape(t.shape)
         tmp = self.root / f".{tid}.tmp.npy"
         with open(tmp, "wb") as f:
             np.save(f, arr, allow_pickle=False)
         os.replace(tmp, self.root / f"{tid}.npy")
-        t = StoredTensor(tid, shape, dtype, need, owner)
         meta_tmp = self.root / f".{tid}.json.tmp"
-        meta_tmp.write_text(json.dumps({"shape": list(shape), "dtype": dtype, "bytes": need, "owner": owner}))
+        meta_tmp.write_text(json.dumps({"shape": list(t.shape), "dtype": t.dtype, "bytes": t.nbytes,
+                                        "owner": t.owner}))
         os.replace(meta_tmp, self.root / f"{tid}.json")
-        self._index[tid] = t
-        return t
+
+    def _wrote(self, tid: str, fut: Future[None]) -> None:
+        if self._writes.get(tid) is fut:
+            self._writes.pop(tid, None)
+        if not fut.cancelled() and fut.exception() is not None:
+            log.error("cannot write upload %s (served from memory until released): %s", tid, fut.exception())
+
+    def _written(self, tid: str) -> None:
+        """Wait for a pending write of ``tid``'s files (before reading them)."""
+        fut = self._writes.get(tid)
+        if fut is not None:
+            fut.result()
+
+    def _keep(self, tid: str, raw: bytes) -> None:
+        self._small[tid] = raw
+        self._small_bytes += len(raw)
+        while self._small_bytes > SMALL_TOTAL_BYTES:
+            self._small_bytes -= len(self._small.pop(next(iter(self._small))))
 
     def get(self, tid: str) -> StoredTensor | None:
         return self._index.get(tid)
@@ -126,6 +179,10 @@ class TensorStore:
         """The raw bytes of an upload (memory-mapped); KeyError if unknown."""
         if tid not in self._index:
             raise KeyError(tid)
+        raw = self._small.get(tid)
+        if raw is not None:
+            return memoryview(raw)
+        self._written(tid)
         arr = np.load(self.root / f"{tid}.npy", mmap_mode="r", allow_pickle=False)
         return memoryview(np.ascontiguousarray(arr)).cast("B")
 
@@ -156,7 +213,12 @@ class TensorStore:
             if not 0 <= lo <= hi <= n:
                 return None
             region.append((lo, hi))
-        arr = np.load(self.root / f"{tid}.npy", mmap_mode="r", allow_pickle=False)
+        raw = self._small.get(tid)
+        if raw is not None:
+            arr = np.frombuffer(raw, dtype=_storage_dtype(t.dtype)).reshape(t.shape)
+        else:
+            self._written(tid)
+            arr = np.load(self.root / f"{tid}.npy", mmap_mode="r", allow_pickle=False)
         part_arr = np.ascontiguousarray(arr[tuple(slice(lo, hi) for lo, hi in region)])
         shape = tuple(hi - lo for lo, hi in region)
         return StoredTensor(tile, shape, t.dtype, int(part_arr.nbytes)), memoryview(part_arr).cast("B")
@@ -164,10 +226,23 @@ class TensorStore:
     def delete(self, tid: str) -> bool:
         """Forget an upload and delete its files; whether it was known."""
         t = self._index.pop(tid, None)
+        raw = self._small.pop(tid, None)
+        if raw is not None:
+            self._small_bytes -= len(raw)
+        if tid in self._writes:
+            self._io.submit(self._unlink, tid)  # behind its write (one thread, in order)
+        else:
+            self._unlink(tid)
+        return t is not None
+
+    def _unlink(self, tid: str) -> None:
         for suffix in (".npy", ".json"):
             with contextlib.suppress(FileNotFoundError):
                 (self.root / f"{tid}{suffix}").unlink()
-        return t is not None
+
+    def in_memory(self, tid: str) -> bool:
+        """Are the bytes of upload ``tid`` (a whole one) held in memory?"""
+        return tid in self._small
 
     def __contains__(self, tid: object) -> bool:
         return tid in self._index
@@ -192,6 +267,10 @@ class UploadTiles:
 
     def __init__(self, store: TensorStore) -> None:
         self.store = store
+
+    def cheap(self, tile: str) -> bool:
+        """A whole small upload is read from memory: no worker thread needed."""
+        return self.store.in_memory(tile)
 
     def read(self, tile: str) -> tuple[tuple[int, ...], str, memoryview] | None:
         found = self.store.region(tile)

@@ -82,3 +82,26 @@ def test_loads_json_refuses_duplicate_keys_at_any_depth() -> None:
             loads_json(doc)
     with pytest.raises(GraphError, match="Infinity"):
         loads_json(b'{"a": Infinity}')
+
+
+@pytest.mark.parametrize("doc", [
+    b'{"a":1,"a":2}', b'{"n":{"x":{"b":1,"c":2,"b":3}}}', b'{"a" :1,"a":2}', b'{"a":1,"a"\n:2}',
+    b'[{"k":1},{"k":2,"k":3}]', b'{"s":"x\\":1","s":2}', b'{"a":"\\u0022","a":1}',
+])
+def test_loads_json_refuses_duplicate_keys_in_compact_bodies(doc: bytes) -> None:
+    # compact bodies (as clients send them) take the C parser's path: the same refusals
+    with pytest.raises(GraphError, match="duplicate key"):
+        loads_json(doc)
+
+
+def test_loads_json_reads_what_the_stdlib_reads() -> None:
+    import json
+
+    nodes = {f"n{i}": {"op": "full", "shape": [], "attrs": {"value": i / 7, "shape": []}} for i in range(300)}
+    for body in (json.dumps({"graph": {"nodes": nodes}, "fetch": ["n1"]}, separators=(",", ":")).encode(),
+                 b'{"x":123456789012345678901234567890,"y":-9223372036854775808}',
+                 b'{"a":"\\udfff","b":1e400,"c":[1,{"d":null}],"e":"\\u00e9"}', '{"é":"ü"}'.encode()):
+        assert loads_json(body) == json.loads(body)
+    assert type(loads_json(b'{"x":123456789012345678901234567890}')["x"]) is int
+    with pytest.raises(GraphError, match="NaN"):
+        loads_json(b'{"a":NaN}')

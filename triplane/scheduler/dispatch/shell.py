@@ -134,6 +134,8 @@ class DispatchShell:
         self._tcp: asyncio.base_events.Server | None = None
         self._tasks: list[asyncio.Task[Any]] = []
         self._seq = 0
+        # node -> its open TCP connection for packets over a datagram (module doc)
+        self._conns: dict[str, _Conn] = {}
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -172,6 +174,9 @@ class DispatchShell:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
         self._tasks.clear()
+        for conn in list(self._conns.values()):
+            conn.close()
+        self._conns.clear()
         if self._udp is not None:
             self._udp.close()
         if self._tcp is not None:
@@ -194,6 +199,9 @@ class DispatchShell:
     def node_down(self, node: str) -> None:
         self._suspects.pop(node, None)
         self.nodes.pop(node, None)
+        conn = self._conns.pop(node, None)
+        if conn is not None:
+            conn.close()
         self.hooks.node_down(node)
         self.handle(NodeDown(f"node-down:{node}", node, time.time()))
 
@@ -396,30 +404,36 @@ class DispatchShell:
         if len(data) <= MAX_DATAGRAM_BYTES:
             self._udp.sendto(data, (info.address, info.udp_port))
         else:
-            task = asyncio.get_running_loop().create_task(self._send_tcp(info, data, s.deadline))
-            self._tasks.append(task)
-            task.add_done_callback(lambda t: self._tasks.remove(t) if t in self._tasks else None)
+            conn = self._conns.get(s.node)
+            if conn is not None and conn.usable(info):
+                conn.send(data)
+            else:
+                task = asyncio.get_running_loop().create_task(self._send_tcp(info, data))
+                self._tasks.append(task)
+                task.add_done_callback(lambda t: self._tasks.remove(t) if t in self._tasks else None)
         if s.resend:
             self.stats.resent += 1
         else:
             self.stats.sent += 1
             self.hooks.sending(s)  # after the send: nothing runs in between (no await)
 
-    async def _send_tcp(self, info: NodeInfo, data: bytes, deadline: float) -> None:
-        """Send a framed task and read what the executor answers on that connection (its ack
-        and reply) until it closes or the attempt's deadline passes. A lost TCP send is like
-        a lost datagram: the deadline retransmits it."""
+    async def _send_tcp(self, info: NodeInfo, data: bytes) -> None:
+        """Send a framed task on a new TCP connection to ``info``'s node and keep it for the
+        node's next large packets (``_Conn``): what the executor answers on it (acks,
+        replies) is read until it closes. A lost TCP send is like a lost datagram: the
+        deadline retransmits it."""
         writer = None
         try:
             reader, writer = await asyncio.wait_for(asyncio.open_connection(info.address, info.tcp_port), 5.0)
-            writer.write(frame(data))
+            conn = _Conn(info, writer)
+            old = self._conns.get(info.node)
+            if info.node in self.nodes and (old is None or not old.usable(info)):
+                self._conns[info.node] = conn  # the node's next large packets go on this one
+            conn.send(data)
             await asyncio.wait_for(writer.drain(), 5.0)
             peer = (info.address, info.tcp_port)
             while True:
-                left = deadline - time.time()
-                if left <= 0:
-                    return
-                payload = await asyncio.wait_for(read_frame(reader, MAX_FRAME_BYTES), left)
+                payload = await read_frame(reader, MAX_FRAME_BYTES)
                 if payload is None:
                     return
                 self.received(payload, peer, MAX_FRAME_BYTES)
@@ -429,4 +443,33 @@ class DispatchShell:
             pass
         finally:
             if writer is not None:
+                if self._conns.get(info.node) is not None and self._conns[info.node].writer is writer:
+                    del self._conns[info.node]
                 writer.close()
+
+
+class _Conn:
+    """An open TCP connection to an executor's packet port, reused for its node's packets
+    over a datagram (a grouped step's packet, each step): no connect and accept per packet.
+    It is not reused once idle for ``RETIRE_S`` (the executor closes a connection that
+    brings no frame within its idle timeout: a send racing that close would be lost and
+    wait for a retransmission), nor when the node's address changed."""
+
+    RETIRE_S = 1.0
+
+    def __init__(self, info: NodeInfo, writer: asyncio.StreamWriter) -> None:
+        self.info, self.writer = info, writer
+        self.used = time.monotonic()
+
+    def usable(self, info: NodeInfo) -> bool:
+        i = self.info
+        return (info.address == i.address and info.tcp_port == i.tcp_port and info.pid == i.pid
+                and info.started_at == i.started_at and not self.writer.is_closing()
+                and time.monotonic() - self.used < self.RETIRE_S)
+
+    def send(self, data: bytes) -> None:
+        self.used = time.monotonic()
+        self.writer.write(frame(data))
+
+    def close(self) -> None:
+        self.writer.close()
