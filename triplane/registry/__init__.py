@@ -31,6 +31,7 @@ from triplane.registry.nodes import (
     NodeEvent,
     NodeRegistration,
     list_bindings,
+    list_links,
     list_memory_engines,
     list_network_engines,
     list_nodes,
@@ -40,6 +41,7 @@ from triplane.registry.nodes import (
 )
 from triplane.registry.records import (
     Binding,
+    LinkInfo,
     MemoryEngineInfo,
     NetworkEngineInfo,
     NodeInfo,
@@ -54,6 +56,7 @@ __all__ = [
     "Entry",
     "KeepAlive",
     "Leadership",
+    "LinkInfo",
     "LeaseNotFound",
     "MemoryBackend",
     "MemoryEngineInfo",
@@ -74,6 +77,7 @@ __all__ = [
     "known_schemes",
     "leader",
     "list_bindings",
+    "list_links",
     "list_memory_engines",
     "list_network_engines",
     "list_nodes",

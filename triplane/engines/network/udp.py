@@ -44,7 +44,7 @@ _BUFFER = 4 << 20      # socket buffers asked for
 
 
 class _Partial:
-    __slots__ = ("chunks", "count", "crc", "length", "at")
+    __slots__ = ("at", "chunks", "count", "crc", "length")
 
     def __init__(self, count: int, length: int, crc: int) -> None:
         self.chunks: dict[int, bytes] = {}
@@ -123,7 +123,8 @@ class _Endpoint(asyncio.DatagramProtocol):
             del self.partial[key]
         return frame
 
-    def _request(self, addr: Any, rid: int, index: int, count: int, length: int, crc: int, data: bytes) -> None:
+    def _request(self, addr: Any, rid: int, index: int, count: int, length: int, crc: int,
+                 data: bytes) -> None:
         key = (addr, rid)
         now = time.monotonic()
         while self.answered and now - next(iter(self.answered.values()))[0] > _KEEP_S:
@@ -194,7 +195,8 @@ class UdpEngine:
         loop = asyncio.get_running_loop()
         if self._client is None:
             family = socket.AF_INET6 if ":" in address else socket.AF_INET
-            _, self._client = await loop.create_datagram_endpoint(lambda: _Endpoint(self, None), family=family)
+            _, self._client = await loop.create_datagram_endpoint(lambda: _Endpoint(self, None),
+                                                                  family=family)
         ep = self._client
         rid = next(self._ids)
         fut: asyncio.Future[bytes] = loop.create_future()

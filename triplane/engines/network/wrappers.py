@@ -14,17 +14,20 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import Callable
+
 from triplane.engines.network.base import Handler, NetworkEngine, Tap
 
 __all__ = ["Delayed", "Lossy", "Wrapped"]
 
 
 class Wrapped:
-    """An engine with a tap installed; everything else is the inner engine's."""
+    """An engine with a tap installed; everything else is the inner engine's, its name
+    included (peers find it by that name); ``label`` says what wraps it."""
 
-    def __init__(self, inner: NetworkEngine, name: str) -> None:
+    def __init__(self, inner: NetworkEngine, label: str) -> None:
         self.inner = inner
-        self.name = name
+        self.name = inner.name
+        self.label = label
         self.protocol = inner.protocol
         self.max_frame = inner.max_frame
         inner.set_wire(self._tap)
@@ -39,7 +42,7 @@ class Wrapped:
         return await self.inner.request(address, port, frame, timeout_s=timeout_s)
 
     def set_wire(self, tap: Tap | None) -> None:
-        raise RuntimeError(f"{self.name}: the wire of a wrapped engine is the wrapper's")
+        raise RuntimeError(f"{self.label}: the wire of a wrapped engine is the wrapper's")
 
     async def close(self) -> None:
         await self.inner.close()
@@ -50,7 +53,8 @@ class Lossy(Wrapped):
     ``duplicate`` and corrupts ``corrupt`` of the units (fractions 0..1), seeded."""
 
     def __init__(self, inner: NetworkEngine, *, loss: float = 0.1, reorder: float = 0.2,
-                 duplicate: float = 0.05, corrupt: float = 0.0, jitter_s: float = 0.02, seed: int = 0) -> None:
+                 duplicate: float = 0.05, corrupt: float = 0.0, jitter_s: float = 0.02,
+                 seed: int = 0) -> None:
         for what, v in (("loss", loss), ("reorder", reorder), ("duplicate", duplicate), ("corrupt", corrupt)):
             if not 0.0 <= v < 1.0:
                 raise ValueError(f"{what} must be in [0, 1), got {v!r}")
