@@ -186,6 +186,7 @@ class PlacementState:
         self.graph = graph
         self.model = model
         self.figures = {n.name: n for n in nodes}
+        self.measured_links = any(n.links for n in nodes)  # per-pair figures: look ahead (_egress)
         self.slots: dict[str, list[float]] = {n.name: [0.0] * n.slots for n in nodes}
         self.busy: dict[str, float] = {n.name: 0.0 for n in nodes}
         self.memory: dict[str, _NodeMemory] = {n.name: _NodeMemory() for n in nodes}
@@ -499,8 +500,9 @@ def _place_one(task: TaskView, nodes: Sequence[NodeFigures], state: PlacementSta
         code = Code.UNSCHEDULABLE if resolvable else Code.UNSCHEDULABLE_AND_UNRESOLVABLE
         raise PlacementError(Status(code, reason, ",".join(failed)), node=task.id, op=task.op,
                              what=task.describe())
-    best = min(e.finish for e in feasible)
-    tied = [e for e in feasible if e.finish <= best + fw.tie_s]
+    ahead = {e.node: e.finish + _egress(task, e.node, state) for e in feasible}
+    best = min(ahead.values())
+    tied = [e for e in feasible if ahead[e.node] <= best + fw.tie_s]
     chosen = tied[0] if len(tied) == 1 else _by_score(task, tied, state, fw)
     for b in fw.binders:
         st = b.bind(task, chosen, state)
@@ -511,6 +513,18 @@ def _place_one(task: TaskView, nodes: Sequence[NodeFigures], state: PlacementSta
         return
     raise PlacementError(Status(Code.ERROR, "no binder bound the task", "Framework"),
                          node=task.id, op=task.op)
+
+
+def _egress(task: TaskView, node: str, state: PlacementState) -> float:
+    """With per-pair figures, a look ahead: the cheapest move of the task's output off
+    ``node`` to another node, when the output has readers (zero otherwise). On a cluster
+    whose pairs are alike this is the same for every node and changes nothing; a node
+    whose links are slow (a slowed peer) is charged for what its readers would pull."""
+    if not state.measured_links or len(state.figures) < 2 or not state.readers_left.get(task.id):
+        return 0.0
+    src = state.figures[node]
+    return min(state.model.transfer_time(task.out.nbytes, src, f) for f in state.figures.values()
+               if f.name != node)
 
 
 def _by_score(task: TaskView, tied: list[Estimate], state: PlacementState, fw: Framework) -> Estimate:
