@@ -6,7 +6,7 @@ engines (their ports are in its ``engines/network/<node>/<engine>`` records). A
 probe engine it
 
 * measures the pair in full (:func:`~triplane.engines.network.measure.measure`: a few
-  pings and ``nbytes`` twice, at most ``timeout_s``) when it has no figure yet, when its
+  pings and ``nbytes`` three times, at most ``timeout_s``) when it has no figure yet, when its
   figure is older than ``refresh_s``, or when a cheap ping (best of 3 tiny frames) says
   the latency drifted (over ``drift`` times the figure, or under it by as much, beyond a
   200 µs margin): at most ``max_per_round`` full probes a round, and a pair at most once
@@ -90,7 +90,7 @@ class LinkProber:
                 self._last_probe[peer] = now
                 m = await measure(self.engine, address, port, nbytes=self.nbytes, timeout_s=self.timeout_s)
                 self.probes += 1
-                self.bytes_sent += 2 * min(self.nbytes, self.engine.max_frame)
+                self.bytes_sent += 3 * min(self.nbytes, self.engine.max_frame)
             except NetworkEngineError as e:
                 if peer not in self._failing:
                     log.warning("link %s -> %s (%s): %s", self.node, peer, self.engine.name, e)

@@ -66,9 +66,9 @@ def test_executors_publish_per_pair_figures_and_the_slowed_peer_shows() -> None:
                 assert ln.engine == "tcp" and ln.bandwidth_gbps > 0
             figs = {f.name: f for f in await figures_from_registry(backend)}
             assert figs["a"].link("b") is not None and figs["a"].link("slow")[1] >= DELAY_MS * 1e3
-            # bounded: a few full probes per peer, each 2 x 256 KiB
+            # bounded: a few full probes per peer, each 3 x 256 KiB
             for e in execs:
-                assert e.links is not None and e.links.bytes_sent <= 4 * 2 * 2 * (256 << 10)
+                assert e.links is not None and e.links.bytes_sent <= 4 * 2 * 3 * (256 << 10)
         finally:
             for e in execs:
                 await e.stop()

@@ -46,7 +46,7 @@ async def ping(engine: NetworkEngine, address: str, port: int, *, timeout_s: flo
 
 
 async def measure(engine: NetworkEngine, address: str, port: int, *, nbytes: int = PROBE_BYTES,
-                  pings: int = 5, rounds: int = 2, timeout_s: float = 5.0) -> Measured:
+                  pings: int = 5, rounds: int = 3, timeout_s: float = 5.0) -> Measured:
     """Latency and bandwidth from here to ``address:port`` (see the module doc).
     NetworkEngineError if the peer does not answer within ``timeout_s`` in all."""
     if pings < 1 or rounds < 1 or nbytes < 1:
