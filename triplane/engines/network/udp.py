@@ -40,24 +40,29 @@ _CHUNK = 32 * 1024
 _FIRST_RETRY_S = 0.05
 _KEEP_S = 5.0          # how long a partial frame or an answered reply is kept
 _MAX_PARTIAL = 256     # partial frames kept at once (per endpoint)
+_MAX_KEPT_BYTES = 64 << 20  # bytes of partial frames, and of answered replies, kept at once
 _BUFFER = 4 << 20      # socket buffers asked for
 
 
 class _Partial:
-    __slots__ = ("at", "chunks", "count", "crc", "length")
+    __slots__ = ("at", "chunks", "count", "crc", "held", "length")
 
     def __init__(self, count: int, length: int, crc: int) -> None:
         self.chunks: dict[int, bytes] = {}
         self.count, self.length, self.crc, self.at = count, length, crc, time.monotonic()
+        self.held = 0
 
     def add(self, index: int, data: bytes) -> bytes | None:
         """The whole frame once every chunk is in and the checksum holds, else None."""
-        self.chunks.setdefault(index, data)
+        if index not in self.chunks:
+            self.chunks[index] = data
+            self.held += len(data)
         if len(self.chunks) < self.count:
             return None
         frame = b"".join(self.chunks[i] for i in range(self.count))
         if len(frame) != self.length or checksum(frame) != self.crc:
             self.chunks.clear()  # a corrupt chunk: start again from the next round
+            self.held = 0
             return None
         return frame
 
@@ -77,7 +82,9 @@ class _Endpoint(asyncio.DatagramProtocol):
         self.handler = handler
         self.transport: asyncio.DatagramTransport | None = None
         self.partial: OrderedDict[tuple[Any, int, int], _Partial] = OrderedDict()
+        self.partial_bytes = 0
         self.answered: OrderedDict[tuple[Any, int], tuple[float, list[bytes], float]] = OrderedDict()
+        self.answered_bytes = 0
         self.running: set[tuple[Any, int]] = set()
         self.waiting: dict[int, asyncio.Future[bytes]] = {}
 
@@ -112,14 +119,19 @@ class _Endpoint(asyncio.DatagramProtocol):
     def _assemble(self, key: tuple[Any, int, int], index: int, count: int, length: int, crc: int,
                   data: bytes) -> bytes | None:
         now = time.monotonic()
-        while self.partial and (len(self.partial) >= _MAX_PARTIAL or
-                                now - next(iter(self.partial.values())).at > _KEEP_S):
-            self.partial.popitem(last=False)
+        while self.partial and (len(self.partial) >= _MAX_PARTIAL or self.partial_bytes > _MAX_KEPT_BYTES
+                                or now - next(iter(self.partial.values())).at > _KEEP_S):
+            self.partial_bytes -= self.partial.popitem(last=False)[1].held
         p = self.partial.get(key)
         if p is None or (p.count, p.length, p.crc) != (count, length, crc):
+            if p is not None:
+                self.partial_bytes -= p.held
             p = self.partial[key] = _Partial(count, length, crc)
+        before = p.held
         frame = p.add(index, data)
+        self.partial_bytes += p.held - before
         if frame is not None:
+            self.partial_bytes -= p.held
             del self.partial[key]
         return frame
 
@@ -128,7 +140,7 @@ class _Endpoint(asyncio.DatagramProtocol):
         key = (addr, rid)
         now = time.monotonic()
         while self.answered and now - next(iter(self.answered.values()))[0] > _KEEP_S:
-            self.answered.popitem(last=False)
+            self.answered_bytes -= sum(len(d) - _HEAD.size for d in self.answered.popitem(last=False)[1][1])
         done = self.answered.get(key)
         if done is not None:  # the asker lost (part of) our reply: send it again, once a round
             at, datagrams, last = done
@@ -155,8 +167,9 @@ class _Endpoint(asyncio.DatagramProtocol):
             return  # no answer: the asker's next round runs the handler again
         datagrams = _chunks(REPLY, rid, reply, self.engine.chunk)
         self.answered[(addr, rid)] = (time.monotonic(), datagrams, time.monotonic())
-        while len(self.answered) > _MAX_PARTIAL:
-            self.answered.popitem(last=False)
+        self.answered_bytes += len(reply)
+        while len(self.answered) > _MAX_PARTIAL or self.answered_bytes > _MAX_KEPT_BYTES:
+            self.answered_bytes -= sum(len(d) - _HEAD.size for d in self.answered.popitem(last=False)[1][1])
         self.send(datagrams, addr)
 
 
