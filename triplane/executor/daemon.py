@@ -1,9 +1,11 @@
 """The executor daemon: one node of the compute plane (docs/runtime.md, "Task execution").
 
-``Executor.start()`` measures its engines (a short benchmark), starts the data port and
-the packet server, and registers the node with its engines under a lease
-(``triplane.registry.register_node``). While it runs it refreshes the memory engine's free
-bytes and publishes its counters under ``stats/<node>`` (same lease) when they change.
+``Executor.start()`` measures its engines (a short benchmark), starts the data port, the
+packet server and its network engines (serving the pair probe), and registers the node
+with its engines under a lease (``triplane.registry.register_node``); then it measures
+its link to each peer and publishes ``links/<node>/<peer>`` (``executor/links.py``).
+While it runs it refreshes the memory engine's free bytes and publishes its counters
+under ``stats/<node>`` (same lease) when they change.
 ``stop()`` deregisters at once (revokes the lease) and closes every socket; a process
 killed without ``stop()`` vanishes from the registry when its lease expires.
 
@@ -29,8 +31,10 @@ import numpy as np
 
 from triplane._version import __version__
 from triplane.engines import get_memory_engine, get_op_engine
+from triplane.engines.network.base import NetworkEngine
 from triplane.engines.network.measure import probe_handler
 from triplane.engines.network.wrappers import Delayed
+from triplane.engines.protocols import mismatches
 from triplane.engines.registry import get_network_engine
 from triplane.executor.dataport import EngineTiles
 from triplane.executor.intake import Intake
@@ -93,6 +97,15 @@ class _Engines:
         return engine.run(op, inputs, attrs, out)
 
 
+def _network_engine(name: str) -> NetworkEngine:
+    engine = get_network_engine(name)
+    problems = mismatches(engine, NetworkEngine)
+    if problems:
+        raise TypeError(f"network engine {name!r} ({type(engine).__name__}) does not implement the "
+                        f"NetworkEngine protocol: {'; '.join(problems)}")
+    return engine
+
+
 class Executor:
     """One executor node. Use ``await start()``, then ``await stop()`` (or ``async with``)."""
 
@@ -128,7 +141,7 @@ class Executor:
         self.registration: NodeRegistration | None = None
         # Network engines serve the pair probe; the first measures this node's links
         # (executor/links.py). A delay (tests: a slowed peer) wraps each of them.
-        self.network = [get_network_engine(n) for n in network_engines]
+        self.network = [_network_engine(n) for n in network_engines]
         if network_delay_ms > 0:
             self.network = [Delayed(e, delay_s=network_delay_ms / 1e3) for e in self.network]
         self.links = (LinkProber(self.name, self.network[0], registry, lambda: self.registration,

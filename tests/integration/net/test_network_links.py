@@ -105,3 +105,12 @@ def test_a_pair_is_measured_again_when_its_latency_drifts(engine_name: str) -> N
             await me.close()
 
     asyncio.run(asyncio.wait_for(go(), 30))
+
+
+def test_an_executor_refuses_a_network_engine_that_is_not_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    from triplane.engines import registry
+
+    monkeypatch.setitem(registry.BUILTINS["network"], "bogus", "builtins:object")
+    with pytest.raises(TypeError, match=r"network engine 'bogus' \(object\) does not implement the "
+                                        r"NetworkEngine protocol: name: missing"):
+        Executor(MemoryBackend(), SECRET, memory_bytes=1 << 20, network_engines=("bogus",))
