@@ -54,3 +54,23 @@ def test_the_kit_runs_from_the_command_line() -> None:
     bad = subprocess.run([sys.executable, "-m", "triplane.engines.network.testing", "--engine", "rdma"],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode != 0 and "unknown network engine 'rdma'" in bad.stderr
+
+
+def test_tcp_asks_a_peer_over_one_connection() -> None:
+    import asyncio
+
+    async def go() -> None:
+        async def echo(frame: bytes) -> bytes:
+            return frame
+
+        server, client = TcpEngine(), TcpEngine()
+        port = await server.serve("127.0.0.1", echo)
+        try:
+            frames = [bytes([i]) * 1000 for i in range(32)]
+            assert await asyncio.gather(*[client.request("127.0.0.1", port, f) for f in frames]) == frames
+            assert len(server._served) == 1 and len(client._conns) == 1
+        finally:
+            await client.close()
+            await server.close()
+
+    asyncio.run(asyncio.wait_for(go(), 20))

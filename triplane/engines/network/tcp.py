@@ -96,6 +96,7 @@ class TcpEngine:
         self._server: asyncio.Server | None = None
         self._served: set[asyncio.StreamWriter] = set()
         self._conns: dict[tuple[str, int], _Conn] = {}
+        self._opening: dict[tuple[str, int], asyncio.Lock] = {}
         self._ids = itertools.count(1)
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -141,14 +142,19 @@ class TcpEngine:
     # --- asking --------------------------------------------------------------------------
 
     async def _conn(self, address: str, port: int) -> _Conn:
-        conn = self._conns.get((address, port))
-        if conn is None or not conn.alive:
-            try:
-                reader, writer = await asyncio.open_connection(address, port)
-            except OSError as e:
-                raise NetworkEngineError(f"tcp {address}:{port}: {e}") from None
-            conn = self._conns[(address, port)] = _Conn(reader, writer, self.max_frame)
-        return conn
+        key = (address, port)
+        conn = self._conns.get(key)
+        if conn is not None and conn.alive:
+            return conn
+        async with self._opening.setdefault(key, asyncio.Lock()):  # one connection per peer
+            conn = self._conns.get(key)
+            if conn is None or not conn.alive:
+                try:
+                    reader, writer = await asyncio.open_connection(address, port)
+                except OSError as e:
+                    raise NetworkEngineError(f"tcp {address}:{port}: {e}") from None
+                conn = self._conns[key] = _Conn(reader, writer, self.max_frame)
+            return conn
 
     async def request(self, address: str, port: int, frame: bytes, *, timeout_s: float = 2.0) -> bytes:
         if len(frame) > self.max_frame:
