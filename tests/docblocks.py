@@ -80,6 +80,7 @@ FILL_IN: dict[str, str] = {
 # Files run with the integration module although no block starts a cluster, and why.
 INTEGRATION_FILES: dict[str, str] = {
     "docs/executor.md": "its data-port block serves tiles on 127.0.0.1 (a socket: not a unit test)",
+    "docs/network.md": "its blocks serve network engines on 127.0.0.1 (sockets: not a unit test)",
 }
 
 # Parts of a shown console output line that stand for any value: (regex, what it matches).

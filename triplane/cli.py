@@ -210,6 +210,10 @@ def _print_status(st: dict[str, object]) -> None:
     for n in st["nodes"]:  # type: ignore[attr-defined]
         nodes.add_row(n["id"], n["address"], str(n["pid"]), ", ".join(n["engines"]), n["health"])
     console.print(nodes)
+    if st.get("links"):
+        from triplane.launcher.links import links_table
+
+        console.print(links_table(st["links"]))  # type: ignore[arg-type]
     recent = Table(title="recent jobs")
     for col in ("id", "state", "progress", "created", "error"):
         recent.add_column(col)

@@ -36,9 +36,10 @@ BUILTINS: dict[str, dict[str, str]] = {
     "memory": {
         "host": "triplane.engines.memory.host:HostMemoryEngine",
     },
-    # The executor's packet transports (UDP, TCP) are built into it; a network engine
-    # plugin is found here like the others.
-    "network": {},
+    "network": {
+        "tcp": "triplane.engines.network.tcp:TcpEngine",
+        "udp": "triplane.engines.network.udp:UdpEngine",
+    },
 }
 
 _op_cache: dict[str, Any] = {}
@@ -102,5 +103,5 @@ def get_memory_engine(name: str = "host", *, capacity: int, **options: Any) -> M
 
 
 def get_network_engine(name: str, **options: Any) -> Any:
-    """A new network engine by name (installed plugins; see the module doc)."""
+    """A new network engine by name (``tcp``, ``udp``, or a plugin's name)."""
     return engine_factory("network", name)(**options)

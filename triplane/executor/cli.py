@@ -36,7 +36,8 @@ class _Usage(Exception):
 
 
 async def _serve(registry: str, engines: list[str], memory_bytes: int, memory_engine: str, host: str,
-                 name: str | None, secret: bytes, drop_udp: float, fault_seed: int, limits: Limits) -> int:
+                 name: str | None, secret: bytes, drop_udp: float, fault_seed: int, limits: Limits,
+                 network_delay_ms: float = 0.0) -> int:
     from triplane.executor.daemon import Executor
     from triplane.registry import RegistryUnavailable, connect_registry
 
@@ -51,7 +52,7 @@ async def _serve(registry: str, engines: list[str], memory_bytes: int, memory_en
         loop.add_signal_handler(sig, stop.set)
     executor = Executor(backend, secret, memory_bytes=memory_bytes, engines=engines,
                         memory_engine=memory_engine, host=host, name=name, drop_udp=drop_udp,
-                        fault_seed=fault_seed, limits=limits)
+                        fault_seed=fault_seed, limits=limits, network_delay_ms=network_delay_ms)
     try:
         await executor.start()
     except RegistryUnavailable as e:
@@ -82,12 +83,14 @@ def executor_command(
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error")] = "info",
     idle_timeout: Annotated[float, typer.Option(help="close a TCP connection idle this many seconds")] = 10.0,
     max_connections: Annotated[int, typer.Option(help="TCP connections per port at most")] = 256,
+    network_delay_ms: Annotated[float, typer.Option(help="delay every frame of the network engines "
+                                                         "(tests: a slowed peer)")] = 0.0,
 ) -> None:
     """Run an executor: register with REGISTRY, serve task packets and tiles until stopped."""
     code = run_executor(registry, engines=engines, memory=memory, memory_engine=memory_engine, host=host,
                         name=name, secret_file=secret_file, drop_udp=drop_udp,
                         fault_seed=fault_seed, log_level=log_level, idle_timeout=idle_timeout,
-                        max_connections=max_connections)
+                        max_connections=max_connections, network_delay_ms=network_delay_ms)
     if code:
         raise SystemExit(code)
 
@@ -95,7 +98,8 @@ def executor_command(
 def run_executor(registry: str, *, engines: str = "numpy", memory: str = "8GiB", memory_engine: str = "host",
                  host: str = "127.0.0.1", name: str | None = None, secret_file: Path | None = None,
                  drop_udp: float = 0.0, fault_seed: int = 0, log_level: str = "info",
-                 idle_timeout: float = 10.0, max_connections: int = 256) -> int:
+                 idle_timeout: float = 10.0, max_connections: int = 256,
+                 network_delay_ms: float = 0.0) -> int:
     """``executor_command`` returning its exit status instead of raising ``SystemExit``."""
     try:
         if log_level.lower() not in _LEVELS:
@@ -106,6 +110,8 @@ def run_executor(registry: str, *, engines: str = "numpy", memory: str = "8GiB",
         secret = load_secret(secret_file)
         if not 0.0 <= drop_udp < 1.0:
             raise _Usage(f"--drop-udp must be a probability in [0, 1), got {drop_udp}")
+        if not network_delay_ms >= 0:
+            raise _Usage(f"--network-delay-ms must be >= 0, got {network_delay_ms}")
         if not idle_timeout > 0 or max_connections < 1:
             raise _Usage("--idle-timeout and --max-connections must be positive")
         limits = Limits(idle_timeout=idle_timeout, max_connections=max_connections)
@@ -128,7 +134,7 @@ def run_executor(registry: str, *, engines: str = "numpy", memory: str = "8GiB",
     runner = event_loop_runner()
     try:
         return runner(_serve(registry, engine_names, memory_bytes, memory_engine, host, name, secret,
-                             drop_udp, fault_seed, limits))
+                             drop_udp, fault_seed, limits, network_delay_ms))
     except _Usage as e:
         print(f"triplane executor: {e}", file=sys.stderr)
         return 2

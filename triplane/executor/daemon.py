@@ -1,9 +1,11 @@
 """The executor daemon: one node of the compute plane (docs/runtime.md, "Task execution").
 
-``Executor.start()`` measures its engines (a short benchmark), starts the data port and
-the packet server, and registers the node with its engines under a lease
-(``triplane.registry.register_node``). While it runs it refreshes the memory engine's free
-bytes and publishes its counters under ``stats/<node>`` (same lease) when they change.
+``Executor.start()`` measures its engines (a short benchmark), starts the data port, the
+packet server and its network engines (serving the pair probe), and registers the node
+with its engines under a lease (``triplane.registry.register_node``); then it measures
+its link to each peer and publishes ``links/<node>/<peer>`` (``executor/links.py``).
+While it runs it refreshes the memory engine's free bytes and publishes its counters
+under ``stats/<node>`` (same lease) when they change.
 ``stop()`` deregisters at once (revokes the lease) and closes every socket; a process
 killed without ``stop()`` vanishes from the registry when its lease expires.
 
@@ -29,8 +31,14 @@ import numpy as np
 
 from triplane._version import __version__
 from triplane.engines import get_memory_engine, get_op_engine
+from triplane.engines.network.base import NetworkEngine
+from triplane.engines.network.measure import probe_handler
+from triplane.engines.network.wrappers import Delayed
+from triplane.engines.protocols import mismatches
+from triplane.engines.registry import get_network_engine
 from triplane.executor.dataport import EngineTiles
 from triplane.executor.intake import Intake
+from triplane.executor.links import LinkProber
 from triplane.executor.server import PacketServer
 from triplane.executor.tasks import TaskRunner
 from triplane.net.dataport import DataClient, DataPortError, DataServer
@@ -89,6 +97,15 @@ class _Engines:
         return engine.run(op, inputs, attrs, out)
 
 
+def _network_engine(name: str) -> NetworkEngine:
+    engine = get_network_engine(name)
+    problems = mismatches(engine, NetworkEngine)
+    if problems:
+        raise TypeError(f"network engine {name!r} ({type(engine).__name__}) does not implement the "
+                        f"NetworkEngine protocol: {'; '.join(problems)}")
+    return engine
+
+
 class Executor:
     """One executor node. Use ``await start()``, then ``await stop()`` (or ``async with``)."""
 
@@ -97,7 +114,8 @@ class Executor:
                  host: str = "127.0.0.1", name: str | None = None,
                  drop_udp: float = 0.0, fault_seed: int = 0, workers: int = 1, ttl_s: float = 5.0,
                  stats_interval_s: float = 1.0, benchmark_size: int = 512,
-                 limits: Limits = DEFAULT_LIMITS) -> None:
+                 limits: Limits = DEFAULT_LIMITS, network_engines: Sequence[str] = ("tcp", "udp"),
+                 network_delay_ms: float = 0.0, link_interval_s: float = 5.0) -> None:
         self.registry = registry
         self.secret = secret
         self.name = name or default_node_name()
@@ -121,6 +139,14 @@ class Executor:
         self.packets = PacketServer(self.intake, self.runner, host=host, drop_udp=drop_udp,
                                     fault_seed=fault_seed, limits=limits)
         self.registration: NodeRegistration | None = None
+        # Network engines serve the pair probe; the first measures this node's links
+        # (executor/links.py). A delay (tests: a slowed peer) wraps each of them.
+        self.network = [_network_engine(n) for n in network_engines]
+        if network_delay_ms > 0:
+            self.network = [Delayed(e, delay_s=network_delay_ms / 1e3) for e in self.network]
+        self.links = (LinkProber(self.name, self.network[0], registry, lambda: self.registration,
+                                 interval_s=link_interval_s) if self.network else None)
+        self._links_task: asyncio.Task[None] | None = None
         self.started_at = 0.0
         self._peers: dict[str, tuple[str, int, float]] = {}
         self._background: asyncio.Task[None] | None = None
@@ -140,31 +166,40 @@ class Executor:
         try:
             await self.packets.start()
             net = await self._measure_network()
+            ports = [await e.serve(self.host, probe_handler) for e in self.network]
             self.registration = await register_node(
                 self.registry, self._node_info(),
                 op_engines=[self._op_info(e, f) for e, f in zip(self.op_engines, figures)],
                 memory_engines=[self._memory_info()],
-                network_engines=[NetworkEngineInfo(self.name, p, p, *net) for p in ("udp", "tcp")],
+                network_engines=[NetworkEngineInfo(self.name, e.name, e.protocol, *net, port)
+                                 for e, port in zip(self.network, ports)],
                 bindings=[Binding(self.name, e.name, self.store.name) for e in self.op_engines],
                 ttl_s=self.ttl_s)
         except BaseException:
+            for e in self.network:
+                await e.close()
             await self.packets.close()
             await self.data.close()
             raise
         self._background = asyncio.get_running_loop().create_task(self._publish_loop(), name="executor-stats")
+        if self.links is not None:
+            self._links_task = asyncio.get_running_loop().create_task(self.links.run(), name="executor-links")
         log.info("executor %s ready: packets udp+tcp %s:%d, data port %d, memory %d bytes, engines %s",
                  self.name, self.host, self.packets.port, self.data.port, self.store.capacity(),
                  [e.name for e in self.op_engines])
 
     async def stop(self) -> None:
         """Deregister now (revoke the lease), then close the servers. Never raises."""
-        if self._background is not None:
-            self._background.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._background
+        for task in (self._background, self._links_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
         if self.registration is not None:
             with contextlib.suppress(Exception):
                 await self.registration.close()
+        for e in self.network:
+            await e.close()
         await self.packets.close()
         await self.data.close()
         await self.client.close()

@@ -11,6 +11,7 @@ import os
 from typing import Any
 
 from triplane.launcher.cluster import ClusterConfig, LocalCluster, live_cluster, stop_recorded
+from triplane.launcher.links import links_of
 from triplane.launcher.procs import is_ours
 from triplane.launcher.rundir import RunDir
 
@@ -60,14 +61,16 @@ def cluster_status(home: str | os.PathLike[str] | None = None, jobs: int = 10) -
         return {"running": False, "home": str(run.path)}
     out: dict[str, Any] = {"running": True, "home": str(run.path), "url": info["url"],
                            "registry": info.get("registry"), "db": info.get("db"), "error": None,
-                           "nodes": [], "jobs": [], "processes": _processes(info)}
+                           "nodes": [], "links": [], "jobs": [], "processes": _processes(info)}
     headers = {"Authorization": f"Bearer {run.read_token() or ''}"}
     try:
         with httpx.Client(base_url=info["url"], headers=headers, timeout=5.0) as client:
             out["health"] = client.get("/v1/health").json()
             nodes = client.get("/v1/nodes", params={"limit": 1000})
             nodes.raise_for_status()
-            nodes_list = [normalise_node(n) for n in nodes.json()["items"]]
+            raw = nodes.json()["items"]
+            nodes_list = [normalise_node(n) for n in raw]
+            out["links"] = links_of(raw)  # per-pair network figures (launcher/links.py)
             engines = client.get("/v1/engines", params={"limit": 1000})
             if engines.status_code == 200:  # op engines are separate records: join them by node
                 by_node: dict[str, list[str]] = {}

@@ -25,6 +25,7 @@ from triplane.registry.backend import LeaseNotFound, RegistryBackend, RegistryUn
 from triplane.registry.records import (
     Binding,
     Drained,
+    LinkInfo,
     MemoryEngineInfo,
     NetworkEngineInfo,
     NodeInfo,
@@ -41,6 +42,7 @@ __all__ = [
     "NodeRegistration",
     "list_bindings",
     "list_drained",
+    "list_links",
     "list_memory_engines",
     "list_network_engines",
     "list_nodes",
@@ -117,6 +119,11 @@ class NodeRegistration:
         if isinstance(record, NodeInfo):
             self.node = record
         await self.backend.put(key, value, lease=self.lease)
+
+    async def forget(self, record: Record) -> None:
+        """Delete one of the node's records (e.g. a link to a peer that left)."""
+        self._records.pop(record.key(), None)
+        await self.backend.delete(record.key())
 
     def _stop_task(self) -> asyncio.Task[None] | None:
         task, self._task = self._task, None
@@ -195,6 +202,11 @@ async def list_op_engines(backend: RegistryBackend, node: str | None = None) -> 
 async def list_memory_engines(backend: RegistryBackend, node: str | None = None) -> list[MemoryEngineInfo]:
     """Memory engines of every node (or of ``node``)."""
     return await _list(backend, MemoryEngineInfo, _under(MemoryEngineInfo.kind_prefix, node))
+
+
+async def list_links(backend: RegistryBackend, node: str | None = None) -> list[LinkInfo]:
+    """Measured pairs of every node (or those ``node`` measured), sorted by key."""
+    return await _list(backend, LinkInfo, _under(LinkInfo.kind_prefix, node))
 
 
 async def list_network_engines(backend: RegistryBackend, node: str | None = None) -> list[NetworkEngineInfo]:

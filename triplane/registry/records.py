@@ -6,6 +6,7 @@ Key layout (relative to the backend prefix, ``/triplane/`` by default):
     engines/op/<node>/<engine>          OpEngineInfo
     engines/memory/<node>/<engine>      MemoryEngineInfo
     engines/network/<node>/<engine>     NetworkEngineInfo
+    links/<node>/<peer>                 LinkInfo (measured by <node>, leased with it)
     bindings/<node>/<op-engine>         Binding
     drained/<node>                      Drained (no lease: outlives the node's registration)
     scheduler/leader                    the elected scheduler (see leader.py)
@@ -29,6 +30,7 @@ from triplane.registry.backend import RegistryError
 __all__ = [
     "Binding",
     "Drained",
+    "LinkInfo",
     "MemoryEngineInfo",
     "NetworkEngineInfo",
     "NodeInfo",
@@ -132,11 +134,30 @@ class NetworkEngineInfo(Record):
     protocol: str
     bandwidth_gbps: float
     latency_us: float
+    port: int = 0  # where it serves the probe (0: not served)
 
     kind_prefix: ClassVar[str] = "engines/network/"
 
     def key(self) -> str:
         return self._key(check_name(self.node, "node"), check_name(self.engine, "engine"))
+
+
+@dataclasses.dataclass(frozen=True)
+class LinkInfo(Record):
+    """A pair of nodes as ``node`` measured it through its network ``engine``: bandwidth
+    (GB/s) and latency (µs, best round trip) to ``peer``, at ``measured_at`` (unix s)."""
+
+    node: str
+    peer: str
+    engine: str
+    bandwidth_gbps: float
+    latency_us: float
+    measured_at: float
+
+    kind_prefix: ClassVar[str] = "links/"
+
+    def key(self) -> str:
+        return self._key(check_name(self.node, "node"), check_name(self.peer, "peer"))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -32,10 +32,11 @@ from triplane.registry import (
     RegistryBackend,
     list_bindings,
     list_drained,
+    list_links,
     list_nodes,
     list_op_engines,
 )
-from triplane.registry.records import MemoryEngineInfo, NetworkEngineInfo
+from triplane.registry.records import LinkInfo, MemoryEngineInfo, NetworkEngineInfo
 from triplane.scheduler.calibration import Calibration, bound_of
 from triplane.scheduler.compiler.compile import ClusterSnapshot
 from triplane.scheduler.compiler.costmodel import NodeFigures, task_cost
@@ -50,7 +51,8 @@ _TASK_OVERHEAD_S = MODEL.task_overhead_s  # what placement adds to each kernel
 
 def figures_from_records(op_engines: Iterable[OpEngineInfo],
                          memory_engines: Iterable[MemoryEngineInfo] = (),
-                         network_engines: Iterable[NetworkEngineInfo] = (), *,
+                         network_engines: Iterable[NetworkEngineInfo] = (),
+                         links: Iterable[LinkInfo] = (), *,
                          default_bandwidth_gbps: float = 1.0,
                          default_latency_us: float = 100.0) -> list[NodeFigures]:
     """One :class:`NodeFigures` per node that has an op engine, sorted by node name.
@@ -58,7 +60,8 @@ def figures_from_records(op_engines: Iterable[OpEngineInfo],
     A node with several engines of a kind: ops and dtypes are the union, speeds the best
     engine's, memory the sum of its memory engines, the network its fastest engine
     (lowest latency among them). A node without a network record gets the defaults;
-    each op engine is one slot.
+    each op engine is one slot. ``links`` (per pair, measured by the first node) go to
+    the node that measured them, for pairs between nodes listed here.
     """
     ops: dict[str, list[OpEngineInfo]] = {}
     for e in op_engines:
@@ -69,6 +72,10 @@ def figures_from_records(op_engines: Iterable[OpEngineInfo],
     net: dict[str, list[NetworkEngineInfo]] = {}
     for n in network_engines:
         net.setdefault(n.node, []).append(n)
+    pairs: dict[str, list[tuple[str, float, float]]] = {}
+    for link in links:
+        if link.node in ops and link.peer in ops:
+            pairs.setdefault(link.node, []).append((link.peer, link.bandwidth_gbps, link.latency_us))
     out = []
     for node in sorted(ops):
         engines = ops[node]
@@ -85,19 +92,20 @@ def figures_from_records(op_engines: Iterable[OpEngineInfo],
             ops=frozenset(op for e in engines for op in e.ops),
             dtypes=frozenset(d for e in engines for d in e.dtypes),
             slots=len(engines),
+            links=tuple(sorted(pairs.get(node, ()))),
         ))
     return out
 
 
 async def figures_from_registry(backend: RegistryBackend) -> list[NodeFigures]:
     """:func:`figures_from_records` over what a registry backend holds now (live nodes)."""
-    from triplane.registry.nodes import list_memory_engines, list_network_engines
+    from triplane.registry.nodes import list_links, list_memory_engines, list_network_engines
 
     live = {n.node for n in await list_nodes(backend)}
     ops = [e for e in await list_op_engines(backend) if e.node in live]
     mems = await list_memory_engines(backend)
     nets = await list_network_engines(backend)
-    return figures_from_records(ops, mems, nets)
+    return figures_from_records(ops, mems, nets, await list_links(backend))
 
 
 class ClusterView:
@@ -161,9 +169,15 @@ class ClusterView:
             agg["capacity"] += m.capacity
             agg["free"] += m.free
         drained = await self.read_drained()
+        links: dict[str, list[dict[str, Any]]] = {}
+        for link in await list_links(self.registry):
+            fields = ("peer", "engine", "bandwidth_gbps", "latency_us", "measured_at")
+            links.setdefault(link.node, []).append({k: getattr(link, k) for k in fields})
         return [
             {
                 **_asdict(n),
+                # measured pairs from this node (executor/links.py), for `triplane status`
+                "links": links.get(n.node, []),
                 "health": "up",
                 "running": self.running(n.node),
                 "memory": mem.get(n.node, {"capacity": 0, "free": 0}),

@@ -148,7 +148,8 @@ def test_unknown_names_list_the_known_ones(vendor: Path) -> None:
     known = r"unknown memory engine 'redis' \(known: \[.*'host'.*'ramdisk'"
     with pytest.raises(UnknownEngineError, match=known):
         registry.get_memory_engine("redis", capacity=10)
-    with pytest.raises(UnknownEngineError, match=r"unknown network engine 'rdma' \(known: \['wire'\]\)"):
+    built_ins_and_wire = r"unknown network engine 'rdma' \(known: \['tcp', 'udp', 'wire'\]\)"
+    with pytest.raises(UnknownEngineError, match=built_ins_and_wire):
         registry.get_network_engine("rdma")
     with pytest.raises(ValueError, match="unknown engine kind 'gpu'"):
         registry.engine_names("gpu")

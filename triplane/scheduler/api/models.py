@@ -208,6 +208,16 @@ class Calibration(BaseModel):
     bytes: float
 
 
+class Link(BaseModel):
+    """A pair as ``node`` measured it (docs/network.md)."""
+
+    peer: str
+    engine: str
+    bandwidth_gbps: float
+    latency_us: float = Field(description="best round trip, microseconds")
+    measured_at: float
+
+
 class Node(BaseModel):
     node: str
     address: str
@@ -224,6 +234,7 @@ class Node(BaseModel):
     calibration: Calibration
     drained: bool = Field(description="an admin drained it: no new tasks go there")
     drained_at: float | None
+    links: list[Link] = Field(default_factory=list, description="per-pair network figures it measured")
 
 
 class Engine(BaseModel):

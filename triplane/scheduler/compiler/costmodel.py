@@ -16,7 +16,9 @@ Predictions (seconds):
   ``broadcast_to``, whose kernels return a view of their input) costs the overhead only,
   and placement does not make it wait for, or hold, one of the node's slots: the
   executor runs it at once on its event loop, beside a running kernel (docs/executor.md).
-* transfer: ``bytes / min(bandwidth of both ends) + max(latency of both ends)``; zero
+* transfer: ``bytes / bandwidth + latency`` of the pair when either end measured it (the
+  registry's per-pair ``links``, the worse of both directions), else ``bytes / min(bandwidth
+  of both ends) + max(latency of both ends)``; zero
   when the data is already on the node. A source that is not a compute node (the
   scheduler's data server holding uploaded tensors) is represented by the destination's
   own figures.
@@ -60,7 +62,8 @@ class NodeFigures:
     ``gflops`` is the op engine's measured matmul rate, ``gbps`` its elementwise memory
     rate (GB/s, 1e9 bytes); ``memory_capacity`` / ``memory_free`` are bytes of its memory
     engine(s); ``bandwidth_gbps`` (GB/s) and ``latency_us`` describe its network engine;
-    ``slots`` is how many tasks it runs at once.
+    ``slots`` is how many tasks it runs at once. ``links`` are its measured pairs:
+    ``(peer, bandwidth_gbps, latency_us)`` each (the registry's ``links/<node>/<peer>``).
     """
 
     name: str
@@ -73,6 +76,7 @@ class NodeFigures:
     ops: frozenset[str] | None = None
     dtypes: frozenset[str] | None = None
     slots: int = 1
+    links: tuple[tuple[str, float, float], ...] = ()
 
     def __post_init__(self) -> None:
         for what in ("gflops", "gbps", "bandwidth_gbps"):
@@ -83,6 +87,11 @@ class NodeFigures:
             raise ValueError(f"node {self.name!r}: latency and memory must be >= 0 and slots >= 1")
         if self.memory_free is None:
             object.__setattr__(self, "memory_free", self.memory_capacity)
+        object.__setattr__(self, "_links", {p: (bw, lat) for p, bw, lat in self.links if bw > 0})
+
+    def link(self, peer: str) -> tuple[float, float] | None:
+        """``(bandwidth_gbps, latency_us)`` measured from this node to ``peer``, or None."""
+        return self._links.get(peer)  # type: ignore[attr-defined,no-any-return]
 
     @property
     def free(self) -> int:
@@ -155,6 +164,11 @@ class CostModel:
         as the scheduler's data server) to ``dst``. Same node: zero."""
         if src is not None and src.name == dst.name:
             return 0.0
+        if src is not None and (src.links or dst.links):
+            pair = [f for f in (src.link(dst.name), dst.link(src.name)) if f is not None]
+            if pair:  # the pair as measured (either direction; the worse if both)
+                bw, lat = min(f[0] for f in pair), max(f[1] for f in pair)
+                return nbytes / (bw * 1e9) + lat * 1e-6
         bw = dst.bandwidth_gbps if src is None else min(src.bandwidth_gbps, dst.bandwidth_gbps)
         lat = dst.latency_us if src is None else max(src.latency_us, dst.latency_us)
         return nbytes / (bw * 1e9) + lat * 1e-6

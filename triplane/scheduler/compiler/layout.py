@@ -331,14 +331,16 @@ _FIELDS = ("name", "gflops", "gbps", "memory_capacity", "memory_free", "bandwidt
 def figures_to_json(figures: Sequence[NodeFigures]) -> list[dict[str, Any]]:
     """The numbers tiling and placement read (ops/dtypes are left out: a resumed job was
     checked against them when it was submitted)."""
-    return [{k: getattr(n, k) for k in _FIELDS} for n in figures]
+    return [{**{k: getattr(n, k) for k in _FIELDS}, "links": [list(x) for x in n.links]} for n in figures]
 
 
 def figures_from_json(doc: Any) -> list[NodeFigures]:
     """Inverse of :func:`figures_to_json`; ValueError/TypeError/KeyError for a bad record."""
     if not isinstance(doc, list):
         raise TypeError("figures must be a list")
-    return [NodeFigures(**{k: d[k] for k in _FIELDS}) for d in doc]
+    return [NodeFigures(**{k: d[k] for k in _FIELDS},  # links: absent from records before them
+                        links=tuple((str(p), float(b), float(t)) for p, b, t in d.get("links", ())))
+            for d in doc]
 
 
 def structure_hash(figures: Sequence[NodeFigures]) -> str:

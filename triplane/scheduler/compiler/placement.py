@@ -186,6 +186,16 @@ class PlacementState:
         self.graph = graph
         self.model = model
         self.figures = {n.name: n for n in nodes}
+        # With per-pair figures, each node's best way out (its fastest pair, its shortest
+        # latency to another node) for the look ahead of _egress; empty without pairs.
+        self.egress: dict[str, tuple[float, float]] = {}
+        if any(n.links for n in nodes) and len(nodes) > 1:
+            for n in nodes:
+                peers = [m for m in nodes if m is not n]
+                lats = [model.transfer_time(0.0, n, m) for m in peers]
+                outs = [model.transfer_time(1.0, n, m) - lat for m, lat in zip(peers, lats)]
+                self.egress[n.name] = (min(outs), min(lats))
+        self._egress_of: dict[str, dict[str, float]] = {}
         self.slots: dict[str, list[float]] = {n.name: [0.0] * n.slots for n in nodes}
         self.busy: dict[str, float] = {n.name: 0.0 for n in nodes}
         self.memory: dict[str, _NodeMemory] = {n.name: _NodeMemory() for n in nodes}
@@ -499,8 +509,9 @@ def _place_one(task: TaskView, nodes: Sequence[NodeFigures], state: PlacementSta
         code = Code.UNSCHEDULABLE if resolvable else Code.UNSCHEDULABLE_AND_UNRESOLVABLE
         raise PlacementError(Status(code, reason, ",".join(failed)), node=task.id, op=task.op,
                              what=task.describe())
-    best = min(e.finish for e in feasible)
-    tied = [e for e in feasible if e.finish <= best + fw.tie_s]
+    ahead = {e.node: e.finish + _egress(task, e.node, state) for e in feasible}
+    best = min(ahead.values())
+    tied = [e for e in feasible if ahead[e.node] <= best + fw.tie_s]
     chosen = tied[0] if len(tied) == 1 else _by_score(task, tied, state, fw)
     for b in fw.binders:
         st = b.bind(task, chosen, state)
@@ -511,6 +522,27 @@ def _place_one(task: TaskView, nodes: Sequence[NodeFigures], state: PlacementSta
         return
     raise PlacementError(Status(Code.ERROR, "no binder bound the task", "Framework"),
                          node=task.id, op=task.op)
+
+
+SLOW_EGRESS = 4.0
+"""A node whose best way out takes this many times the median node's is looked ahead for."""
+
+
+def _egress(task: TaskView, node: str, state: PlacementState) -> float:
+    """With per-pair figures, a look ahead: a node whose best way out (its fastest pair,
+    its shortest latency) would take over ``SLOW_EGRESS`` times the median node's to move
+    the task's output is charged that move, when the output has readers. Zero otherwise:
+    pairs alike (or within measurement noise) change nothing, and a slowed peer gets no
+    work that others would then have to pull from it."""
+    if not state.egress or not state.readers_left.get(task.id):
+        return 0.0
+    costs = state._egress_of.get(task.id)
+    if costs is None:
+        nbytes = task.out.nbytes
+        raw = {n: nbytes * per_byte + lat for n, (per_byte, lat) in state.egress.items()}
+        mid = sorted(raw.values())[len(raw) // 2]
+        costs = state._egress_of[task.id] = {n: (c if c > SLOW_EGRESS * mid else 0.0) for n, c in raw.items()}
+    return costs.get(node, 0.0)
 
 
 def _by_score(task: TaskView, tied: list[Estimate], state: PlacementState, fw: Framework) -> Estimate:
