@@ -35,6 +35,10 @@ BUILTINS: dict[str, dict[str, str]] = {
     },
     "memory": {
         "host": "triplane.engines.memory.host:HostMemoryEngine",
+        "file": "triplane.engines.memory.file:FileMemoryEngine",
+        "redis": "triplane.engines.memory.redis_engine:RedisMemoryEngine",
+        "device": "triplane.engines.memory.device:DeviceMemoryEngine",
+        "spill": "triplane.engines.memory.spill:SpillingMemoryEngine",
     },
     # The executor's packet transports (UDP, TCP) are built into it; a network engine
     # plugin is found here like the others.
