@@ -27,12 +27,16 @@ class EngineTiles:
 
     def __init__(self, engine: Any) -> None:
         self.engine = engine
+        # A device engine's tiles go out through its explicit device-to-host copy.
+        self._to_host = getattr(engine, "to_host", None)
 
     def read(self, tile: str) -> tuple[tuple[int, ...], str, memoryview] | None:
         try:
             arr = self.engine.get(tile)
         except MissingTileError:
             return None
+        if self._to_host is not None:
+            arr = self._to_host(arr)
         return tuple(arr.shape), dt.dtype(arr.dtype).name, byte_view(arr)
 
     def reserve(self, nbytes: int, tile: str) -> None:

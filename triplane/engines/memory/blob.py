@@ -80,8 +80,12 @@ class BlobMemoryEngine:
 
     # --- tiles ---------------------------------------------------------------------------
 
+    def _prepare(self, value: Any) -> Any:
+        """What ``put`` stores of ``value`` (here: a C-contiguous host array)."""
+        return host_array(value)
+
     def put(self, key: str, value: np.ndarray, *, reserved: int = 0) -> None:
-        arr = host_array(value)
+        arr = self._prepare(value)
         with self._lock:
             self._reserved -= reserved
             delta = arr.nbytes - self._tiles.get(key, 0)
@@ -164,7 +168,7 @@ class BlobMemoryEngine:
     # --- cache entries -------------------------------------------------------------------
 
     def cache_put(self, key: str, value: np.ndarray) -> bool:
-        arr = host_array(value)
+        arr = self._prepare(value)
         with self._lock:
             if key in self._tiles:
                 return False
