@@ -94,7 +94,8 @@ class Executor:
 
     def __init__(self, registry: RegistryBackend, secret: bytes, *, memory_bytes: int,
                  engines: Sequence[str] = ("numpy",), memory_engine: str = "host",
-                 host: str = "127.0.0.1", name: str | None = None,
+                 memory_options: dict[str, Any] | None = None, host: str = "127.0.0.1",
+                 name: str | None = None,
                  drop_udp: float = 0.0, fault_seed: int = 0, workers: int = 1, ttl_s: float = 5.0,
                  stats_interval_s: float = 1.0, benchmark_size: int = 512,
                  limits: Limits = DEFAULT_LIMITS) -> None:
@@ -110,7 +111,7 @@ class Executor:
         self.op_engines = [get_op_engine(e) for e in engines]
         # Tiles live in the memory engine named (built-in ``host``, or a plugin): the executor
         # uses only what the MemoryEngine protocol names.
-        self.store = get_memory_engine(memory_engine, capacity=memory_bytes)
+        self.store = get_memory_engine(memory_engine, capacity=memory_bytes, **(memory_options or {}))
         self.client = DataClient(secret)
         self.data = DataServer(EngineTiles(self.store), secret, host=host, limits=limits)
         self.intake = Intake(secret, self.name)
@@ -187,7 +188,8 @@ class Executor:
                 "memory": {"capacity": store.capacity(), "used": store.used(), "tiles": len(store),
                            "cached": store.cached(), "free": store.free()},
                 "cache": {"entries": len(store.cache_keys()), "bytes": store.cached(),
-                          "hits": runs["upload_hits"], "pulls": runs["upload_pulls"], **store.cache_report()}}
+                          "hits": runs["upload_hits"], "pulls": runs["upload_pulls"], **store.cache_report()},
+                **({"spill": store.spill_report()} if hasattr(store, "spill_report") else {})}
 
     # --- registry records ------------------------------------------------------------------
 

@@ -2,7 +2,9 @@
 engine instead of failing, and reads them back on demand.
 
 ``SpillingMemoryEngine(capacity, memory=M, path=DIR)`` has two tiers: a fast one (the
-``primary`` engine, ``host`` by default, of ``M`` bytes) and a file engine in ``DIR``
+``primary`` engine, ``host`` by default, of ``M`` bytes) and a file engine in
+``DIR/spill-<pid>`` (several executors may share DIR; at start, the directories of
+processes that are gone are removed)
 (:class:`~triplane.engines.memory.file.FileMemoryEngine`; written without ``fsync``:
 spilled tiles need not survive a crash, persisted ones are another engine's). Its
 ``capacity()`` is the bytes of tiles it holds in both tiers together, and that is what it
@@ -21,8 +23,12 @@ now (``memory_used``, ``file_used``). The executor puts them in its stats
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 import threading
 from collections import OrderedDict
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -32,6 +38,20 @@ from triplane.engines.memory.blob import host_array
 from triplane.engines.memory.file import FileMemoryEngine
 
 __all__ = ["SpillingMemoryEngine"]
+
+
+def _remove_stale(root: Path) -> None:
+    """Remove the spill directories of processes that are gone (``spill-<pid>``)."""
+    if not root.is_dir():
+        return
+    for d in root.glob("spill-*"):
+        try:
+            pid = int(d.name.removeprefix("spill-"))
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            shutil.rmtree(d, ignore_errors=True)
+        except (ValueError, PermissionError):
+            continue
 
 
 class SpillingMemoryEngine:
@@ -47,10 +67,10 @@ class SpillingMemoryEngine:
         if not 0 < memory <= capacity:
             raise ValueError(f"the fast tier's memory ({memory}) must be in (0, capacity={capacity}]")
         self.primary = get_memory_engine(primary, capacity=memory) if isinstance(primary, str) else primary
-        self.file = FileMemoryEngine(capacity, path=path, name=f"{name}-file", fsync=False)
-        stale = self.file.keys()  # an earlier process's spilled tiles are not ours
-        for k in stale:
-            self.file.delete(k)
+        root = Path(path) if path is not None else Path(tempfile.mkdtemp(prefix="triplane-spill-"))
+        _remove_stale(root)
+        self.file = FileMemoryEngine(capacity, path=root / f"spill-{os.getpid()}", name=f"{name}-file",
+                                     fsync=False)
         self.name = name
         self.kind = f"{self.primary.kind}+file"
         self._capacity = capacity
