@@ -37,7 +37,7 @@ class _Usage(Exception):
 
 async def _serve(registry: str, engines: list[str], memory_bytes: int,
                  memory_engine: tuple[str, dict[str, Any]], host: str, name: str | None, secret: bytes,
-                 drop_udp: float, fault_seed: int, limits: Limits) -> int:
+                 drop_udp: float, fault_seed: int, limits: Limits, persist: str | None = None) -> int:
     from triplane.executor.daemon import Executor
     from triplane.registry import RegistryUnavailable, connect_registry
 
@@ -51,8 +51,8 @@ async def _serve(registry: str, engines: list[str], memory_bytes: int,
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     executor = Executor(backend, secret, memory_bytes=memory_bytes, engines=engines,
-                        memory_engine=memory_engine[0], memory_options=memory_engine[1], host=host,
-                        name=name, drop_udp=drop_udp, fault_seed=fault_seed, limits=limits)
+                        memory_engine=memory_engine[0], memory_options=memory_engine[1], persist=persist,
+                        host=host, name=name, drop_udp=drop_udp, fault_seed=fault_seed, limits=limits)
     try:
         await executor.start()
     except RegistryUnavailable as e:
@@ -77,6 +77,9 @@ def executor_command(
     memory_engine: Annotated[str, typer.Option(
         help="memory engine for tiles: host, file:DIR, redis://HOST:PORT, a plugin's name, or "
              "host,file:DIR[@SIZE] (spill to DIR at capacity)")] = "host",
+    persist_to: Annotated[str | None, typer.Option(
+        help="where persisted jobs' tiles are kept too: file:DIR (shared), redis://HOST:PORT/DB "
+             "(default $TRIPLANE_PERSIST_TO)")] = None,
     host: Annotated[str, typer.Option(help="address to listen on and publish")] = "127.0.0.1",
     name: Annotated[str | None, typer.Option(help="node id (default: <host>-<pid>)")] = None,
     secret_file: Annotated[Path | None, typer.Option(help="cluster secret; else $TRIPLANE_SECRET")] = None,
@@ -87,7 +90,8 @@ def executor_command(
     max_connections: Annotated[int, typer.Option(help="TCP connections per port at most")] = 256,
 ) -> None:
     """Run an executor: register with REGISTRY, serve task packets and tiles until stopped."""
-    code = run_executor(registry, engines=engines, memory=memory, memory_engine=memory_engine, host=host,
+    code = run_executor(registry, engines=engines, memory=memory, memory_engine=memory_engine,
+                        persist_to=persist_to, host=host,
                         name=name, secret_file=secret_file, drop_udp=drop_udp,
                         fault_seed=fault_seed, log_level=log_level, idle_timeout=idle_timeout,
                         max_connections=max_connections)
@@ -96,6 +100,7 @@ def executor_command(
 
 
 def run_executor(registry: str, *, engines: str = "numpy", memory: str = "8GiB", memory_engine: str = "host",
+                 persist_to: str | None = None,
                  host: str = "127.0.0.1", name: str | None = None, secret_file: Path | None = None,
                  drop_udp: float = 0.0, fault_seed: int = 0, log_level: str = "info",
                  idle_timeout: float = 10.0, max_connections: int = 256) -> int:
@@ -120,6 +125,9 @@ def run_executor(registry: str, *, engines: str = "numpy", memory: str = "8GiB",
         from triplane.executor.config import parse_memory_engine
 
         mem_name, memory_bytes, mem_options = parse_memory_engine(memory_engine, memory_bytes)
+        from triplane.engines.memory.persist import persist_targets
+
+        persist_targets(persist_to)  # a bad spec exits 2 here
 
         try:
             for e in engine_names:
@@ -135,7 +143,7 @@ def run_executor(registry: str, *, engines: str = "numpy", memory: str = "8GiB",
     runner = event_loop_runner()
     try:
         return runner(_serve(registry, engine_names, memory_bytes, (mem_name, mem_options), host, name,
-                             secret, drop_udp, fault_seed, limits))
+                             secret, drop_udp, fault_seed, limits, persist_to))
     except _Usage as e:
         print(f"triplane executor: {e}", file=sys.stderr)
         return 2

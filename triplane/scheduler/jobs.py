@@ -152,6 +152,7 @@ class Jobs:
         self.require_leader = require_leader
         self.refs = refs
         self.retain = retain
+        self.persist: dict[str, Any] = {}  # kind -> persistence target (set by the service)
         self._ended: deque[str] = deque()  # finished jobs of ``live``, oldest first
         # Clear while the unfinished jobs of the metadb are being resumed (after a restart
         # or on taking the lead): a long-poll or cancel of such a job waits for it.
@@ -164,7 +165,7 @@ class Jobs:
     # --- submit ----------------------------------------------------------------------------
 
     async def submit(self, graph_doc: Any, fetch: Any, deadline_s: float | None = None, *,
-                     owner: str | None = None) -> dict[str, Any]:
+                     owner: str | None = None, persist: str | None = None) -> dict[str, Any]:
         """Validate, compile, store and dispatch a job; its status body (see the module doc)
         with ``plan`` (the canonical graph's hash) and ``args`` (the uploads bound to
         ``arg0, arg1, ...``), for :meth:`submit_bound` to run the same structure again.
@@ -173,6 +174,10 @@ class Jobs:
         await self.require_leader()
         if not isinstance(fetch, list) or len(fetch) > MAX_FETCH or not all(type(f) is str for f in fetch):
             raise BadRequest(f"'fetch' must be a list of at most {MAX_FETCH} node ids")
+        if persist is not None and persist not in self.persist:
+            raise BadRequest(f"'persist': {persist!r} names no persistence target of this cluster "
+                             f"(configured: {sorted(self.persist) or 'none'}; set $TRIPLANE_PERSIST_TO "
+                             "on the scheduler and executors, e.g. file:/shared/dir)")
         cluster, engines, factors = await self.cluster.snapshot()
         held = await self.refs.resolve(refs_in_graph(graph_doc))
         try:
@@ -186,7 +191,7 @@ class Jobs:
             self.structures.move_to_end(key)
             while len(self.structures) > self.plans.capacity:
                 self.structures.popitem(last=False)
-            body = await self._start(plan, fetch, deadline_s, owner, engines, factors, held)
+            body = await self._start(plan, fetch, deadline_s, owner, engines, factors, held, persist)
         except BaseException:
             self.refs.drop(held)
             raise
@@ -238,7 +243,8 @@ class Jobs:
             raise
 
     async def _start(self, plan: JobPlan, fetch: list[str], deadline_s: float | None, owner: str | None,
-                     engines: Any, factors: Factors, held: Held) -> dict[str, Any]:
+                     engines: Any, factors: Factors, held: Held,
+                     persist: str | None = None) -> dict[str, Any]:
         """Check, store and dispatch a compiled job; its status body."""
         bindings = bindings_of(plan)
         if held.refs:  # a resumed job finds them again (once their holders are back)
@@ -272,12 +278,12 @@ class Jobs:
             except Exception as e:
                 raise _store_failed(plan.job, e) from None
             self.refs.bind(plan.job, held)
-            return self.body(plan.job, self._dispatch(plan, now, (), factors, deadline_s))
+            return self.body(plan.job, self._dispatch(plan, now, (), factors, deadline_s, persist))
         # Dispatch first and store meanwhile: the executors start while ~10^4 task rows are
         # inserted. The journal holds the job's writes back until its rows exist.
         self.journal.hold(plan.job)
         self.refs.bind(plan.job, held)
-        live = self._dispatch(plan, now, (), factors, deadline_s)
+        live = self._dispatch(plan, now, (), factors, deadline_s, persist)
         try:
             await asyncio.to_thread(self.store_job, plan, fetch, bindings, now, owner)
         except Exception as e:
@@ -340,13 +346,15 @@ class Jobs:
                     row.plan_id = info.id
 
     def _dispatch(self, plan: JobPlan, created: float, done: tuple[tuple[str, str], ...],
-                  factors: Factors | None = None, deadline_s: float | None = None) -> LiveJob:
+                  factors: Factors | None = None, deadline_s: float | None = None,
+                  persist: str | None = None) -> LiveJob:
         live = LiveJob(plan, dict(plan.back), created, time.time(), factors=factors)
         live.fetched_tasks = frozenset(fetched_tasks_of(plan))
         self.live[plan.job] = live
         self.templates[plan.job] = dict(plan.templates)
         deadline = None if deadline_s is None else created + deadline_s
-        self.shell.handle(SubmitJob(f"submit:{plan.job}", plan.job, plan.specs, time.time(), done, deadline))
+        self.shell.handle(SubmitJob(f"submit:{plan.job}", plan.job, plan.specs, time.time(), done, deadline,
+                                    persist))
         return live
 
     # --- resume ------------------------------------------------------------------------------

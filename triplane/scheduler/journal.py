@@ -27,6 +27,9 @@ from triplane import metadb as mdb
 from triplane.proto.packet import Reply, Timings
 from triplane.scheduler.dispatch.state import Transitioned
 
+PERSISTED_READ = "tile.persisted_read"  # an event: a done task's holder died, its tile is read from
+# the persistence target named by the row's node (store:<kind>) instead of being computed again
+
 log = logging.getLogger(__name__)
 
 FAILED = "job.failed"  # the event holding a failed job's error body
@@ -102,7 +105,10 @@ class Journal:
                 # gives (ready or pending). Rewriting them would cost a row update per task.
                 continue
             self._tx[(t.job, t.task)] = t
-            if t.start in ("dispatched", "done") and t.finish in ("ready", "pending", "failed"):
+            # the unusual: a drift or lineage, or (done -> done) a holder died and the tile is
+            # read from a persistence target
+            if ((t.start in ("dispatched", "done") and t.finish in ("ready", "pending", "failed"))
+                    or t.start == t.finish == "done"):
                 self._events.append(t)
 
     def output(self, job: str, task: str, node: str, r: Reply, *, tiles: bool = True) -> None:
@@ -179,7 +185,7 @@ class Journal:
             try:
                 w.event(
                     t.job,
-                    f"task.{t.finish}",
+                    f"task.{t.finish}" if t.start != t.finish else PERSISTED_READ,
                     task_id=t.task,
                     stimulus_id=t.stimulus_id[:128],
                     at=t.at,

@@ -28,6 +28,7 @@ import asyncio
 import base64
 import contextlib
 import logging
+import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -35,6 +36,7 @@ from typing import Any
 
 from triplane import metadb as mdb
 from triplane._version import __version__
+from triplane.engines.memory.persist import PERSIST_ENV, persist_targets
 from triplane.net.dataport import DataClient, DataPortError, DataServer
 from triplane.registry import Leadership, RegistryBackend, leader
 from triplane.scheduler.cluster import ClusterView
@@ -123,6 +125,9 @@ class Scheduler(Leading):
                          cluster=self.cluster, results=self.results, live=live, templates=self.templates,
                          require_leader=self.require_leader, refs=self.refs, retain=retain_finished,
                          group=group_tiny_jobs)
+        # Persistence targets ($TRIPLANE_PERSIST_TO, engines/memory/persist.py): a job asking to
+        # persist names one; a fetch reads a tile there when its holder is gone.
+        self.jobs.persist = self.results.persist = persist_targets(os.environ.get(PERSIST_ENV))
         self.sessions = Sessions(session_ttl_s)
         self.freer = TileFreer(self.data_client, self._data_address)
         self.shell.hooks = Hooks(self.jobs.finished, self.journal.transitions, self.jobs.output,
@@ -223,8 +228,8 @@ class Scheduler(Leading):
     # --- the API's calls (docs/runtime.md) ----------------------------------------------------
 
     async def submit(self, graph_doc: Any, fetch: Any, deadline_s: float | None = None, *,
-                     owner: str | None = None) -> dict[str, Any]:
-        return await self.jobs.submit(graph_doc, fetch, deadline_s, owner=owner)
+                     owner: str | None = None, persist: str | None = None) -> dict[str, Any]:
+        return await self.jobs.submit(graph_doc, fetch, deadline_s, owner=owner, persist=persist)
 
     async def submit_bound(self, plan_hash: str, args: Sequence[str | tuple[bytes, tuple[int, ...], str]],
                            fetch: list[str], deadline_s: float | None = None, *,

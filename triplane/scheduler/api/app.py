@@ -80,10 +80,13 @@ def parse_job_request(body: bytes | bytearray) -> tuple[tuple[Any, Any, float | 
         return bound, waiting
     if not isinstance(doc, dict) or "graph" not in doc:
         raise BadRequest('expected {"graph": <graph document>, "fetch": [node ids]}')
-    unknown = set(doc) - {"graph", "fetch", "deadline_s"}
+    unknown = set(doc) - {"graph", "fetch", "deadline_s", "persist"}
     if unknown:
         raise BadRequest(f"unknown field(s) {sorted(unknown)} "
-                         "(known: ['deadline_s', 'fetch', 'graph', 'inline', 'wait_s'])")
+                         "(known: ['deadline_s', 'fetch', 'graph', 'inline', 'persist', 'wait_s'])")
+    persist = doc.get("persist")
+    if persist not in (None, "file", "redis"):
+        raise BadRequest(f"'persist' must be \"file\" or \"redis\", got {persist!r:.40}")
     deadline_s = doc.get("deadline_s")
     if deadline_s is not None and (type(deadline_s) not in (int, float) or not 0 < deadline_s <= 604800):
         raise BadRequest(f"'deadline_s' must be seconds in (0, 604800], got {deadline_s!r:.40}")
@@ -97,7 +100,7 @@ def parse_job_request(body: bytes | bytearray) -> tuple[tuple[Any, Any, float | 
         kind = "limit" if isinstance(e, LimitError) else "graph"
         raise BadRequest(str(e), kind=kind, node=e.node, op=e.op) from None
     check_inline(waiting, fetch)
-    return (graph, fetch, deadline_s), waiting
+    return (graph, fetch, deadline_s, persist), waiting
 
 
 def parse_copy_request(body: bytes | bytearray) -> list[str]:
@@ -272,8 +275,8 @@ def create_app(
                 scheduler.sessions.tag_job(lease, body_out["id"])
             answer = {"id": body_out["id"], "state": body_out["state"]}
         else:
-            graph, fetch, deadline_s = parsed
-            body_out = await scheduler.submit(graph, fetch, deadline_s, owner=p.name)
+            graph, fetch, deadline_s, persist = parsed
+            body_out = await scheduler.submit(graph, fetch, deadline_s, owner=p.name, persist=persist)
             if lease is not None:
                 scheduler.sessions.tag_job(lease, body_out["id"])
             answer = {"id": body_out["id"], "state": body_out["state"], "plan": body_out["plan"],
