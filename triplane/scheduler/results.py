@@ -154,6 +154,9 @@ class Results:
         try:
             return await self.data_client.open_tile(info.address, info.data_port, tile)
         except DataPortError as e:
+            kept = await self._persisted(tile)  # its holder died (not noticed yet) or lost it
+            if kept is not None:
+                return kept
             why = f"cannot read {name!r} of job {job} (tile {tile}) from {node}: {e}"
             raise (NotFound(why) if e.missing else Unavailable(why)) from None
 

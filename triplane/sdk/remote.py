@@ -105,6 +105,7 @@ class RemoteSession:
         self._uploads = Uploads(self._upload_died if release else None)
         self.steps = BoundSteps()  # compiled steps: structures the scheduler planned before
         self.wait_s = wait_s
+        self.persist: str | None = None  # "file" or "redis": graph jobs keep their tiles there too
         self._submitter: Any = None  # the helper thread of submits that wait (_post_job)
         self._submitted_at: float | None = None
         self.holders = Holders()  # the Tensors holding values kept on the cluster
@@ -302,6 +303,8 @@ class RemoteSession:
         with those outputs of at most 64 KiB in ``values``: a short step is ONE request.
         Never retried once the request may have arrived. A 409 ``unknown plan`` RemoteError
         when the scheduler does not know a compiled step's ``plan``."""
+        if self.persist is not None and "graph" in request:
+            request = {**request, "persist": self.persist}
         body = request
         self._submitted_at = time.monotonic()
         if inline is not None and self.wait_s:
