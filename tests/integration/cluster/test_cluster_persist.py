@@ -131,6 +131,23 @@ def test_a_finished_jobs_persisted_result_is_fetchable_after_its_holder_died(
         h.close()
 
 
+def test_a_redis_persisted_result_is_fetchable_after_its_holder_died(
+        start_cluster: Callable[..., Any], redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(PERSIST_ENV, redis_url)
+    with start_cluster(bound_s=60, executors=1) as cluster:
+        h = httpx.Client(base_url=cluster.url, headers={"Authorization": f"Bearer {cluster.token}"},
+                         timeout=10)
+        body = {"graph": _graph(0.5), "fetch": ["n1"], "persist": "redis"}
+        job = h.post("/v1/jobs", json=body).json()["id"]
+        _wait_done(h, job)
+        cluster.kill_executor(0)
+        r = h.get(f"/v1/jobs/{job}/tensors/n1")
+        assert r.status_code == 200, r.text
+        np.testing.assert_allclose(np.frombuffer(r.content, dtype=np.float32).reshape(3, 4),
+                                   np.exp(np.full((3, 4), 0.5, np.float32)), rtol=1e-6)
+        h.close()
+
+
 def test_a_persist_target_the_cluster_lacks_is_refused_at_submit(start_cluster: Callable[..., Any]) -> None:
     with start_cluster(bound_s=60, executors=1) as cluster:
         h = httpx.Client(base_url=cluster.url, headers={"Authorization": f"Bearer {cluster.token}"},

@@ -7,19 +7,12 @@ import time
 
 import numpy as np
 import pytest
-from redis_server import redis_server
 
 from triplane.engines.errors import CorruptTileError, MemoryFullError
 from triplane.engines.memory.redis_engine import RedisMemoryEngine
 from triplane.engines.memory.testing import MemoryEngineConformance
 
 _prefixes = itertools.count()
-
-
-@pytest.fixture(scope="module")
-def redis_url(tmp_path_factory):
-    with redis_server(tmp_path_factory.mktemp("redis")) as url:
-        yield url
 
 
 class TestRedisMemoryEngine(MemoryEngineConformance):

@@ -1,4 +1,7 @@
-"""A throwaway redis-server for the tests: 127.0.0.1, a free port, no persistence."""
+"""Fixtures shared by the integration tests: ``redis_url``, a throwaway redis-server
+(127.0.0.1, a free port, no persistence) for the redis memory engine and the redis
+persistence target; the test is skipped, with the reason, where redis-server or redis-py
+is missing (.ci/run installs both)."""
 
 from __future__ import annotations
 
@@ -10,8 +13,6 @@ import time
 from collections.abc import Iterator
 
 import pytest
-
-__all__ = ["redis_server"]
 
 
 def _free_port() -> int:
@@ -49,3 +50,10 @@ def redis_server(tmp_path) -> Iterator[str]:
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The URL of a redis-server started for this test session."""
+    with redis_server(tmp_path_factory.mktemp("redis")) as url:
+        yield url
