@@ -116,14 +116,15 @@ class Executor:
         # uses only what the MemoryEngine protocol names.
         self.store = get_memory_engine(memory_engine, capacity=memory_bytes, **(memory_options or {}))
         self.client = DataClient(secret)
-        self.data = DataServer(EngineTiles(self.store), secret, host=host, limits=limits)
+        # Persistence targets (file:DIR, redis://...): where a persisted job's tiles are kept too.
+        persisted = persist_targets(persist if persist is not None else os.environ.get(PERSIST_ENV))
+        self.data = DataServer(EngineTiles(self.store, persisted), secret, host=host, limits=limits)
         self.intake = Intake(secret, self.name)
         # One engine (the usual case) is used as it is: the wrapper would ask it twice per task
         # whether it supports the op.
         engine = self.op_engines[0] if len(self.op_engines) == 1 else _Engines(self.op_engines)
         self.runner = TaskRunner(engine, self.store, self._pull, node=self.name, workers=workers)
-        # Persistence targets (file:DIR, redis://...): where a persisted job's tiles are kept too.
-        self.runner.persist = persist_targets(persist if persist is not None else os.environ.get(PERSIST_ENV))
+        self.runner.persist = persisted
         self.packets = PacketServer(self.intake, self.runner, host=host, drop_udp=drop_udp,
                                     fault_seed=fault_seed, limits=limits)
         self.registration: NodeRegistration | None = None
