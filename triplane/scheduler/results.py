@@ -184,8 +184,20 @@ class Results:
             info = self.shell.nodes.get(holders.get(by_tile[tile]) or "")
             return None if info is None else (info.address, info.data_port)
 
+        async def kept(tile: str) -> Any:
+            for target in self.persist.values():
+                try:
+                    arr = await asyncio.to_thread(target.get, tile)
+                except MissingTileError:
+                    continue
+                self.persisted_reads += 1
+                return arr
+            return None
+
         try:
-            return await open_tiled(self.data_client, grid, ids, holder)
+            has = lambda tile: any(tile in t for t in self.persist.values())  # noqa: E731
+            targets = (has, kept) if self.persist else None
+            return await open_tiled(self.data_client, grid, ids, holder, targets)
         except FetchError as e:
             raise NotFound(_gone(job, name, e.tile, holders.get(by_tile[e.tile]))) from None
 

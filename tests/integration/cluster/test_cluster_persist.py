@@ -85,8 +85,8 @@ def test_a_sigkilled_executors_persisted_tiles_are_read_not_recomputed(
         s.close()
 
 
-def _graph(value: float) -> dict[str, Any]:
-    t = {"shape": [3, 4], "dtype": "float32"}
+def _graph(value: float, shape: tuple[int, int] = (3, 4)) -> dict[str, Any]:
+    t = {"shape": list(shape), "dtype": "float32"}
     return {"version": 1, "outputs": ["n1"], "nodes": {
         "n0": {"op": "full", **t, "attrs": {"value": value, **t}},
         "n1": {"op": "exp", "inputs": ["n0"], **t}}}
@@ -102,15 +102,19 @@ def _wait_done(h: httpx.Client, job: str) -> None:
 def test_a_finished_jobs_persisted_result_is_fetchable_after_its_holder_died(
         start_cluster: Callable[..., Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(PERSIST_ENV, f"file:{tmp_path / 'persist'}")
-    with start_cluster(bound_s=90, executors=2) as cluster:
+    with start_cluster(bound_s=90, executors=2, memory="12MiB") as cluster:
         h = httpx.Client(base_url=cluster.url, headers={"Authorization": f"Bearer {cluster.token}"},
                          timeout=10)
         body = {"graph": _graph(1.0), "fetch": ["n1"], "persist": "file"}
         kept = h.post("/v1/jobs", json=body).json()["id"]
+        big = (1024, 2048)  # 8 MiB, twice, on executors of 12 MiB: cut in tiles, fetched tile by tile
+        body = {"graph": _graph(1.5, big), "fetch": ["n1"], "persist": "file"}
+        tiled = h.post("/v1/jobs", json=body).json()["id"]
         plain = h.post("/v1/jobs", json={"graph": _graph(2.0), "fetch": ["n1"]}).json()["id"]
-        for job in (kept, plain):
+        for job in (kept, tiled, plain):
             _wait_done(h, job)
-        holders = {r.node for job in (kept, plain) for r in task_rows(cluster.db, job)}
+        assert len(task_rows(cluster.db, tiled)) > 2  # tiled indeed
+        holders = {r.node for job in (kept, tiled, plain) for r in task_rows(cluster.db, job)}
         for i, p in enumerate(cluster.executors):  # every holder dies
             if p.name in holders:
                 cluster.kill_executor(i)
@@ -118,6 +122,10 @@ def test_a_finished_jobs_persisted_result_is_fetchable_after_its_holder_died(
         assert r.status_code == 200, r.text
         np.testing.assert_allclose(np.frombuffer(r.content, dtype=np.float32).reshape(3, 4),
                                    np.exp(np.ones((3, 4), np.float32)), rtol=1e-6)
+        r = h.get(f"/v1/jobs/{tiled}/tensors/n1")
+        assert r.status_code == 200, r.text
+        np.testing.assert_allclose(np.frombuffer(r.content, dtype=np.float32).reshape(big),
+                                   np.exp(np.full(big, 1.5, np.float32)), rtol=1e-6)
         r = h.get(f"/v1/jobs/{plain}/tensors/n1")  # the control: not persisted, gone with its holder
         assert r.status_code in (404, 503) and "executor-" in r.text, r.text
         deadline = time.monotonic() + 20
