@@ -255,6 +255,8 @@ class Jobs:
                 bindings["held"] = cuts
         if deadline_s is not None:
             bindings["deadline_s"] = deadline_s  # a resumed job keeps its deadline
+        if persist is not None:
+            bindings["persist"] = persist  # and its persistence
         if len(json.dumps(bindings)) > 60_000:
             raise LimitError(f"{len(plan.args)} uploaded inputs and {len(fetch)} fetched names "
                              "do not fit one job's record; submit fewer at once")
@@ -393,8 +395,10 @@ class Jobs:
             deadline_s = bindings.get("deadline_s")  # from submit's time, as the first process had it
             if type(deadline_s) not in (int, float):
                 deadline_s = None
+            persist = bindings.get("persist")
             self.refs.bind(info.id, held)
-            self._dispatch(plan, info.created_at, done, None, deadline_s)
+            self._dispatch(plan, info.created_at, done, None, deadline_s,
+                           persist if persist in self.persist else None)
             log.info("resumed job %s (%d of %d tasks already done)", info.id, len(done), len(plan.specs))
 
     def _set_failed(self, job: str, error: str) -> None:
