@@ -38,10 +38,12 @@ def _events(db_url: str, job: str) -> list[Any]:
 def test_a_sigkilled_executors_persisted_tiles_are_read_not_recomputed(
         start_cluster: Callable[..., Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(PERSIST_ENV, f"file:{tmp_path / 'persist'}")
-    monkeypatch.setenv(STALL_ENV, "matmul:12")  # first attempts of a matmul stall: the kill lands mid-job
+    # w's exp stalls on its first attempt, so every matmul still needs the tanh tiles when
+    # their holder is killed: without persistence they would be computed again.
+    monkeypatch.setenv(STALL_ENV, "exp:6")
     rng = np.random.default_rng(11)
     xa = rng.standard_normal((1024, 1024)).astype(np.float32)  # 4 MiB: tiled, not one grouped task
-    wa = rng.standard_normal((1024, 64)).astype(np.float32)
+    wa = rng.standard_normal((1024, 64)).astype(np.float32) * 0.1
     with start_cluster(bound_s=150, executors=2) as cluster:
         s = RemoteSession(cluster.url, cluster.token, job_timeout_s=90.0, reconnect_s=20.0, poll_s=0.2)
         s.persist = "file"
@@ -51,7 +53,7 @@ def test_a_sigkilled_executors_persisted_tiles_are_read_not_recomputed(
             try:
                 with use_session(s):
                     x, w = tp.Tensor.from_array(xa), tp.Tensor.from_array(wa)
-                    result["got"] = s.evaluate([tp.tanh(x) @ w])
+                    result["got"] = s.evaluate([tp.tanh(x) @ tp.exp(w)])
             except BaseException as e:
                 result["error"] = e
 
@@ -62,16 +64,17 @@ def test_a_sigkilled_executors_persisted_tiles_are_read_not_recomputed(
         while victim is None and time.monotonic() < deadline:  # a node holding a done tanh tile
             job = s.last_job
             if job:
-                done = [r for r in task_rows(cluster.db, job, timeout_s=0.0)
-                        if r.state == "done" and r.op == "tanh" and r.node]
+                rows = task_rows(cluster.db, job, timeout_s=0.0)
+                done = [r for r in rows if r.state == "done" and r.op == "tanh" and r.node]
                 if done:
                     victim = next(p for p in cluster.executors if p.name == done[0].node)
+                    assert not [r for r in rows if r.op == "exp" and r.state == "done"]  # still stalled
             time.sleep(0.2)
         assert victim is not None, "no tanh tile was ever done"
         os.kill(victim.pid, signal.SIGKILL)
         worker.join(90)
         assert not worker.is_alive() and "error" not in result, result.get("error")
-        np.testing.assert_allclose(result["got"][0], np.tanh(xa) @ wa, rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(result["got"][0], np.tanh(xa) @ np.exp(wa), rtol=1e-4, atol=1e-4)
         job = s.last_job
         events = _events(cluster.db, job)
         reads = [e for e in events if e.kind == "tile.persisted_read"]
