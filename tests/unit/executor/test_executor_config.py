@@ -59,3 +59,15 @@ def test_memory_engine_specs_name_an_engine_or_a_spilling_pair(tmp_path) -> None
         parse_memory_engine("host,redis://x", 1000)
     with pytest.raises(ValueError, match="needs a directory"):
         parse_memory_engine("host,file:", 1000)
+
+
+def test_the_executor_refuses_a_bad_memory_engine_or_persist_spec_with_status_2(monkeypatch, capsys) -> None:
+    from triplane.executor.cli import run_executor
+
+    monkeypatch.setenv("TRIPLANE_SECRET", "s" * 32)
+    assert run_executor("memory://", memory_engine="host,redis://x") == 2
+    assert "host,file:DIR" in capsys.readouterr().err
+    assert run_executor("memory://", memory_engine="nvme") == 2
+    assert "unknown memory engine 'nvme'" in capsys.readouterr().err
+    assert run_executor("memory://", persist_to="s3://bucket") == 2
+    assert "bad persistence target 's3://bucket'" in capsys.readouterr().err
