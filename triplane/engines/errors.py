@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from triplane.proto.errors import TriplaneError
 
-__all__ = ["EngineError", "MemoryFullError", "MissingTileError", "UnknownEngineError"]
+__all__ = ["CorruptTileError", "EngineError", "MemoryFullError", "MissingTileError", "UnknownEngineError"]
 
 
 class EngineError(TriplaneError):
@@ -44,3 +44,8 @@ class MissingTileError(EngineError, KeyError):
 
     def __str__(self) -> str:  # KeyError would quote the whole message
         return str(self.args[0]) if self.args else "no such tile"
+
+
+class CorruptTileError(MissingTileError):
+    """A stored tile failed its checksum when read back: it is treated as lost (the scheduler
+    recomputes it), and the message names the tile, the engine and where it was stored."""

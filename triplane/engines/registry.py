@@ -35,6 +35,10 @@ BUILTINS: dict[str, dict[str, str]] = {
     },
     "memory": {
         "host": "triplane.engines.memory.host:HostMemoryEngine",
+        "file": "triplane.engines.memory.file:FileMemoryEngine",
+        "redis": "triplane.engines.memory.redis_engine:RedisMemoryEngine",
+        "device": "triplane.engines.memory.device:DeviceMemoryEngine",
+        "spill": "triplane.engines.memory.spill:SpillingMemoryEngine",
     },
     "network": {
         "tcp": "triplane.engines.network.tcp:TcpEngine",

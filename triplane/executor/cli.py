@@ -16,7 +16,7 @@ import logging
 import signal
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -35,8 +35,9 @@ class _Usage(Exception):
     pass
 
 
-async def _serve(registry: str, engines: list[str], memory_bytes: int, memory_engine: str, host: str,
-                 name: str | None, secret: bytes, drop_udp: float, fault_seed: int, limits: Limits,
+async def _serve(registry: str, engines: list[str], memory_bytes: int,
+                 memory_engine: tuple[str, dict[str, Any]], host: str, name: str | None, secret: bytes,
+                 drop_udp: float, fault_seed: int, limits: Limits, persist: str | None = None,
                  network_delay_ms: float = 0.0) -> int:
     from triplane.executor.daemon import Executor
     from triplane.registry import RegistryUnavailable, connect_registry
@@ -51,8 +52,9 @@ async def _serve(registry: str, engines: list[str], memory_bytes: int, memory_en
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     executor = Executor(backend, secret, memory_bytes=memory_bytes, engines=engines,
-                        memory_engine=memory_engine, host=host, name=name, drop_udp=drop_udp,
-                        fault_seed=fault_seed, limits=limits, network_delay_ms=network_delay_ms)
+                        memory_engine=memory_engine[0], memory_options=memory_engine[1], persist=persist,
+                        host=host, name=name, drop_udp=drop_udp, fault_seed=fault_seed, limits=limits,
+                        network_delay_ms=network_delay_ms)
     try:
         await executor.start()
     except RegistryUnavailable as e:
@@ -74,7 +76,12 @@ def executor_command(
     registry: Annotated[str, typer.Option(help="registry URL: etcd://HOST:PORT or http://SCHEDULER")],
     engines: Annotated[str, typer.Option(help="op engines, comma-separated")] = "numpy",
     memory: Annotated[str, typer.Option(help="host memory for tiles, e.g. 768MiB, 8GiB, 1.5G")] = "8GiB",
-    memory_engine: Annotated[str, typer.Option(help="memory engine for tiles (host, or a plugin)")] = "host",
+    memory_engine: Annotated[str, typer.Option(
+        help="memory engine for tiles: host, file:DIR, redis://HOST:PORT, a plugin's name, or "
+             "host,file:DIR[@SIZE] (spill to DIR at capacity)")] = "host",
+    persist_to: Annotated[str | None, typer.Option(
+        help="where persisted jobs' tiles are kept too: file:DIR (shared), redis://HOST:PORT/DB "
+             "(default $TRIPLANE_PERSIST_TO)")] = None,
     host: Annotated[str, typer.Option(help="address to listen on and publish")] = "127.0.0.1",
     name: Annotated[str | None, typer.Option(help="node id (default: <host>-<pid>)")] = None,
     secret_file: Annotated[Path | None, typer.Option(help="cluster secret; else $TRIPLANE_SECRET")] = None,
@@ -87,7 +94,8 @@ def executor_command(
                                                          "(tests: a slowed peer)")] = 0.0,
 ) -> None:
     """Run an executor: register with REGISTRY, serve task packets and tiles until stopped."""
-    code = run_executor(registry, engines=engines, memory=memory, memory_engine=memory_engine, host=host,
+    code = run_executor(registry, engines=engines, memory=memory, memory_engine=memory_engine,
+                        persist_to=persist_to, host=host,
                         name=name, secret_file=secret_file, drop_udp=drop_udp,
                         fault_seed=fault_seed, log_level=log_level, idle_timeout=idle_timeout,
                         max_connections=max_connections, network_delay_ms=network_delay_ms)
@@ -96,6 +104,7 @@ def executor_command(
 
 
 def run_executor(registry: str, *, engines: str = "numpy", memory: str = "8GiB", memory_engine: str = "host",
+                 persist_to: str | None = None,
                  host: str = "127.0.0.1", name: str | None = None, secret_file: Path | None = None,
                  drop_udp: float = 0.0, fault_seed: int = 0, log_level: str = "info",
                  idle_timeout: float = 10.0, max_connections: int = 256,
@@ -120,11 +129,18 @@ def run_executor(registry: str, *, engines: str = "numpy", memory: str = "8GiB",
             raise _Usage("--engines names no engine (e.g. --engines numpy)")
         from triplane.engines.errors import UnknownEngineError
         from triplane.engines.registry import engine_factory, get_op_engine
+        from triplane.executor.config import parse_memory_engine
+
+        mem_name, memory_bytes, mem_options = parse_memory_engine(memory_engine, memory_bytes)
+        from triplane.engines.memory.persist import persist_targets
+
+        persist_targets(persist_to)  # a bad spec exits 2 here
 
         try:
             for e in engine_names:
                 get_op_engine(e)
-            engine_factory("memory", memory_engine)
+            engine_factory("memory", mem_name)
+            engine_factory("memory", mem_options.get("primary", "host"))
         except UnknownEngineError as err:
             raise _Usage(str(err)) from None
     except (ValueError, _Usage) as e:
@@ -133,8 +149,8 @@ def run_executor(registry: str, *, engines: str = "numpy", memory: str = "8GiB",
     prepare_process()
     runner = event_loop_runner()
     try:
-        return runner(_serve(registry, engine_names, memory_bytes, memory_engine, host, name, secret,
-                             drop_udp, fault_seed, limits, network_delay_ms))
+        return runner(_serve(registry, engine_names, memory_bytes, (mem_name, mem_options), host, name,
+                             secret, drop_udp, fault_seed, limits, persist_to, network_delay_ms))
     except _Usage as e:
         print(f"triplane executor: {e}", file=sys.stderr)
         return 2

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 from pathlib import Path
+from typing import Any
 
-__all__ = ["MIN_SECRET_BYTES", "format_size", "load_secret", "parse_size"]
+__all__ = ["MIN_SECRET_BYTES", "format_size", "load_secret", "parse_memory_engine", "parse_size"]
 
 MIN_SECRET_BYTES = 16
 
@@ -78,3 +80,34 @@ def load_secret(secret_file: Path | None = None, env: dict[str, str] | None = No
         raise ValueError(f"the cluster secret from {source} is {len(secret)} bytes; "
                          f"at least {MIN_SECRET_BYTES} are needed")
     return secret
+
+
+def parse_memory_engine(spec: str, memory_bytes: int) -> tuple[str, int, dict[str, Any]]:
+    """``--memory-engine``: (engine name, capacity, options) for the registry.
+
+    * ``host`` (or any engine's name): that engine of ``memory_bytes``;
+    * ``file:DIR``: the file engine in DIR; ``redis://HOST:PORT/DB``: the redis engine;
+    * ``host,file:DIR[@SIZE]``: ``host`` of ``memory_bytes`` that spills its least recently
+      used tiles to DIR at capacity, holding up to SIZE more (default: half the free space
+      of DIR's disk).
+    """
+    parts = [p.strip() for p in spec.split(",") if p.strip()] if isinstance(spec, str) else []
+    if len(parts) == 1:
+        return _one_engine(parts[0], memory_bytes)
+    if len(parts) == 2 and parts[1].startswith("file:"):
+        path, _, size = parts[1][5:].partition("@")
+        if not path:
+            raise ValueError(f"bad --memory-engine {spec!r}: file: needs a directory (file:/path)")
+        Path(path).mkdir(parents=True, exist_ok=True)
+        extra = parse_size(size) if size else shutil.disk_usage(path).free // 2
+        return "spill", memory_bytes + extra, {"memory": memory_bytes, "path": path, "primary": parts[0]}
+    raise ValueError(f"bad --memory-engine {spec!r}: expected one engine (host, file:DIR, redis://HOST:PORT) "
+                     "or a memory engine that spills to a directory (host,file:DIR[@SIZE])")
+
+
+def _one_engine(part: str, memory_bytes: int) -> tuple[str, int, dict[str, Any]]:
+    if part.startswith("file:"):
+        return "file", memory_bytes, {"path": part[5:]}
+    if part.startswith("redis://"):
+        return "redis", memory_bytes, {"url": part}
+    return part, memory_bytes, {}

@@ -31,6 +31,8 @@ import numpy as np
 
 from triplane._version import __version__
 from triplane.engines import get_memory_engine, get_op_engine
+from triplane.engines.errors import MissingTileError
+from triplane.engines.memory.persist import PERSIST_ENV, STORE_PREFIX, persist_targets
 from triplane.engines.network.base import NetworkEngine
 from triplane.engines.network.measure import probe_handler
 from triplane.engines.network.wrappers import Delayed
@@ -111,7 +113,9 @@ class Executor:
 
     def __init__(self, registry: RegistryBackend, secret: bytes, *, memory_bytes: int,
                  engines: Sequence[str] = ("numpy",), memory_engine: str = "host",
-                 host: str = "127.0.0.1", name: str | None = None,
+                 memory_options: dict[str, Any] | None = None, persist: str | None = None,
+                 host: str = "127.0.0.1",
+                 name: str | None = None,
                  drop_udp: float = 0.0, fault_seed: int = 0, workers: int = 1, ttl_s: float = 5.0,
                  stats_interval_s: float = 1.0, benchmark_size: int = 512,
                  limits: Limits = DEFAULT_LIMITS, network_engines: Sequence[str] = ("tcp", "udp"),
@@ -128,14 +132,17 @@ class Executor:
         self.op_engines = [get_op_engine(e) for e in engines]
         # Tiles live in the memory engine named (built-in ``host``, or a plugin): the executor
         # uses only what the MemoryEngine protocol names.
-        self.store = get_memory_engine(memory_engine, capacity=memory_bytes)
+        self.store = get_memory_engine(memory_engine, capacity=memory_bytes, **(memory_options or {}))
         self.client = DataClient(secret)
-        self.data = DataServer(EngineTiles(self.store), secret, host=host, limits=limits)
+        # Persistence targets (file:DIR, redis://...): where a persisted job's tiles are kept too.
+        persisted = persist_targets(persist if persist is not None else os.environ.get(PERSIST_ENV))
+        self.data = DataServer(EngineTiles(self.store, persisted), secret, host=host, limits=limits)
         self.intake = Intake(secret, self.name)
         # One engine (the usual case) is used as it is: the wrapper would ask it twice per task
         # whether it supports the op.
         engine = self.op_engines[0] if len(self.op_engines) == 1 else _Engines(self.op_engines)
         self.runner = TaskRunner(engine, self.store, self._pull, node=self.name, workers=workers)
+        self.runner.persist = persisted
         self.packets = PacketServer(self.intake, self.runner, host=host, drop_udp=drop_udp,
                                     fault_seed=fault_seed, limits=limits)
         self.registration: NodeRegistration | None = None
@@ -222,7 +229,8 @@ class Executor:
                 "memory": {"capacity": store.capacity(), "used": store.used(), "tiles": len(store),
                            "cached": store.cached(), "free": store.free()},
                 "cache": {"entries": len(store.cache_keys()), "bytes": store.cached(),
-                          "hits": runs["upload_hits"], "pulls": runs["upload_pulls"], **store.cache_report()}}
+                          "hits": runs["upload_hits"], "pulls": runs["upload_pulls"], **store.cache_report()},
+                **({"spill": store.spill_report()} if hasattr(store, "spill_report") else {})}
 
     # --- registry records ------------------------------------------------------------------
 
@@ -291,6 +299,18 @@ class Executor:
 
     # --- pulling inputs ---------------------------------------------------------------------
 
+    async def _read_persisted(self, node: str, tile: str) -> np.ndarray:
+        target = self.runner.persist.get(node.removeprefix(STORE_PREFIX))
+        if target is None:
+            raise DataPortError(f"tile {tile} is kept by {node}, which this executor cannot read "
+                                f"(its --persist-to: {sorted(self.runner.persist) or 'none'})")
+        try:
+            arr = await asyncio.to_thread(target.get, tile)
+        except MissingTileError as e:
+            raise DataPortError(f"tile {tile} is not in {node}: {e}", kind="missing") from None
+        self.runner.stats["persisted_reads"] = self.runner.stats.get("persisted_reads", 0) + 1
+        return arr
+
     async def _resolve(self, node: str, fresh: bool) -> tuple[str, int]:
         now = time.monotonic()
         hit = self._peers.get(node)
@@ -316,7 +336,10 @@ class Executor:
 
     async def _pull(self, node: str, tile: str) -> np.ndarray:
         """``tile`` from ``node``'s data port; one retry with a fresh address if the first try
-        fails for a reason other than the tile being absent."""
+        fails for a reason other than the tile being absent. A holder ``store:<kind>`` is a
+        persistence target: the tile is read there (its holder died)."""
+        if node.startswith(STORE_PREFIX):
+            return await self._read_persisted(node, tile)
         try:
             addr, port = await self._resolve(node, fresh=False)
             return await self.client.get(addr, port, tile)

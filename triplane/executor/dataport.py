@@ -25,14 +25,21 @@ class EngineTiles:
     writable = True
     blocking_reads = False  # get() returns the stored array: no copy, no I/O
 
-    def __init__(self, engine: Any) -> None:
+    def __init__(self, engine: Any, persist: dict[str, Any] | None = None) -> None:
         self.engine = engine
+        # Persistence targets (engines/memory/persist.py): a tile the scheduler deletes here
+        # is deleted there too (a freed intermediate or a released result of a persisted job).
+        self.persist = persist if persist is not None else {}
+        # A device engine's tiles go out through its explicit device-to-host copy.
+        self._to_host = getattr(engine, "to_host", None)
 
     def read(self, tile: str) -> tuple[tuple[int, ...], str, memoryview] | None:
         try:
             arr = self.engine.get(tile)
         except MissingTileError:
             return None
+        if self._to_host is not None:
+            arr = self._to_host(arr)
         return tuple(arr.shape), dt.dtype(arr.dtype).name, byte_view(arr)
 
     def reserve(self, nbytes: int, tile: str) -> None:
@@ -52,3 +59,5 @@ class EngineTiles:
 
     def delete(self, tile: str) -> None:
         self.engine.delete(tile)
+        for target in self.persist.values():
+            target.delete(tile)

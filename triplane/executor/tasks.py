@@ -47,6 +47,7 @@ from typing import Any
 import numpy as np
 
 from triplane.engines.errors import MemoryFullError
+from triplane.engines.memory.persist import PERSIST_ATTR
 from triplane.executor.group import GroupError, Prepared, Programs, check_inputs, run_prepared
 from triplane.proto import dtypes as dt
 from triplane.proto import optable
@@ -153,6 +154,7 @@ class TaskRunner:
         self._stall = stall if stall is not None else stall_from_env()  # fault injection
         self._unstall = threading.Event()  # set by close(): a stalled kernel returns at once
         self.programs = Programs()  # grouped tasks' prepared sub-graphs, by program text
+        self.persist: dict[str, Any] = {}  # kind -> persistence target (engines/memory/persist.py)
 
     def running_since(self, task_id: str) -> float | None:
         """When ``task_id``'s kernel started, while it runs in a worker thread (None before
@@ -173,12 +175,17 @@ class TaskRunner:
         if out is not None:
             self._making[out] = self._making.get(out, 0) + 1
         made = False
+        persist = task.attrs.get(PERSIST_ATTR) if task.attrs else None
+        if persist is not None:  # the job's tiles are kept by a persistence target too
+            task = task._replace(attrs={k: v for k, v in task.attrs.items() if k != PERSIST_ATTR})
         try:
             if task.op == GROUP_OP:
                 infos, start, end = await self._run_group(task, on_slow)
             else:
                 info, start, end = await self._run(task, on_slow)
                 infos = (info,)
+            if persist is not None:
+                await self._persist(persist, infos)
             made = True
         except _Fail as f:
             self.stats["user_errors" if f.kind == "user" else "infra_errors"] += 1
@@ -202,6 +209,18 @@ class TaskRunner:
                         waiting.set_result(made)
         self.stats["ok"] += 1
         return Reply(task.task, True, Timings(received, start, end), infos)
+
+    async def _persist(self, kind: Any, infos: tuple[TileInfo, ...]) -> None:
+        """Write the tiles just made to the persistence target of ``kind`` (before the reply,
+        so a task reported done has its output kept there)."""
+        target = self.persist.get(kind) if isinstance(kind, str) else None
+        if target is None:
+            raise _Fail("infra", f"the job asks for its tiles to persist to {kind!r}, but this executor "
+                                 f"has no such target (its --persist-to: {sorted(self.persist) or 'none'})")
+        for info in infos:
+            arr = self.store.get(info.tile)
+            await asyncio.to_thread(target.put, info.tile, arr)
+            self.stats["persisted"] = self.stats.get("persisted", 0) + 1
 
     async def _run(self, task: TaskPacket,
                    on_slow: Callable[[str], None] | None) -> tuple[TileInfo, float, float]:

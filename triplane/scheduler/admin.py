@@ -31,7 +31,7 @@ from triplane.proto.ir import Graph
 from triplane.registry import list_nodes, set_drained
 from triplane.scheduler.earlier import BINDINGS
 from triplane.scheduler.errors import BadRequest, Conflict, NotFound
-from triplane.scheduler.jobs import API_STATE, _stored_body
+from triplane.scheduler.jobrecords import API_STATE, stored_body
 
 if TYPE_CHECKING:
     from triplane.scheduler.service import Scheduler
@@ -124,7 +124,7 @@ class Admin:
         out = []
         for info in infos:
             live = jobs.live.get(info.id)
-            status = jobs.body(info.id, live) if live is not None else _stored_body(info, _error(info))
+            status = jobs.body(info.id, live) if live is not None else stored_body(info, _error(info))
             out.append(job_body(info, status))
         return out
 

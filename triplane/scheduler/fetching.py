@@ -14,12 +14,12 @@ client sees fewer bytes than ``Content-Length``, an error for any HTTP client).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 import numpy as np
 
-from triplane.net.dataport import DataClient
+from triplane.net.dataport import DataClient, DataPortError
 from triplane.scheduler.compiler.tiling import TileGrid
 from triplane.scheduler.store import _storage_dtype, expected_bytes
 
@@ -37,6 +37,8 @@ class FetchError(LookupError):
 
 
 Holder = Callable[[str], "tuple[str, int] | None"]  # tile id -> (address, data port) of its holder
+# tile id -> whether a persistence target keeps it, and its copy read from there (or None)
+Kept = tuple[Callable[[str], bool], Callable[[str], Awaitable["np.ndarray | None"]]]
 
 
 async def read_tile(client: DataClient, address: str, port: int, tile: str,
@@ -52,25 +54,43 @@ async def read_tile(client: DataClient, address: str, port: int, tile: str,
 
 
 async def open_tiled(client: DataClient, grid: TileGrid, tile_ids: Mapping[str, str],
-                     holder: Holder) -> tuple[tuple[int, ...], str, int, AsyncIterator[bytes]]:
+                     holder: Holder, kept: Kept | None = None
+                     ) -> tuple[tuple[int, ...], str, int, AsyncIterator[bytes]]:
     """(shape, dtype, bytes, chunks) of the tensor of ``grid``; ``tile_ids`` maps each
-    cell's task to its tile id, ``holder`` a tile id to where it is. FetchError at once if
-    a tile has no holder now."""
+    cell's task to its tile id, ``holder`` a tile id to where it is, ``kept`` reads a tile
+    whose holder is gone from a persistence target (docs/storage.md). FetchError at once
+    if a tile has neither."""
     where: dict[tuple[int, ...], tuple[str, str, int]] = {}
+    from_target: set[str] = set()  # read there when its slab is written, not all at once
     for cell in grid.cells():
         tile = tile_ids[grid.tiles[cell]]
         at = holder(tile)
         if at is None:
-            raise FetchError(f"tile {tile} has no live holder", tile)
+            if kept is None or not kept[0](tile):
+                raise FetchError(f"tile {tile} has no live holder", tile)
+            from_target.add(tile)
+            at = ("", 0)
         where[cell] = (tile, *at)
     shape, dtype = tuple(grid.shape), grid.dtype
     np_dtype = _storage_dtype(dtype)
     nbytes = expected_bytes(shape, dtype)
 
     async def chunks() -> AsyncIterator[bytes]:
+        async def read(tile: str, addr: str, port: int, part_shape: tuple[int, ...]) -> np.ndarray:
+            if tile not in from_target:
+                try:
+                    return await read_tile(client, addr, port, tile, part_shape, np_dtype)
+                except DataPortError:  # its holder died (not noticed yet): a persisted copy?
+                    if kept is None or not kept[0](tile):
+                        raise
+            arr = await kept[1](tile) if kept is not None else None
+            if arr is None or tuple(arr.shape) != part_shape:
+                raise ValueError(f"tile {tile} is not in the persistence target as expected")
+            return arr
+
         if not shape:  # 0-d: one tile
             tile, addr, port = where[()]
-            yield (await read_tile(client, addr, port, tile, (), np_dtype)).tobytes()
+            yield (await read(tile, addr, port, ())).tobytes()
             return
         counts = grid.counts
         for i in range(counts[0]):
@@ -82,7 +102,7 @@ async def open_tiled(client: DataClient, grid: TileGrid, tile_ids: Mapping[str, 
                 region = grid.region(cell)
                 tile, addr, port = where[cell]
                 part_shape = tuple(b - a for a, b in region)
-                part = await read_tile(client, addr, port, tile, part_shape, np_dtype)
+                part = await read(tile, addr, port, part_shape)
                 slab[(slice(0, hi - lo), *(slice(a, b) for a, b in region[1:]))] = part
                 del part
             view = memoryview(slab).cast("B")

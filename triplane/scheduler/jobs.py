@@ -36,24 +36,21 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from triplane import metadb as mdb
-from triplane.metadb.models import Job as JobRow
 from triplane.proto.autograd import named_gradients
 from triplane.proto.errors import GraphError, LimitError, UnknownOpError
 from triplane.proto.infer import BoundTypes, graph_from_wire, type_of
 from triplane.proto.ir import Graph, TensorType
 from triplane.proto.packet import Reply
-from triplane.proto.states import JobState
 from triplane.scheduler.cluster import ClusterView, Factors
 from triplane.scheduler.compiler.compile import ClusterSnapshot, compile_job
 from triplane.scheduler.compiler.group import GROUP_OP
 from triplane.scheduler.compiler.jobplan import JobPlan, TaskTemplate, unsupported_op
-from triplane.scheduler.compiler.layout import figures_to_json, structure_hash
 from triplane.scheduler.compiler.pipeline import PlanCache
-from triplane.scheduler.compiler.planview import plan_document
 from triplane.scheduler.dispatch.shell import DispatchShell
 from triplane.scheduler.dispatch.state import CancelJob, JobFinished, SubmitJob
 from triplane.scheduler.earlier import BINDINGS, REBUILD_ERRORS, plan_again
 from triplane.scheduler.errors import BadRequest, Conflict, NotFound, Unavailable
+from triplane.scheduler.jobrecords import bindings_of, store_failed, store_job, stored_body
 from triplane.scheduler.journal import FAILED, Journal
 from triplane.scheduler.refs import Held, Refs, refs_in_args, refs_in_graph
 from triplane.scheduler.store import TensorStore
@@ -71,14 +68,6 @@ RETAIN_FINISHED = 64  # finished jobs kept in memory; older ones are served from
 RETAIN_MIN_S = 2.0
 MAX_FETCH = 10_000
 
-API_STATE = {  # metadb job state -> the API's (one vocabulary: triplane.proto.states)
-    "submitted": JobState.QUEUED,
-    "compiling": JobState.QUEUED,
-    "running": JobState.RUNNING,
-    "done": JobState.DONE,
-    "failed": JobState.FAILED,
-    "cancelled": JobState.CANCELLED,
-}
 
 GradRequest = tuple[str, list[str]]  # a job's ``grad``: (of, wrt)
 
@@ -156,6 +145,7 @@ class Jobs:
         self.require_leader = require_leader
         self.refs = refs
         self.retain = retain
+        self.persist: dict[str, Any] = {}  # kind -> persistence target (set by the service)
         self._ended: deque[str] = deque()  # finished jobs of ``live``, oldest first
         # Clear while the unfinished jobs of the metadb are being resumed (after a restart
         # or on taking the lead): a long-poll or cancel of such a job waits for it.
@@ -168,7 +158,8 @@ class Jobs:
     # --- submit ----------------------------------------------------------------------------
 
     async def submit(self, graph_doc: Any, fetch: Any, deadline_s: float | None = None, *,
-                     owner: str | None = None, grad: GradRequest | None = None) -> dict[str, Any]:
+                     owner: str | None = None, grad: GradRequest | None = None,
+                     persist: str | None = None) -> dict[str, Any]:
         """Validate, compile, store and dispatch a job; its status body (see the module doc)
         with ``plan`` (the canonical graph's hash) and ``args`` (the uploads bound to
         ``arg0, arg1, ...``), for :meth:`submit_bound` to run the same structure again.
@@ -178,6 +169,10 @@ class Jobs:
         await self.require_leader()
         if not isinstance(fetch, list) or len(fetch) > MAX_FETCH or not all(type(f) is str for f in fetch):
             raise BadRequest(f"'fetch' must be a list of at most {MAX_FETCH} node ids")
+        if persist is not None and persist not in self.persist:
+            raise BadRequest(f"'persist': {persist!r} names no persistence target of this cluster "
+                             f"(configured: {sorted(self.persist) or 'none'}; set $TRIPLANE_PERSIST_TO "
+                             "on the scheduler and executors, e.g. file:/shared/dir)")
         cluster, engines, factors = await self.cluster.snapshot()
         held = await self.refs.resolve(refs_in_graph(graph_doc))
         try:
@@ -192,7 +187,7 @@ class Jobs:
             self.structures.move_to_end(key)
             while len(self.structures) > self.plans.capacity:
                 self.structures.popitem(last=False)
-            body = await self._start(plan, fetch, deadline_s, owner, engines, factors, held)
+            body = await self._start(plan, fetch, deadline_s, owner, engines, factors, held, persist)
         except BaseException:
             self.refs.drop(held)
             raise
@@ -244,7 +239,8 @@ class Jobs:
             raise
 
     async def _start(self, plan: JobPlan, fetch: list[str], deadline_s: float | None, owner: str | None,
-                     engines: Any, factors: Factors, held: Held) -> dict[str, Any]:
+                     engines: Any, factors: Factors, held: Held,
+                     persist: str | None = None) -> dict[str, Any]:
         """Check, store and dispatch a compiled job; its status body."""
         bindings = bindings_of(plan)
         if held.refs:  # a resumed job finds them again (once their holders are back)
@@ -255,6 +251,8 @@ class Jobs:
                 bindings["held"] = cuts
         if deadline_s is not None:
             bindings["deadline_s"] = deadline_s  # a resumed job keeps its deadline
+        if persist is not None:
+            bindings["persist"] = persist  # and its persistence
         if len(json.dumps(bindings)) > 60_000:
             raise LimitError(f"{len(plan.args)} uploaded inputs and {len(fetch)} fetched names "
                              "do not fit one job's record; submit fewer at once")
@@ -277,21 +275,22 @@ class Jobs:
             try:
                 await asyncio.to_thread(self.store_job, plan, fetch, bindings, now, owner)
             except Exception as e:
-                raise _store_failed(plan.job, e) from None
+                raise store_failed(plan.job, e) from None
             self.refs.bind(plan.job, held)
-            return self.body(plan.job, self._dispatch(plan, now, (), factors, deadline_s, owner=owner))
+            return self.body(plan.job, self._dispatch(plan, now, (), factors, deadline_s, owner=owner,
+                                                      persist=persist))
         # Dispatch first and store meanwhile: the executors start while ~10^4 task rows are
         # inserted. The journal holds the job's writes back until its rows exist.
         self.journal.hold(plan.job)
         self.refs.bind(plan.job, held)
-        live = self._dispatch(plan, now, (), factors, deadline_s, owner=owner)
+        live = self._dispatch(plan, now, (), factors, deadline_s, owner=owner, persist=persist)
         try:
             await asyncio.to_thread(self.store_job, plan, fetch, bindings, now, owner)
         except Exception as e:
             self.shell.handle(CancelJob(f"store-failed:{plan.job}", plan.job, time.time()))
             self.live.pop(plan.job, None)
             self.journal.forget(plan.job)
-            raise _store_failed(plan.job, e) from None
+            raise store_failed(plan.job, e) from None
         finally:
             self.journal.release(plan.job)
         return self.body(plan.job, live)
@@ -335,42 +334,20 @@ class Jobs:
 
     def store_job(self, plan: JobPlan, fetch: list[str], bindings: dict[str, Any], now: float,
                   owner: str | None = None) -> None:
-        """Store the job, its tasks, its bindings and its recorded plan in one transaction
-        (blocking: a worker thread). The canonical graph is stored (its hash and JSON are
-        computed for the plan cache anyway); the bindings hold what else a restarted
-        scheduler needs to compile it again."""
-        cgraph = plan.graph
-        assert cgraph is not None
-        with self.db.transaction() as s:
-            mdb.create_job(s, graph_hash=cgraph.hash(), graph_json=cgraph.to_json(), fetch=fetch,
-                           owner=owner, job_id=plan.job, state="running", now=now,
-                           node_count=len(cgraph.nodes))
-            mdb.insert_tasks(s, plan.job, [
-                mdb.NewTask(t.id, t.op, "ready" if not t.deps else "pending", predicted_s=t.cost_s)
-                for t in plan.specs
-            ])
-            mdb.add_events(s, [mdb.NewEvent(plan.job, BINDINGS, at=now, payload=bindings)])
-            lay = plan.layout
-            if lay is not None and lay.placement is not None:
-                # The prediction on record, so the run's actual times can be set beside it.
-                doc = plan_document(plan.job, lay, plan.back, {}, complete=False)
-                info = mdb.upsert_plan(s, graph_hash=cgraph.hash(), plan=doc, now=now,
-                                       structure_hash=structure_hash(lay.figures),
-                                       predicted_makespan=lay.placement.makespan)
-                row = s.get(JobRow, plan.job)
-                if row is not None:
-                    row.plan_id = info.id
+        """Store the job's rows (``jobrecords.store_job``; blocking: a worker thread)."""
+        store_job(self.db, plan, fetch, bindings, now, owner)
 
     def _dispatch(self, plan: JobPlan, created: float, done: tuple[tuple[str, str], ...],
                   factors: Factors | None = None, deadline_s: float | None = None, *,
-                  owner: str | None = None, resumed: bool = False) -> LiveJob:
+                  owner: str | None = None, resumed: bool = False, persist: str | None = None) -> LiveJob:
         live = LiveJob(plan, dict(plan.back), created, time.time(), factors=factors)
         self.journal.job_started(plan.job, owner, len(plan.specs), len(done), resumed=resumed)
         live.fetched_tasks = frozenset(fetched_tasks_of(plan))
         self.live[plan.job] = live
         self.templates[plan.job] = dict(plan.templates)
         deadline = None if deadline_s is None else created + deadline_s
-        self.shell.handle(SubmitJob(f"submit:{plan.job}", plan.job, plan.specs, time.time(), done, deadline))
+        self.shell.handle(SubmitJob(f"submit:{plan.job}", plan.job, plan.specs, time.time(), done, deadline,
+                                    persist))
         return live
 
     # --- resume ------------------------------------------------------------------------------
@@ -409,8 +386,10 @@ class Jobs:
             deadline_s = bindings.get("deadline_s")  # from submit's time, as the first process had it
             if type(deadline_s) not in (int, float):
                 deadline_s = None
+            persist = bindings.get("persist")
             self.refs.bind(info.id, held)
-            self._dispatch(plan, info.created_at, done, None, deadline_s, owner=info.owner, resumed=True)
+            self._dispatch(plan, info.created_at, done, None, deadline_s, owner=info.owner, resumed=True,
+                           persist=persist if persist in self.persist else None)
             log.info("resumed job %s (%d of %d tasks already done)", info.id, len(done), len(plan.specs))
 
     def _set_failed(self, job: str, error: str) -> None:
@@ -436,7 +415,7 @@ class Jobs:
             error = {"kind": "infra", "message": info.error, "node": None, "op": None}
         else:
             error = None
-        return _stored_body(info, error)
+        return stored_body(info, error)
 
     def body(self, job: str, live: LiveJob) -> dict[str, Any]:
         js = self.shell.state.jobs.get(job)
@@ -455,7 +434,7 @@ class Jobs:
         """The newest ``limit`` jobs (of ``owner`` only, when given)."""
         with self.db.read() as s:
             infos = mdb.list_jobs(s, limit=limit, owner=owner)
-        return [self.body(i.id, self.live[i.id]) if i.id in self.live else _stored_body(i, i.error)
+        return [self.body(i.id, self.live[i.id]) if i.id in self.live else stored_body(i, i.error)
                 for i in infos]
 
     async def wait(self, job: str, timeout: float) -> dict[str, Any]:
@@ -571,30 +550,3 @@ class Jobs:
         # other output's location is its task row (done, node), written anyway -- 10^4 tile
         # rows per job cost the scheduler more CPU than the tasks themselves (docs/scheduler.md).
         self.journal.output(job, task, node, r, tiles=live is None or task in live.fetched_tasks)
-
-
-def bindings_of(plan: JobPlan) -> dict[str, Any]:
-    """The ``job.bindings`` payload: what compiling the stored graph again needs besides it
-    (upload ids, fetched names, and the figures a tiled job was laid out for)."""
-    bindings: dict[str, Any] = {"args": list(plan.args), "fetch": dict(plan.fetch)}
-    if plan.layout is not None and plan.layout.tiled:
-        bindings["figures"] = figures_to_json(plan.layout.figures)
-    if plan.group:
-        bindings["grouped"] = True  # compiled again the same way (earlier.plan_again)
-    return bindings
-
-
-def _stored_body(info: mdb.JobInfo, error: Any) -> dict[str, Any]:
-    return {
-        "id": info.id,
-        "state": API_STATE[info.state],
-        "progress": {"done": info.tasks_done, "total": info.tasks_total},
-        "error": error,
-        "created": info.created_at,
-        "updated": info.updated_at,
-    }
-
-
-def _store_failed(job: str, e: Exception) -> Unavailable:
-    log.error("cannot store job %s: %s", job, e)
-    return Unavailable(f"the metadata DB refused the job: {e}")

@@ -32,6 +32,9 @@ from triplane.proto.packet import Reply, Timings
 from triplane.scheduler.dispatch.state import DispatchState, Transitioned
 from triplane.scheduler.events import Event, EventBus
 
+PERSISTED_READ = "tile.persisted_read"  # an event: a done task's holder died, its tile is read from
+# the persistence target named by the row's node (store:<kind>) instead of being computed again
+
 log = logging.getLogger(__name__)
 
 FAILED = "job.failed"  # the event holding a failed job's error body
@@ -125,6 +128,10 @@ class Journal:
                 self.events.publish(TASK_EVENTS[t.start, t.finish], job=t.job, task=t.task,
                                     node=self._left(t), attempt=t.attempt, reason=t.stimulus_id[:128],
                                     **{"from": t.start, "to": t.finish})
+            elif t.start == t.finish == "done":  # a holder died: the tile is read from a persistence
+                # target (the transition's node names it: store:<kind>) instead of computed again
+                self.events.publish(PERSISTED_READ, job=t.job, task=t.task, node=t.node, attempt=t.attempt,
+                                    reason=t.stimulus_id[:128])
 
     def _left(self, t: Transitioned) -> str | None:
         """The node a task left (a drift clears its node: its previous transition says)."""

@@ -22,7 +22,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from triplane import metadb as mdb
+from triplane.engines.errors import MissingTileError
 from triplane.net.dataport import DataClient, DataPortError
+from triplane.proto import dtypes as dt
 from triplane.proto.errors import GraphError
 from triplane.scheduler.cluster import ClusterView
 from triplane.scheduler.compiler.jobplan import JobPlan, is_job_tile
@@ -75,6 +77,8 @@ class Results:
         # they end; a release meanwhile is carried out then (the deletions wait here)
         self._pins: dict[str, int] = {}
         self._deferred: dict[str, list[dict[str, list[str]]]] = {}
+        self.persist: dict[str, Any] = {}  # kind -> persistence target (set by the service)
+        self.persisted_reads = 0
 
     # --- tensors -----------------------------------------------------------------------------
 
@@ -143,12 +147,34 @@ class Results:
         node = holders.get(task)
         info = self.shell.nodes.get(node or "")
         if info is None:
+            kept = await self._persisted(tile)
+            if kept is not None:
+                return kept
             raise NotFound(_gone(job, name, tile, node))
         try:
             return await self.data_client.open_tile(info.address, info.data_port, tile)
         except DataPortError as e:
+            kept = await self._persisted(tile)  # its holder died (not noticed yet) or lost it
+            if kept is not None:
+                return kept
             why = f"cannot read {name!r} of job {job} (tile {tile}) from {node}: {e}"
             raise (NotFound(why) if e.missing else Unavailable(why)) from None
+
+    async def _persisted(self, tile: str) -> Opened | None:
+        """``tile`` read from a persistence target that keeps it (its holder is gone), else None."""
+        for kind, target in self.persist.items():
+            try:
+                arr = await asyncio.to_thread(target.get, tile)
+            except MissingTileError:
+                continue
+            self.persisted_reads += 1
+            log.info("tile %s read from the %s persistence target (its holder is gone)", tile, kind)
+
+            async def one(data: bytes = arr.tobytes()) -> AsyncIterator[bytes]:
+                yield data
+
+            return tuple(arr.shape), dt.dtype(arr.dtype).name, arr.nbytes, one()
+        return None
 
     async def _open_tiled(self, job: str, name: str, grid: Any, holders: dict[str, str]) -> Opened:
         ids = {t: f"{job}.{t}" for t in grid.tiles.values()}
@@ -158,8 +184,20 @@ class Results:
             info = self.shell.nodes.get(holders.get(by_tile[tile]) or "")
             return None if info is None else (info.address, info.data_port)
 
+        async def kept(tile: str) -> Any:
+            for target in self.persist.values():
+                try:
+                    arr = await asyncio.to_thread(target.get, tile)
+                except MissingTileError:
+                    continue
+                self.persisted_reads += 1
+                return arr
+            return None
+
         try:
-            return await open_tiled(self.data_client, grid, ids, holder)
+            has = lambda tile: any(tile in t for t in self.persist.values())  # noqa: E731
+            targets = (has, kept) if self.persist else None
+            return await open_tiled(self.data_client, grid, ids, holder, targets)
         except FetchError as e:
             raise NotFound(_gone(job, name, e.tile, holders.get(by_tile[e.tile]))) from None
 

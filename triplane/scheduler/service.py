@@ -30,6 +30,7 @@ import asyncio
 import base64
 import contextlib
 import logging
+import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -37,6 +38,7 @@ from typing import Any
 
 from triplane import metadb as mdb
 from triplane._version import __version__
+from triplane.engines.memory.persist import PERSIST_ENV, persist_targets
 from triplane.net.dataport import DataClient, DataPortError, DataServer
 from triplane.registry import Leadership, NodeInfo, RegistryBackend, leader, list_memory_engines
 from triplane.scheduler.admin import Admin
@@ -138,6 +140,9 @@ class Scheduler(Leading):
                          cluster=self.cluster, results=self.results, live=live, templates=self.templates,
                          require_leader=self.require_leader, refs=self.refs, retain=retain_finished,
                          group=group_tiny_jobs)
+        # Persistence targets ($TRIPLANE_PERSIST_TO, engines/memory/persist.py): a job asking to
+        # persist names one; a fetch reads a tile there when its holder is gone.
+        self.jobs.persist = self.results.persist = persist_targets(os.environ.get(PERSIST_ENV))
         self.sessions = Sessions(session_ttl_s)
         self.admin = Admin(self)
         self.freer = TileFreer(self.data_client, self._data_address)
@@ -277,10 +282,11 @@ class Scheduler(Leading):
 
     async def submit(self, graph_doc: Any, fetch: Any, deadline_s: float | None = None, *,
                      owner: str | None = None, grad: tuple[str, list[str]] | None = None,
-                     name: str | None = None, tags: Sequence[str] = ()) -> dict[str, Any]:
+                     persist: str | None = None, name: str | None = None,
+                     tags: Sequence[str] = ()) -> dict[str, Any]:
         """Submit a job (``Jobs.submit``); its ``name`` and ``tags`` are recorded before
         this answers (``Admin.label``)."""
-        body = await self.jobs.submit(graph_doc, fetch, deadline_s, owner=owner, grad=grad)
+        body = await self.jobs.submit(graph_doc, fetch, deadline_s, owner=owner, grad=grad, persist=persist)
         await self.admin.label(body["id"], name, tags)
         return body
 

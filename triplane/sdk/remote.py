@@ -51,7 +51,7 @@ from triplane.proto import errors as E
 from triplane.proto.canonjson import canonical_json
 from triplane.proto.ir import Attrs, TensorType
 from triplane.sdk.lifecycle import Keeper, ProgressBar, Uploads
-from triplane.sdk.remote_errors import RemoteError, http_error, job_error
+from triplane.sdk.remote_errors import RemoteError, http_error, job_error, lost_holder
 from triplane.sdk.remote_steps import BoundSteps, decode_values
 from triplane.sdk.remote_values import Holders, RemoteJob, RemoteValue, Resident
 
@@ -105,6 +105,7 @@ class RemoteSession:
         self._uploads = Uploads(self._upload_died if release else None)
         self.steps = BoundSteps()  # compiled steps: structures the scheduler planned before
         self.wait_s = wait_s
+        self.persist: str | None = None  # "file" or "redis": graph jobs keep their tiles there too
         self._submitter: Any = None  # the helper thread of submits that wait (_post_job)
         self._submitted_at: float | None = None
         self.holders = Holders()  # the Tensors holding values kept on the cluster
@@ -240,7 +241,7 @@ class RemoteSession:
                 keep_job = True
             return out
         except RemoteError as e:
-            if resubmit is None or not _lost_holder(e):
+            if resubmit is None or not lost_holder(e):
                 raise
             log.warning("job %s: an output's executor is gone (%s); running the job again", job, e)
             return self.finish(resubmit(), fetch, kept)
@@ -302,6 +303,8 @@ class RemoteSession:
         with those outputs of at most 64 KiB in ``values``: a short step is ONE request.
         Never retried once the request may have arrived. A 409 ``unknown plan`` RemoteError
         when the scheduler does not know a compiled step's ``plan``."""
+        if self.persist is not None and "graph" in request:
+            request = {**request, "persist": self.persist}
         body = request
         self._submitted_at = time.monotonic()
         if inline is not None and self.wait_s:
@@ -581,13 +584,6 @@ def _close_all() -> None:
     for s in list(_open_sessions):
         with contextlib.suppress(Exception):  # exiting anyway
             s.close()
-
-
-def _lost_holder(e: RemoteError) -> bool:
-    """Whether a fetch failed because the executor holding the tile is dead or gone (503
-    ``cannot read ...`` while it is still registered, 404 ``... which is gone`` after)."""
-    msg = str(e)
-    return (e.status == 503 and "cannot read" in msg) or (e.status == 404 and "which is gone" in msg)
 
 
 # tp.connect lives beside the session (remote_connect.py); these names stay importable here.

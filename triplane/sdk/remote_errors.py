@@ -14,7 +14,7 @@ from triplane.proto import errors as E
 if TYPE_CHECKING:
     import httpx
 
-__all__ = ["RemoteError", "http_error", "job_error"]
+__all__ = ["RemoteError", "http_error", "job_error", "lost_holder"]
 
 # Error kinds a scheduler reports for a malformed graph, and the exception each becomes.
 _GRAPH_KINDS: dict[str, type[E.GraphError]] = {
@@ -107,3 +107,10 @@ def job_error(job: str, err: Any) -> E.TriplaneError:
 
 def _opt_str(v: Any) -> str | None:
     return str(v) if v is not None else None
+
+
+def lost_holder(e: RemoteError) -> bool:
+    """Whether a fetch failed because the executor holding the tile is dead or gone (503
+    ``cannot read ...`` while it is still registered, 404 ``... which is gone`` after)."""
+    msg = str(e)
+    return (e.status == 503 and "cannot read" in msg) or (e.status == 404 and "which is gone" in msg)

@@ -145,9 +145,9 @@ def test_a_network_engine_is_found_the_same_way(vendor: Path) -> None:
 
 
 def test_unknown_names_list_the_known_ones(vendor: Path) -> None:
-    known = r"unknown memory engine 'redis' \(known: \[.*'host'.*'ramdisk'"
+    known = r"unknown memory engine 'nvme' \(known: \[.*'host'.*'ramdisk'"
     with pytest.raises(UnknownEngineError, match=known):
-        registry.get_memory_engine("redis", capacity=10)
+        registry.get_memory_engine("nvme", capacity=10)
     built_ins_and_wire = r"unknown network engine 'rdma' \(known: \['tcp', 'udp', 'wire'\]\)"
     with pytest.raises(UnknownEngineError, match=built_ins_and_wire):
         registry.get_network_engine("rdma")

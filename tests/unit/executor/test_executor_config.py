@@ -43,3 +43,31 @@ def test_secret_missing_short_or_unreadable(tmp_path: Path) -> None:
         load_secret(None, env={"TRIPLANE_SECRET": "short"})
     with pytest.raises(ValueError, match="cannot read the secret file"):
         load_secret(tmp_path / "absent", env={})
+
+
+def test_memory_engine_specs_name_an_engine_or_a_spilling_pair(tmp_path) -> None:
+    from triplane.executor.config import parse_memory_engine
+
+    assert parse_memory_engine("host", 1000) == ("host", 1000, {})
+    assert parse_memory_engine(f"file:{tmp_path}", 1000) == ("file", 1000, {"path": str(tmp_path)})
+    assert parse_memory_engine("redis://127.0.0.1:6379/0", 10) == ("redis", 10, {"url": "redis://127.0.0.1:6379/0"})
+    name, cap, opts = parse_memory_engine(f"host, file:{tmp_path / 's'}@4KiB", 1000)
+    assert (name, cap) == ("spill", 1000 + 4096)
+    assert opts == {"memory": 1000, "path": str(tmp_path / "s"), "primary": "host"}
+    assert (tmp_path / "s").is_dir()
+    with pytest.raises(ValueError, match="host,file:DIR"):
+        parse_memory_engine("host,redis://x", 1000)
+    with pytest.raises(ValueError, match="needs a directory"):
+        parse_memory_engine("host,file:", 1000)
+
+
+def test_the_executor_refuses_a_bad_memory_engine_or_persist_spec_with_status_2(monkeypatch, capsys) -> None:
+    from triplane.executor.cli import run_executor
+
+    monkeypatch.setenv("TRIPLANE_SECRET", "s" * 32)
+    assert run_executor("memory://", memory_engine="host,redis://x") == 2
+    assert "host,file:DIR" in capsys.readouterr().err
+    assert run_executor("memory://", memory_engine="nvme") == 2
+    assert "unknown memory engine 'nvme'" in capsys.readouterr().err
+    assert run_executor("memory://", persist_to="s3://bucket") == 2
+    assert "bad persistence target 's3://bucket'" in capsys.readouterr().err

@@ -21,7 +21,7 @@ from triplane.scheduler.dispatch.events import NodeUp, SubmitJob
 from triplane.scheduler.dispatch.shell import DispatchShell
 from triplane.scheduler.dispatch.state import DispatchState, Send, TaskErred
 from triplane.scheduler.earlier import plan_again
-from triplane.scheduler.jobs import bindings_of
+from triplane.scheduler.jobrecords import bindings_of
 
 X = "u-" + "ab" * 16
 W = "u-" + "cd" * 16

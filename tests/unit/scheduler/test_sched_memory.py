@@ -23,6 +23,7 @@ from triplane.registry import MemoryBackend, MemoryEngineInfo, NodeInfo, OpEngin
 from triplane.registry.records import encode
 from triplane.scheduler import jobs
 from triplane.scheduler.compiler.compile import compile_job
+from triplane.scheduler.jobrecords import bindings_of
 from triplane.scheduler.jobs import LiveJob
 from triplane.scheduler.service import Scheduler
 
@@ -185,7 +186,7 @@ def test_a_failed_job_out_of_memory_keeps_its_error(tmp_path: Path) -> None:
     db = mdb.open_db(f"sqlite:///{tmp_path / 'meta.sqlite3'}")
     s = Scheduler(registry=MemoryBackend(), db=db, run_dir=tmp_path, secret=SECRET)
     plan = s.jobs.compile(job_doc(1), ["z"], ClusterSnapshot())
-    s.jobs.store_job(plan, ["z"], jobs.bindings_of(plan), time.time())
+    s.jobs.store_job(plan, ["z"], bindings_of(plan), time.time())
     error = {"kind": "user", "message": "exp: overflow", "node": "z", "op": "exp"}
     s.journal.open()
     s.journal.job_ended(plan.job, "failed", 1, error["message"], error)

@@ -188,7 +188,7 @@ def test_a_job_reading_a_tiled_ref_reads_only_its_tiles_and_is_planned_again_the
     from triplane.scheduler.compiler.compile import ClusterSnapshot, compile_job
     from triplane.scheduler.compiler.costmodel import NodeFigures
     from triplane.scheduler.earlier import plan_again
-    from triplane.scheduler.jobs import bindings_of
+    from triplane.scheduler.jobrecords import bindings_of
     from triplane.scheduler.refs import Held, Refs, Resolved
 
     n, tile, c = 1024, f"{JOB}.t3", "u-" + "0" * 32

@@ -27,19 +27,18 @@ from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from triplane import metadb as mdb
-from triplane.proto.autograd import GRAD_PREFIX, check_grad_request
-from triplane.proto.errors import GraphError, LimitError
+from triplane.proto.errors import GraphError
 from triplane.proto.limits import MAX_RANK
-from triplane.proto.validate import check_submission, loads_json
+from triplane.proto.validate import loads_json
 from triplane.registry import MemoryBackend
 from triplane.registry.credential import node_credential
 from triplane.scheduler.api import errors
 from triplane.scheduler.api import models as m
-from triplane.scheduler.api.admin import install_admin, pop_labels
+from triplane.scheduler.api.admin import install_admin
 from triplane.scheduler.api.auth import Authenticator, Principal
-from triplane.scheduler.api.bound import BoundRequest, parse_bound_request
+from triplane.scheduler.api.bound import BoundRequest
 from triplane.scheduler.api.events import events_router
-from triplane.scheduler.api.waiting import Waiting, check_inline, pop_waiting
+from triplane.scheduler.api.jobrequest import parse_job_request
 from triplane.scheduler.errors import BadRequest, Forbidden, NotFound, TooLarge
 from triplane.scheduler.refs import MAX_COPY, parse_ref, refs_in_args, refs_in_graph
 from triplane.scheduler.service import VERSION, Scheduler
@@ -64,53 +63,6 @@ async def read_body(request: Request, limit: int, what: str) -> bytearray:
         if len(body) > limit:
             raise TooLarge(f"{what} is over the limit of {limit} bytes")
     return body
-
-
-def parse_job_request(body: bytes | bytearray) -> tuple[tuple[Any, Any, float | None, Any] | BoundRequest,
-                                                        Waiting | None, tuple[str | None, tuple[str, ...]]]:
-    """((graph document, fetch list, deadline_s, grad), waiting, (name, tags)) of a ``POST /v1/jobs``
-    body, checked at the front door: strict JSON (a duplicate key anywhere is a 400), the known
-    fields, the ids and declared ranks of ``check_submission`` (400 naming the node or
-    field), ``deadline_s`` (the job fails with kind "deadline" if not ended by then),
-    ``wait_s``/``inline`` (``waiting.py``), ``grad`` ((of, wrt): ``proto/autograd.py``; the
-    gradients ``grad:<w>`` join the fetch list) and ``name``/``tags`` (``admin.pop_labels``). A
-    body with ``plan`` instead of ``graph`` is a compiled step: a :class:`BoundRequest` in place
-    of the tuple (and no labels)."""
-    try:
-        doc = loads_json(body)
-    except GraphError as e:  # a duplicate key, NaN or Infinity
-        raise BadRequest(f"the body is not strict JSON: {e}") from None
-    except (ValueError, RecursionError) as e:
-        raise BadRequest(f"the body is not JSON: {e}") from None
-    waiting = pop_waiting(doc) if isinstance(doc, dict) else None
-    if isinstance(doc, dict) and "plan" in doc and "graph" not in doc:
-        bound = parse_bound_request(doc)
-        check_inline(waiting, bound.fetch)
-        return bound, waiting, (None, ())
-    if not isinstance(doc, dict) or "graph" not in doc:
-        raise BadRequest('expected {"graph": <graph document>, "fetch": [node ids]}')
-    labels = pop_labels(doc)
-    unknown = set(doc) - {"graph", "fetch", "deadline_s", "grad"}
-    if unknown:
-        raise BadRequest(f"unknown field(s) {sorted(unknown)} "
-                         "(known: ['deadline_s', 'fetch', 'grad', 'graph', 'inline', 'wait_s'])")
-    deadline_s = doc.get("deadline_s")
-    if deadline_s is not None and (type(deadline_s) not in (int, float) or not 0 < deadline_s <= 604800):
-        raise BadRequest(f"'deadline_s' must be seconds in (0, 604800], got {deadline_s!r:.40}")
-    graph = doc["graph"]
-    fetch = doc.get("fetch")
-    if fetch is None and isinstance(graph, dict):
-        fetch = list(graph.get("outputs") or [])
-    try:
-        grad = check_grad_request(doc["grad"]) if "grad" in doc else None
-        if grad is not None and isinstance(fetch, list):  # the gradients asked for are fetched
-            fetch = fetch + [n for n in (GRAD_PREFIX + w for w in grad[1]) if n not in fetch]
-        check_submission(graph, fetch)
-    except GraphError as e:
-        kind = "limit" if isinstance(e, LimitError) else "graph"
-        raise BadRequest(str(e), kind=kind, node=e.node, op=e.op) from None
-    check_inline(waiting, fetch)
-    return (graph, fetch, deadline_s, grad), waiting, labels
 
 
 def parse_copy_request(body: bytes | bytearray) -> list[str]:
@@ -273,12 +225,12 @@ def create_app(
     async def submit(request: Request, p: Principal = changer) -> dict[str, Any]:
         body = await read_body(request, max_graph_bytes, "job request")
         if len(body) > 65536:
-            parsed, waiting, (name, tags) = await asyncio.to_thread(parse_job_request, body)
+            parsed, waiting = await asyncio.to_thread(parse_job_request, body)
         else:
-            parsed, waiting, (name, tags) = parse_job_request(body)
+            parsed, waiting = parse_job_request(body)
         lease = session_of(request, p)
         # whoever may fetch a tensor may use it as a ref (a submit token: its own jobs')
-        named = refs_in_args(parsed.args) if isinstance(parsed, BoundRequest) else refs_in_graph(parsed[0])
+        named = refs_in_args(parsed.args) if isinstance(parsed, BoundRequest) else refs_in_graph(parsed.graph)
         for ref in named:
             owners.check(p, ref.partition(":")[0])
         if isinstance(parsed, BoundRequest):  # a compiled step: new inputs for a known plan
@@ -287,9 +239,9 @@ def create_app(
                 scheduler.sessions.tag_job(lease, body_out["id"])
             answer = {"id": body_out["id"], "state": body_out["state"]}
         else:
-            graph, fetch, deadline_s, grad = parsed
-            body_out = await scheduler.submit(graph, fetch, deadline_s, owner=p.name, grad=grad, name=name,
-                                              tags=tags)
+            body_out = await scheduler.submit(parsed.graph, parsed.fetch, parsed.deadline_s, owner=p.name,
+                                              grad=parsed.grad, persist=parsed.persist, name=parsed.name,
+                                              tags=parsed.tags)
             if lease is not None:
                 scheduler.sessions.tag_job(lease, body_out["id"])
             answer = {"id": body_out["id"], "state": body_out["state"], "plan": body_out["plan"],

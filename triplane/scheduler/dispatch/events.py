@@ -73,6 +73,7 @@ class SubmitJob(Event):
     now: float
     done: tuple[tuple[str, str], ...] = ()
     deadline: float | None = None
+    persist: str | None = None  # its tiles are kept by the persistence target of this kind
 
 
 @dataclass(frozen=True)

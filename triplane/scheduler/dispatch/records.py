@@ -63,6 +63,7 @@ class JobRecord:
     seq: int = 0  # submission order: an earlier job's ready tasks go first
     deadline: float | None = None  # the user's: the job fails (kind "deadline") after it
     submitted: float = 0.0
+    persist: str | None = None  # kind of the persistence target keeping its tiles (or None)
 
 
 @dataclass

@@ -30,6 +30,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from triplane.engines.memory.persist import PERSIST_ATTR
 from triplane.net.guard import ConnectionGuard, next_frame
 from triplane.proto.packet import (
     MAX_DATAGRAM_BYTES,
@@ -58,6 +59,7 @@ from triplane.scheduler.dispatch.state import (
     NodeDown,
     NodeUp,
     Send,
+    SubmitJob,
     TaskAcked,
     TaskErred,
     TaskSucceeded,
@@ -117,6 +119,7 @@ class DispatchShell:
         slots: int = 2,
     ) -> None:
         self.state = state
+        self.persisting = False  # a job asked to persist its tiles (packets then carry PERSIST_ATTR)
         self.secret = secret
         self.templates = templates  # job -> task -> template (the service fills it before submit)
         self.hooks = hooks or Hooks()
@@ -186,6 +189,8 @@ class DispatchShell:
 
     def handle(self, event: Event) -> None:
         """Feed one event to the state machine and carry out what it says."""
+        if type(event) is SubmitJob and event.persist is not None:
+            self.persisting = True
         out = self.state.handle(event)
         if out:
             self._carry_out(out)
@@ -366,6 +371,11 @@ class DispatchShell:
                     pull[tile] = self.sources[tile]
         for dep, node in s.pull_from:
             pull[tile_id(s.job, dep)] = node
+        attrs = tpl.attrs
+        if self.persisting:  # its output is kept by a persistence target too
+            kind = self.state.jobs[s.job].persist
+            if kind is not None:
+                attrs = {**attrs, PERSIST_ATTR: kind}
         p = TaskPacket(
             f"{s.job}.{s.task}.a{s.attempt}",
             tpl.op,
@@ -373,7 +383,7 @@ class DispatchShell:
             tpl.outputs(s.job, s.task) if tpl.tiles else (tile_id(s.job, s.task),),
             s.deadline,
             pull,
-            tpl.attrs,
+            attrs,
             s.node,
             time.time(),
         )

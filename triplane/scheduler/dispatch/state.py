@@ -56,6 +56,7 @@ import heapq
 from collections.abc import Callable, Iterable, Sequence
 from typing import Literal
 
+from triplane.engines.memory.persist import STORE_PREFIX
 from triplane.proto.states import TaskState
 from triplane.scheduler.dispatch.events import (
     CancelJob,
@@ -136,7 +137,7 @@ class DispatchState:
             t.waiting_on = set(t.spec.deps)
         self._jobs_seen += 1
         job = JobRecord(ev.job, tasks, remaining=len(tasks), seq=self._jobs_seen,
-                        deadline=ev.deadline, submitted=ev.now)
+                        deadline=ev.deadline, submitted=ev.now, persist=ev.persist)
         if ev.deadline is not None:
             heapq.heappush(self._job_deadlines, (ev.deadline, ev.job))
         for task_id, node in ev.done:
@@ -274,6 +275,11 @@ class DispatchState:
                     self._release_slot(t)
                     t.excluded.add(ev.node)
                     self._drift(t, f"node {ev.node} lost", ev.stimulus_id, ev.now, out, node=ev.node)
+                elif t.state == DONE and job.persist:
+                    # Its output is kept by the persistence target too: readers read it there.
+                    t.node = STORE_PREFIX + job.persist
+                    out.append(Transitioned(job.id, t.spec.id, DONE, DONE, t.attempt, t.node,
+                                            f"persisted:{ev.node}", ev.now))
                 elif t.state == DONE:
                     self._lost_output(job, t, ev.stimulus_id, ev.now, out)
 
@@ -347,9 +353,9 @@ class DispatchState:
                 self._lost_output(job, job.tasks[d], stimulus_id, now, out)
 
     def _available(self, t: TaskRecord) -> bool:
-        """Is ``t``'s output computed and held by a live node?"""
+        """Is ``t``'s output computed and held by a live node (or a persistence target)?"""
         n = self.nodes.get(t.node or "")
-        return t.state == DONE and n is not None and n.alive
+        return t.state == DONE and ((n is not None and n.alive) or (t.node or "").startswith(STORE_PREFIX))
 
     def _unready(self, t: TaskRecord, stimulus_id: str, now: float, out: list[Instruction]) -> None:
         self._ready = [e for e in self._ready if (e[3], e[4]) != (t.job, t.spec.id)]

@@ -26,9 +26,10 @@ from typing import Any, TypeVar
 import grpc
 
 from triplane.proto.limits import MAX_RANK
-from triplane.scheduler.api.app import MAX_GRAPH_BYTES, Owners, parse_job_request
+from triplane.scheduler.api.app import MAX_GRAPH_BYTES, Owners
 from triplane.scheduler.api.auth import ANYONE, CHANGERS, NODE, Authenticator, Principal
 from triplane.scheduler.api.bound import BoundRequest
+from triplane.scheduler.api.jobrequest import parse_job_request
 from triplane.scheduler.errors import BadRequest, Forbidden, TooLarge
 from triplane.scheduler.grpc import triplane_pb2 as pb
 from triplane.scheduler.grpc import triplane_pb2_grpc as pb_grpc
@@ -150,21 +151,20 @@ class TriplaneService(pb_grpc.TriplaneServicer):
         if len(body) > self.max_graph_bytes:
             raise TooLarge(f"job request is over the limit of {self.max_graph_bytes} bytes")
         if len(body) > 65536:  # as REST: a large document is parsed off the event loop
-            parsed, waiting, *more = await asyncio.to_thread(parse_job_request, body)
+            parsed, waiting = await asyncio.to_thread(parse_job_request, body)
         else:
-            parsed, waiting, *more = parse_job_request(body)
-        # the job's labels (name, tags), where the front door reads them: passed on as REST does
-        labels = dict(zip(("name", "tags"), more[0])) if more and not isinstance(parsed, BoundRequest) else {}
+            parsed, waiting = parse_job_request(body)
         if waiting is not None and waiting.inline:
             raise BadRequest("'inline' values are the REST API's: fetch them with FetchTensor")
-        named = refs_in_args(parsed.args) if isinstance(parsed, BoundRequest) else refs_in_graph(parsed[0])
+        named = refs_in_args(parsed.args) if isinstance(parsed, BoundRequest) else refs_in_graph(parsed.graph)
         for ref in named:  # whoever may fetch a tensor may use it as a ref
             self.owners.check(p, ref.partition(":")[0])
         if isinstance(parsed, BoundRequest):  # a compiled step: new inputs for a known plan
             out = await self.scheduler.submit_bound(*parsed, owner=p.name)
         else:
-            graph, fetch, deadline_s, grad = parsed
-            out = await self.scheduler.submit(graph, fetch, deadline_s, owner=p.name, grad=grad, **labels)
+            out = await self.scheduler.submit(parsed.graph, parsed.fetch, parsed.deadline_s, owner=p.name,
+                                              grad=parsed.grad, persist=parsed.persist, name=parsed.name,
+                                              tags=parsed.tags)
         job = out["id"]
         status = (await self.scheduler.wait(job, waiting.wait_s) if waiting is not None
                   else self.scheduler.status(job))
