@@ -221,7 +221,7 @@ def create_app(
         return {"id": sid, "uploads": len(held.uploads), "jobs": len(held.jobs)}
 
     @api.post("/jobs", status_code=201, response_model=m.SubmitAnswer, response_model_exclude_unset=True,
-              tags=["jobs"], openapi_extra=m.body_of(m.JobRequest))
+              tags=["jobs"], openapi_extra=m.body_of(m.JobRequestBody))
     async def submit(request: Request, p: Principal = changer) -> dict[str, Any]:
         body = await read_body(request, max_graph_bytes, "job request")
         if len(body) > 65536:

@@ -130,9 +130,9 @@ class SubmitAnswer(BaseModel):
     values: dict[str, InlineValue] | None = None
 
 
-class JobRequest(BaseModel):
-    """The body of ``POST /v1/jobs`` (documentation: the route parses it as strict JSON
-    itself, docs/runtime.md). The compiled-step form has ``plan`` and ``args`` instead of
+class JobRequestBody(BaseModel):
+    """The body of ``POST /v1/jobs`` (its schema for /openapi.json: the route parses it as
+    strict JSON itself, ``api/jobrequest.py``; docs/runtime.md). The compiled-step form has ``plan`` and ``args`` instead of
     ``graph``."""
 
     graph: dict[str, Any] = Field(description="a graph document: {version, nodes, outputs}")
@@ -142,6 +142,8 @@ class JobRequest(BaseModel):
     inline: list[str] | None = Field(None, description="fetched names whose values come back inline")
     grad: dict[str, Any] | None = Field(None, description="{of: <node>, wrt: [<nodes>]}: the gradients, "
                                                            "fetched as grad:<node>")
+    persist: Literal["file", "redis"] | None = Field(None, description="keep the job's tiles in the "
+                                                     "cluster's persistence target too (docs/storage.md)")
     name: str | None = Field(None, min_length=1, max_length=128)
     tags: list[str] | None = Field(None, max_length=16)
 
