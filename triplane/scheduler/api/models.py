@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
     "Config", "CopyRequest", "CopyResult", "Drift", "ERRORS", "Engine", "EnginePage", "ErrorBody",
-    "ErrorDetail", "Health", "JobDetail", "JobPage", "JobRequest", "JobStatus", "Node", "NodePage",
+    "ErrorDetail", "Health", "JobDetail", "JobPage", "JobRequestBody", "JobStatus", "Node", "NodePage",
     "Ready", "Released", "Retried", "SessionBody", "SessionEnded", "Stats", "SubmitAnswer", "Task",
     "TaskPage", "Tile", "TilePage", "Token", "TokenCreated", "TokenPage", "TokenRequest",
     "TokenRevoked", "Upload", "Whoami",
@@ -132,8 +132,8 @@ class SubmitAnswer(BaseModel):
 
 class JobRequestBody(BaseModel):
     """The body of ``POST /v1/jobs`` (its schema for /openapi.json: the route parses it as
-    strict JSON itself, ``api/jobrequest.py``; docs/runtime.md). The compiled-step form has ``plan`` and ``args`` instead of
-    ``graph``."""
+    strict JSON itself, ``api/jobrequest.py``; docs/runtime.md). The compiled-step form has
+    ``plan`` and ``args`` instead of ``graph``."""
 
     graph: dict[str, Any] = Field(description="a graph document: {version, nodes, outputs}")
     fetch: list[str] | None = Field(None, description="the node ids to read (default: the outputs)")
