@@ -1,0 +1,187 @@
+"""The ``triplane`` command against a live ``triplane up`` cluster, each command a real
+subprocess (docs/cli.md): submit (YAML and JSON, --wait with values equal to numpy's,
+--json, Ctrl-C cancelling or detaching), jobs, job, cancel, nodes, logs, and the one-line
+errors for a wrong token, an unknown job and no cluster."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from triplane.launcher import down as stop_cluster
+
+
+def _env(home: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("TRIPLANE_URL", "TRIPLANE_TOKEN")}
+    env.update(TRIPLANE_HOME=str(home), COLUMNS="200", NO_COLOR="1", **extra)
+    return env
+
+
+def cli(home: Path, *args: str, timeout: float = 120.0, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "triplane", *args], capture_output=True, text=True,
+                          timeout=timeout, env=_env(home, **env))
+
+
+def ok(home: Path, *args: str) -> str:
+    r = cli(home, *args)
+    assert r.returncode == 0, f"triplane {' '.join(args)} exited {r.returncode}:\n{r.stdout}\n{r.stderr}"
+    return r.stdout
+
+
+def failed(r: subprocess.CompletedProcess[str]) -> str:
+    """The one line a failing command printed (and it printed no traceback)."""
+    assert r.returncode == 1, (r.returncode, r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr + r.stdout, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, r.stderr
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A cluster of two executors started with `triplane up`, stopped at the end."""
+    h = tmp_path_factory.mktemp("cli") / "home"
+    try:
+        ok(h, "up", "--executors", "2", "--memory", "256MiB")
+        yield h
+    finally:
+        stop_cluster(h, grace_s=2.0)
+
+
+def small_graph() -> dict[str, object]:
+    """c = ones(2, 3) * 2 and s = sum(c), in the IR's graph document form."""
+    f32 = "float32"
+    return {"version": 1, "outputs": ["c", "s"], "nodes": {
+        "a": {"op": "full", "shape": [2, 3], "dtype": f32, "attrs": {"shape": [2, 3], "dtype": f32,
+                                                                     "value": 1}},
+        "b": {"op": "full", "shape": [], "dtype": f32, "attrs": {"shape": [], "dtype": f32, "value": 2.0}},
+        "c": {"op": "mul", "shape": [2, 3], "dtype": f32, "inputs": ["a", "b"]},
+        "s": {"op": "sum", "shape": [], "dtype": f32, "inputs": ["c"],
+              "attrs": {"axes": None, "keepdims": False}},
+    }}
+
+
+def slow_graph(steps: int = 400, n: int = 1024) -> dict[str, object]:
+    """A chain of ``steps`` n x n matmuls: tens of seconds on a small machine."""
+    f32 = "float32"
+    nodes: dict[str, object] = {"x": {"op": "full", "shape": [n, n], "dtype": f32,
+                                      "attrs": {"shape": [n, n], "dtype": f32, "value": 0.001}}}
+    prev = "x"
+    for i in range(steps):
+        nodes[f"m{i}"] = {"op": "matmul", "shape": [n, n], "dtype": f32, "inputs": [prev, "x"]}
+        prev = f"m{i}"
+    return {"version": 1, "nodes": nodes, "outputs": [prev]}
+
+
+def test_submit_yaml_waits_and_prints_the_values(home: Path, tmp_path: Path) -> None:
+    path = tmp_path / "g.yaml"
+    path.write_text(yaml.safe_dump(small_graph()))
+    out = ok(home, "submit", str(path), "--wait", "--json")
+    body = json.loads(out)
+    assert body["state"] == "done"
+    np.testing.assert_array_equal(np.array(body["values"]["c"]["data"], np.float32),
+                                  np.full((2, 3), 2, np.float32))
+    assert body["values"]["c"]["shape"] == [2, 3] and body["values"]["c"]["dtype"] == "float32"
+    assert body["values"]["s"]["data"] == 12.0
+    text = ok(home, "submit", str(path), "--wait", "--fetch", "s", "--save", str(tmp_path / "out"))
+    assert "s float32[]:" in text and "12." in text
+    assert float(np.load(tmp_path / "out" / "s.npy", allow_pickle=False)) == 12.0
+
+
+def test_submit_json_job_request_then_job_and_jobs_show_it(home: Path, tmp_path: Path) -> None:
+    path = tmp_path / "job.json"
+    path.write_text(json.dumps({"graph": small_graph(), "fetch": ["s"]}))
+    job = json.loads(ok(home, "submit", str(path), "--json"))["id"]
+    deadline = time.monotonic() + 60
+    while (state := json.loads(ok(home, "job", job, "--json"))["state"]) not in ("done", "failed"):
+        assert time.monotonic() < deadline, state
+        time.sleep(0.2)
+    assert state == "done"
+    listed = json.loads(ok(home, "jobs", "--json", "--limit", "50"))
+    assert job in [j["id"] for j in listed["items"]]
+    assert set(listed) == {"items", "next"}
+    assert job in ok(home, "jobs")  # the table
+
+
+def test_submit_refuses_a_bad_file_in_one_line(home: Path, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("nodes: !!python/object:os.system {}\n")  # the safe loader refuses tags
+    r = cli(home, "submit", str(bad))
+    assert r.returncode == 2 and "is not valid YAML" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    wrong = tmp_path / "wrong.json"
+    node = {"op": "nope", "shape": [], "dtype": "float32"}
+    wrong.write_text(json.dumps({"version": 1, "nodes": {"a": node}, "outputs": ["a"]}))
+    line = failed(cli(home, "submit", str(wrong)))
+    assert "400" in line and "nope" in line, line
+
+
+def _interrupted_submit(home: Path, tmp_path: Path,
+                        *extra: str) -> tuple[str, subprocess.CompletedProcess[str]]:
+    path = tmp_path / "slow.json"
+    path.write_text(json.dumps(slow_graph()))
+    p = subprocess.Popen([sys.executable, "-m", "triplane", "submit", str(path), "--wait", *extra],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(home))
+    assert p.stderr is not None
+    first = p.stderr.readline()  # "job J submitted; waiting for it (Ctrl-C ...)"
+    assert "submitted; waiting" in first, first
+    job = first.split()[1]
+    time.sleep(1.0)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=60)
+    return job, subprocess.CompletedProcess(p.args, p.returncode, out, first + err)
+
+
+def test_ctrl_c_while_waiting_cancels_the_job(home: Path, tmp_path: Path) -> None:
+    job, r = _interrupted_submit(home, tmp_path)
+    assert r.returncode == 130, (r.stdout, r.stderr)
+    assert f"interrupted: job {job} cancelled" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert json.loads(ok(home, "job", job, "--json"))["state"] == "cancelled"
+
+
+def test_ctrl_c_with_detach_leaves_the_job_running(home: Path, tmp_path: Path) -> None:
+    job, r = _interrupted_submit(home, tmp_path, "--on-interrupt", "detach")
+    assert r.returncode == 130, (r.stdout, r.stderr)
+    assert f"detached: job {job} goes on" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert json.loads(ok(home, "job", job, "--json"))["state"] in ("queued", "running")
+    said = ok(home, "cancel", job)
+    assert f"job {job}: cancelled" in said, said
+    assert json.loads(ok(home, "job", job, "--json"))["state"] == "cancelled"
+
+
+def test_nodes_lists_the_executors(home: Path) -> None:
+    nodes = json.loads(ok(home, "nodes", "--json"))["items"]
+    assert sorted(n.get("node") or n.get("id") for n in nodes) == ["executor-0", "executor-1"]
+    table = ok(home, "nodes")
+    assert "executor-0" in table and "numpy" in table, table
+
+
+def test_logs_lists_and_prints_a_process_log(home: Path) -> None:
+    listed = json.loads(ok(home, "logs", "--json"))["items"]
+    assert {"scheduler", "executor-0", "executor-1"} <= {x["process"] for x in listed}
+    tail = ok(home, "logs", "scheduler", "--tail", "5")
+    assert 0 < len(tail.splitlines()) <= 5
+    whole = (home / "logs" / "scheduler.log").read_text().splitlines()
+    assert tail.splitlines() == whole[-len(tail.splitlines()):]
+    line = failed(cli(home, "logs", "nope"))
+    assert "no log of 'nope'" in line and "scheduler" in line, line
+
+
+def test_errors_are_one_line_naming_what_was_wrong(home: Path, tmp_path: Path) -> None:
+    line = failed(cli(home, "jobs", "--token", "not-a-token"))
+    assert "refused the token (401" in line, line
+    line = failed(cli(home, "job", "j0000000000000000"))
+    assert "unknown job" in line and "j0000000000000000" in line, line
+    line = failed(cli(tmp_path / "empty", "jobs"))
+    assert f"no cluster is running from {tmp_path / 'empty'}" in line and "triplane up" in line, line
+    line = failed(cli(tmp_path / "empty", "nodes", "--url", "http://127.0.0.1:9"))
+    assert "no scheduler answers at http://127.0.0.1:9" in line, line
