@@ -4,7 +4,9 @@ tokens (docs/cli.md). Registered on the ``triplane`` app by :func:`register`.
 ``tokens`` works over the REST API (``/v1/tokens``, admin) when a cluster runs (the run
 directory's, or the one ``--url``/``TRIPLANE_URL`` names), and on the run directory's
 ``tokens.json`` when none does (or with ``--file``): a scheduler of that run directory
-reads the file at its next request, so both ways a token works at once.
+reads the file at its next request, so both ways a token works at once. The run
+directory's scheduler that does not serve ``/v1/tokens`` (older than this command) gets the
+file too.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Annotated, Any
 
 import typer
 
+from triplane.cli_client import NotServed
 from triplane.cli_kit import (
     App,
     AsJson,
@@ -125,6 +128,23 @@ def _over_rest(home: Path | None, url: str | None, file: bool) -> bool:
     return live_cluster(RunDir(home)) is not None
 
 
+def _rest(home: Path | None, url: str | None, token: str | None, file: bool, method: str, path: str,
+          **kw: Any) -> Any:
+    """The REST answer, or None where the file is the place: no cluster runs, ``--file``, or
+    the run directory's scheduler does not serve ``/v1/tokens``."""
+    if not _over_rest(home, url, file):
+        return None
+    with client_of(home, url, token) as client:
+        try:
+            if method == "GET":
+                return list(client.pages(path, [("limit", 1000)]))
+            return client.request(method, path, **kw)
+        except NotServed:
+            if url or os.environ.get("TRIPLANE_URL"):
+                raise
+            return None
+
+
 def tokens_add(name: Annotated[str, typer.Argument(metavar="NAME", help="the token's name: the owner of "
                                                    "the jobs it submits")],
                role: Annotated[str, typer.Option("--role", help="admin, submit or read")],
@@ -133,11 +153,8 @@ def tokens_add(name: Annotated[str, typer.Argument(metavar="NAME", help="the tok
     """Make a token with ROLE and print it (once: only its hash is kept).
 
     A running scheduler accepts it at once."""
-    if _over_rest(home, url, file):
-        with client_of(home, url, token) as client:
-            body = client.post("/v1/tokens", {"name": name, "role": role})
-        secret = str(body.get("token"))
-    else:
+    body = _rest(home, url, token, file, "POST", "/v1/tokens", body={"name": name, "role": role})
+    if body is None:
         from triplane.launcher.rundir import RunDir
         from triplane.scheduler.api.tokens import add_token
 
@@ -151,17 +168,15 @@ def tokens_add(name: Annotated[str, typer.Argument(metavar="NAME", help="the tok
     if as_json:
         emit_json(body)
     else:
-        typer.echo(secret)
+        typer.echo(str(body.get("token")))
 
 
 def tokens_list(file: File = False, as_json: AsJson = False, home: Home = None, url: Url = None,
                 token: Token = None) -> None:
     """Name and role of each client token (the admin token of `up` is the run directory's
     token file, not listed)."""
-    if _over_rest(home, url, file):
-        with client_of(home, url, token) as client:
-            entries = list(client.pages("/v1/tokens", [("limit", 1000)]))
-    else:
+    entries = _rest(home, url, token, file, "GET", "/v1/tokens")
+    if entries is None:
         from triplane.launcher.rundir import RunDir
         from triplane.scheduler.api.tokens import read_tokens
 
@@ -180,10 +195,8 @@ def tokens_remove(name: Annotated[str, typer.Argument(metavar="NAME", help="the 
                   file: File = False, as_json: AsJson = False, home: Home = None, url: Url = None,
                   token: Token = None) -> None:
     """Remove a token; a running scheduler refuses it from its next request."""
-    if _over_rest(home, url, file):
-        with client_of(home, url, token) as client:
-            body = client.delete(f"/v1/tokens/{name}", what=f"token {name!r}")
-    else:
+    body = _rest(home, url, token, file, "DELETE", f"/v1/tokens/{name}", what=f"token {name!r}")
+    if body is None:
         from triplane.launcher.rundir import RunDir
         from triplane.scheduler.api.tokens import remove_token
 

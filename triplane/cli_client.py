@@ -24,7 +24,7 @@ from typing import Any
 
 import httpx
 
-__all__ = ["AdminClient", "CliError", "Page", "connect_admin"]
+__all__ = ["AdminClient", "CliError", "NotServed", "Page", "connect_admin"]
 
 TERMINAL = frozenset({"done", "failed", "cancelled"})
 
@@ -35,6 +35,11 @@ class CliError(Exception):
     def __init__(self, message: str, code: int = 1) -> None:
         super().__init__(message)
         self.code = code
+
+
+class NotServed(CliError):
+    """The scheduler does not serve the route at all (404/405 from the router, not from a
+    handler): a scheduler older than this command."""
 
 
 class Page(dict[str, Any]):
@@ -130,10 +135,11 @@ class AdminClient:
             raise CliError(f"the token's role may not do this (403 forbidden: {message})")
         where = f"{r.request.method} {r.request.url.path}"
         if r.status_code in (404, 405) and message in ("Not Found", "Method Not Allowed"):
-            raise CliError(f"the scheduler at {self.url} does not serve {where} (a scheduler older than "
-                           "this triplane command?)")
+            raise NotServed(f"the scheduler at {self.url} does not serve {where} (a scheduler older than "
+                            "this triplane command?)")
         if r.status_code == 404 and what is not None:
-            raise CliError(message if "unknown" in message.lower() else f"unknown {what}: {message}")
+            text = message if "unknown" in message.lower() else f"unknown {what}: {message}"
+            raise CliError(f"{text} (404)")
         raise CliError(f"{where} failed: {r.status_code} {kind or ''}: {message}".replace(" :", ":"))
 
     def tensor(self, job: str, name: str) -> tuple[tuple[int, ...], str, bytes]:
