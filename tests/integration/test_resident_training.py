@@ -141,7 +141,7 @@ def _holder(c: LocalCluster) -> int:
     publish their free bytes about every second)."""
     time.sleep(2.5)
     with httpx.Client(base_url=c.url, headers={"Authorization": f"Bearer {c.token}"}) as h:
-        nodes = h.get("/v1/nodes").json()
+        nodes = h.get("/v1/nodes").json()["items"]
     nodes = nodes["nodes"] if isinstance(nodes, dict) else nodes
     used = {n["node"]: n["memory"]["capacity"] - n["memory"]["free"] for n in nodes}
     busiest = max(used, key=lambda k: used[k])

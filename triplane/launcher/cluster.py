@@ -272,10 +272,10 @@ class LocalCluster:
         """The nodes the scheduler lists now (``GET /v1/nodes``)."""
         import httpx
 
-        r = httpx.get(f"{self.url}/v1/nodes", headers={"Authorization": f"Bearer {self.token}"}, timeout=5.0)
+        r = httpx.get(f"{self.url}/v1/nodes", params={"limit": 1000},
+                      headers={"Authorization": f"Bearer {self.token}"}, timeout=5.0)
         r.raise_for_status()
-        body = r.json()
-        return list(body["nodes"] if isinstance(body, dict) else body)
+        return list(r.json()["items"])
 
     def wait_ready(self, timeout_s: float | None = None) -> None:
         """Until every running executor started here is registered (by pid)."""

@@ -65,24 +65,22 @@ def cluster_status(home: str | os.PathLike[str] | None = None, jobs: int = 10) -
     try:
         with httpx.Client(base_url=info["url"], headers=headers, timeout=5.0) as client:
             out["health"] = client.get("/v1/health").json()
-            nodes = client.get("/v1/nodes")
+            nodes = client.get("/v1/nodes", params={"limit": 1000})
             nodes.raise_for_status()
-            body = nodes.json()
-            nodes_list = [normalise_node(n) for n in (body["nodes"] if isinstance(body, dict) else body)]
-            engines = client.get("/v1/engines")
+            nodes_list = [normalise_node(n) for n in nodes.json()["items"]]
+            engines = client.get("/v1/engines", params={"limit": 1000})
             if engines.status_code == 200:  # op engines are separate records: join them by node
                 by_node: dict[str, list[str]] = {}
-                for e in engines.json():
+                for e in engines.json()["items"]:
                     gflops = e.get("gflops")
                     rate = f" ({gflops:.1f} GFLOP/s)" if isinstance(gflops, (int, float)) else ""
                     by_node.setdefault(str(e.get("node")), []).append(f"{e.get('engine')}{rate}")
                 for n in nodes_list:
                     n["engines"] = n["engines"] or by_node.get(n["id"], [])
             out["nodes"] = nodes_list
-            listed = client.get("/v1/jobs", params={"limit": jobs})
+            listed = client.get("/v1/jobs", params={"limit": max(1, min(jobs, 1000))})
             listed.raise_for_status()
-            body = listed.json()
-            out["jobs"] = list(body["jobs"] if isinstance(body, dict) else body)[:jobs]
+            out["jobs"] = list(listed.json()["items"])[:jobs]
     except (httpx.HTTPError, ValueError, KeyError, TypeError) as e:
         out["error"] = f"the scheduler at {info['url']} did not answer properly: {type(e).__name__}: {e}"
     return out

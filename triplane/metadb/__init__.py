@@ -61,6 +61,7 @@ from triplane.metadb.records import (
 from triplane.metadb.tasks import (
     add_events,
     get_task,
+    index_key,
     insert_tasks,
     jobs_to_resume,
     list_events,
@@ -68,6 +69,9 @@ from triplane.metadb.tasks import (
     list_tiles,
     mark_node_tiles_lost,
     record_tiles,
+    task_events,
+    task_page,
+    tile_page,
     transition_task,
 )
 from triplane.metadb.validate import (
@@ -92,6 +96,7 @@ __all__ = [
     "TileInfo", "TileLocation",
     "add_events", "get_task", "insert_tasks", "jobs_to_resume", "list_events", "list_tasks",
     "list_tiles", "mark_node_tiles_lost", "record_tiles", "transition_task",
+    "index_key", "task_events", "task_page", "tile_page",
     "JOB_STATES", "TASK_STATES", "TERMINAL_JOB_STATES", "TERMINAL_TASK_STATES", "TILE_STATES",
     "JobState", "TaskState", "TileState",
 ]

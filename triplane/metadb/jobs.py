@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 
 from triplane.metadb import validate as v
 from triplane.metadb.errors import ConflictError, InvalidInputError, NotFoundError, UnknownJobError
-from triplane.metadb.models import Graph, Job, Plan
+from triplane.metadb.models import Graph, Job, JobTag, Plan
 from triplane.metadb.records import GraphInfo, JobInfo, PlanInfo
 
 
@@ -85,9 +85,10 @@ def get_graph(session: Session, graph_hash: str) -> GraphInfo:
 
 def create_job(session: Session, *, graph_hash: str, graph_json: bytes, fetch: Sequence[str],
                owner: str | None = None, job_id: str | None = None, state: str = "submitted",
-               now: float | None = None, node_count: int | None = None) -> JobInfo:
+               now: float | None = None, node_count: int | None = None, name: str | None = None,
+               tags: Sequence[str] = ()) -> JobInfo:
     """Create a job in ``state`` with its graph (stored once per hash; ``node_count`` as
-    ``put_graph``). Returns the job.
+    ``put_graph``), its optional ``name`` and ``tags``. Returns the job.
 
     ``fetch`` lists the tensors the client will read. ``job_id`` defaults to a fresh id; an id
     already used raises ConflictError.
@@ -99,14 +100,18 @@ def create_job(session: Session, *, graph_hash: str, graph_json: bytes, fetch: S
         raise InvalidInputError(f"fetch must be a list of tensor names, got {fetch!r}")
     if len(fetch) > v.MAX_FETCH:
         raise v.PayloadTooLargeError(f"fetch lists {len(fetch)} tensors (at most {v.MAX_FETCH})")
-    names = [v.check_id(f"fetch[{i}]", name) for i, name in enumerate(fetch)]
+    names = [v.check_id(f"fetch[{i}]", f) for i, f in enumerate(fetch)]
+    label = None if name is None else v.check_label("name", name, v.MAX_NAME)
+    tag_list = v.check_tags(list(tags))
     put_graph(session, graph_hash, graph_json, now=now, node_count=node_count)
     if session.get(Job, job_id) is not None:
         raise ConflictError(f"job id {job_id!r} already exists")
     t = time.time() if now is None else now
     row = Job(id=job_id, state=state, graph_hash=graph_hash, plan_id=None, fetch=names, error=None,
-              owner=owner, tasks_total=0, tasks_done=0, tasks_failed=0, created_at=t, updated_at=t)
+              owner=owner, tasks_total=0, tasks_done=0, tasks_failed=0, created_at=t, updated_at=t,
+              name=label, tags=list(tag_list) or None)
     session.add(row)
+    session.add_all(JobTag(job_id=job_id, tag=tag) for tag in tag_list)
     session.flush()
     return JobInfo.of(row)
 
@@ -125,8 +130,15 @@ def get_job(session: Session, job_id: str) -> JobInfo:
 
 
 def list_jobs(session: Session, *, limit: int = 50, states: Iterable[str] | None = None,
-              owner: str | None = None) -> list[JobInfo]:
-    """The most recently created jobs first, at most ``limit`` (1..10000)."""
+              owner: str | None = None, name: str | None = None, tags: Sequence[str] = (),
+              since: float | None = None, until: float | None = None,
+              before: tuple[float, str] | None = None) -> list[JobInfo]:
+    """The most recently created jobs first, at most ``limit`` (1..10000): of ``states``,
+    ``owner``, ``name``, with every one of ``tags``, created in [``since``, ``until``).
+
+    ``before``: (created_at, id) of the last job of the previous page -- keyset paging over
+    the ``(created_at, id)`` order (an index: ``ix_jobs_created_at``, or the owner's, state's
+    or name's), never an OFFSET scan; a job stored meanwhile does not shift the pages."""
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 10_000:
         raise InvalidInputError(f"limit must be an int in 1..10000, got {limit!r}")
     q = sa.select(Job).order_by(Job.created_at.desc(), Job.id.desc()).limit(limit)
@@ -135,6 +147,17 @@ def list_jobs(session: Session, *, limit: int = 50, states: Iterable[str] | None
         q = q.where(Job.state.in_(wanted))
     if owner is not None:
         q = q.where(Job.owner == v.check_id("owner", owner))
+    if name is not None:
+        q = q.where(Job.name == v.check_label("name", name, v.MAX_NAME))
+    for tag in v.check_tags(list(tags)):
+        q = q.where(sa.exists().where(JobTag.job_id == Job.id, JobTag.tag == tag))
+    if since is not None:
+        q = q.where(Job.created_at >= v.check_time("since", since))
+    if until is not None:
+        q = q.where(Job.created_at < v.check_time("until", until))
+    if before is not None:
+        at, last = float(before[0]), v.check_id("before", before[1])
+        q = q.where(sa.or_(Job.created_at < at, sa.and_(Job.created_at == at, Job.id < last)))
     return [JobInfo.of(r) for r in session.scalars(q)]
 
 

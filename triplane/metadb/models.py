@@ -43,6 +43,7 @@ NAMING = {
 BigId = BigInteger().with_variant(Integer(), "sqlite")
 
 ID = 128  # bound of every id-like string column (job, task, node, engine, tensor names)
+NAME, TAG = 128, 64  # bounds of a job's name and of each of its tags
 
 
 class Base(DeclarativeBase):
@@ -80,7 +81,7 @@ class Job(Base):
 
     __tablename__ = "jobs"
     __table_args__ = (Index(None, "state", "created_at"), Index(None, "created_at"),
-                      Index(None, "owner", "created_at"))
+                      Index(None, "owner", "created_at"), Index(None, "name", "created_at"))
 
     id: Mapped[str] = mapped_column(String(ID), primary_key=True)
     state: Mapped[str] = mapped_column(String(32))
@@ -89,11 +90,24 @@ class Job(Base):
     fetch: Mapped[list[str]] = mapped_column(JSON)
     error: Mapped[str | None] = mapped_column(Text)
     owner: Mapped[str | None] = mapped_column(String(ID))  # the submitting token's name
+    name: Mapped[str | None] = mapped_column(String(NAME))  # the submitter's label (optional)
+    tags: Mapped[list[str] | None] = mapped_column(JSON)  # its tags, as given (job_tags indexes them)
     tasks_total: Mapped[int] = mapped_column(Integer, default=0)
     tasks_done: Mapped[int] = mapped_column(Integer, default=0)
     tasks_failed: Mapped[int] = mapped_column(Integer, default=0)
     created_at: Mapped[float] = mapped_column(Float)
     updated_at: Mapped[float] = mapped_column(Float)
+
+
+class JobTag(Base):
+    """One tag of a job: the index ``GET /v1/jobs?tag=`` filters with (``jobs.tags`` holds
+    the same list for reading)."""
+
+    __tablename__ = "job_tags"
+    __table_args__ = (Index(None, "tag", "job_id"),)
+
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    tag: Mapped[str] = mapped_column(String(TAG), primary_key=True)
 
 
 class Task(Base):
@@ -147,7 +161,7 @@ class Event(Base):
     """One transition or notable happening of a job (or one of its tasks), append-only."""
 
     __tablename__ = "events"
-    __table_args__ = (Index(None, "job_id", "at"),)
+    __table_args__ = (Index(None, "job_id", "at"), Index(None, "job_id", "task_id"))
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))

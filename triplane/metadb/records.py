@@ -55,12 +55,14 @@ class JobInfo:
     tasks_failed: int
     created_at: float
     updated_at: float
+    name: str | None = None
+    tags: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, row: m.Job) -> JobInfo:
         return cls(row.id, row.state, row.graph_hash, row.plan_id, tuple(row.fetch), row.error,
                    row.owner, row.tasks_total, row.tasks_done, row.tasks_failed, row.created_at,
-                   row.updated_at)
+                   row.updated_at, row.name, tuple(row.tags or ()))
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from sqlalchemy.orm import Session
 
 from triplane.metadb.db import MetaDB
 from triplane.metadb.errors import InvalidInputError
-from triplane.metadb.models import Event, Graph, Job, Plan, Task, Tile
+from triplane.metadb.models import Event, Graph, Job, JobTag, Plan, Task, Tile
 
 __all__ = ["RELEASED", "delete_jobs", "prune", "prune_jobs", "releasable_jobs"]
 
@@ -92,7 +92,7 @@ def delete_jobs(session: Session, ids: Sequence[str]) -> int:
     for i in range(0, len(ids), CHUNK):
         chunk = list(ids[i:i + CHUNK])
         graphs = set(session.scalars(sa.select(Job.graph_hash).where(Job.id.in_(chunk))))
-        for model in (Event, Tile, Task):
+        for model in (Event, Tile, Task, JobTag):
             session.execute(sa.delete(model).where(model.job_id.in_(chunk)))
         gone += session.execute(sa.delete(Job).where(Job.id.in_(chunk))).rowcount or 0
         used_plans = sa.select(Job.plan_id).where(Job.plan_id.is_not(None))

@@ -142,6 +142,55 @@ def list_tasks(session: Session, job_id: str, *, states: Iterable[str] | None = 
     return [TaskInfo.of(r) for r in session.scalars(q.execution_options(populate_existing=True))]
 
 
+def task_page(session: Session, job_id: str, *, after: str | None = None,
+              limit: int = 50) -> list[TaskInfo]:
+    """Up to ``limit`` of a job's tasks by task id, after the id ``after`` -- keyset paging
+    on the primary key (job_id, task_id), never an OFFSET scan; UnknownJobError for an
+    unknown job."""
+    require_jobs(session, [job_id])
+    q = sa.select(Task).where(Task.job_id == job_id)
+    if after is not None:
+        q = q.where(Task.task_id > v.check_id("after", after))
+    q = q.order_by(Task.task_id).limit(_page_limit(limit))
+    return [TaskInfo.of(r) for r in session.scalars(q.execution_options(populate_existing=True))]
+
+
+def task_events(session: Session, job_id: str, task_ids: Iterable[str],
+                kinds: Iterable[str]) -> list[EventInfo]:
+    """The events of ``kinds`` of some tasks of a job, in id order (``ix_events_job_id_task_id``)."""
+    ids = [v.check_id("task_id", t) for t in task_ids]
+    if not ids:
+        return []
+    q = sa.select(Event).where(Event.job_id == job_id, Event.task_id.in_(ids),
+                               Event.kind.in_(list(kinds))).order_by(Event.id)
+    return [EventInfo.of(r) for r in session.scalars(q)]
+
+
+def tile_page(session: Session, job_id: str, *, after: tuple[str, str] | None = None,
+              limit: int = 50) -> list[TileInfo]:
+    """Up to ``limit`` of a job's tile rows by (tensor, index), after ``after`` (the
+    (tensor, index key) of the previous page's last: keyset paging on the unique key
+    (job_id, tensor, index_key)); UnknownJobError for an unknown job."""
+    require_jobs(session, [job_id])
+    q = sa.select(Tile).where(Tile.job_id == job_id)
+    if after is not None:
+        tensor, key = v.check_id("after", after[0]), str(after[1])
+        q = q.where(sa.or_(Tile.tensor > tensor, sa.and_(Tile.tensor == tensor, Tile.index_key > key)))
+    q = q.order_by(Tile.tensor, Tile.index_key).limit(_page_limit(limit))
+    return [TileInfo.of(r) for r in session.scalars(q.execution_options(populate_existing=True))]
+
+
+def index_key(index: Iterable[int]) -> str:
+    """A tile index as the unique key stores it (``"0.1"``; ``""`` for a whole tensor)."""
+    return ".".join(str(i) for i in index)
+
+
+def _page_limit(limit: object) -> int:
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 10_001:
+        raise InvalidInputError(f"limit must be an int in 1..10001, got {limit!r}")
+    return limit
+
+
 def kernel_times(session: Session, job_id: str) -> dict[str, tuple[float, float]]:
     """task id -> (kernel start, kernel end) of a job's done tasks whose rows hold their
     kernel's times (unix seconds on the executor's clock), i.e. rows with ``actual_s`` set:
@@ -193,7 +242,7 @@ def tile_row(job_id: str, t: TileLocation, now: float) -> tuple[Any, ...]:
     if type(nbytes) is not int or nbytes < 0:
         v.check_count("nbytes", nbytes)
     return (job_id, v.check_id("tensor", t.tensor), json_text(index) if index else "[]",
-            ".".join(map(str, index)), json_text(shape) if shape else "[]", v.check_id("dtype", t.dtype),
+            index_key(index), json_text(shape) if shape else "[]", v.check_id("dtype", t.dtype),
             nbytes, v.check_optional_id("node", t.node),
             v.check_optional_id("memory_engine", t.memory_engine), t.state, now)
 

@@ -47,6 +47,28 @@ def check_id(field: str, value: object) -> str:
     return value
 
 
+MAX_NAME, MAX_TAG, MAX_TAGS = 128, 64, 16  # a job's name, each tag, tags per job
+
+
+def check_label(field: str, value: object, bound: int) -> str:
+    """A job's name or tag: a non-empty str of at most ``bound`` characters, no control
+    characters."""
+    if not isinstance(value, str) or not value:
+        raise InvalidInputError(f"{field} must be a non-empty string, got {value!r:.60}")
+    if len(value) > bound:
+        raise InvalidInputError(f"{field} is {len(value)} characters long (at most {bound})")
+    if any(ord(c) < 32 or ord(c) == 127 for c in value):
+        raise InvalidInputError(f"{field} contains a control character")
+    return value
+
+
+def check_tags(value: object) -> tuple[str, ...]:
+    """A job's tags: a list of at most MAX_TAGS labels (duplicates dropped, order kept)."""
+    if not isinstance(value, (list, tuple)) or len(value) > MAX_TAGS:
+        raise InvalidInputError(f"tags must be a list of at most {MAX_TAGS} strings")
+    return tuple(dict.fromkeys(check_label(f"tags[{i}]", t, MAX_TAG) for i, t in enumerate(value)))
+
+
 def check_optional_id(field: str, value: object) -> str | None:
     return None if value is None else check_id(field, value)
 

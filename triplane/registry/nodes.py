@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from typing import Literal, TypeVar
@@ -23,6 +24,7 @@ from typing import Literal, TypeVar
 from triplane.registry.backend import LeaseNotFound, RegistryBackend, RegistryUnavailable
 from triplane.registry.records import (
     Binding,
+    Drained,
     MemoryEngineInfo,
     NetworkEngineInfo,
     NodeInfo,
@@ -38,11 +40,13 @@ __all__ = [
     "NodeEvent",
     "NodeRegistration",
     "list_bindings",
+    "list_drained",
     "list_memory_engines",
     "list_network_engines",
     "list_nodes",
     "list_op_engines",
     "register_node",
+    "set_drained",
     "watch_nodes",
 ]
 
@@ -249,3 +253,20 @@ async def watch_nodes(backend: RegistryBackend, *, retry_s: float = 0.5) -> Asyn
         except RegistryUnavailable as exc:
             log.warning("node watch lost (%s); re-listing in %.1f s", exc, retry_s)
             await asyncio.sleep(retry_s)
+
+
+async def list_drained(backend: RegistryBackend) -> list[Drained]:
+    """The drained nodes (``Drained`` records), sorted by node."""
+    return await _list(backend, Drained, Drained.kind_prefix)
+
+
+async def set_drained(backend: RegistryBackend, node: str, drained: bool, *, by: str = "admin") -> bool:
+    """Drain ``node`` (write its ``Drained`` record) or undrain it (delete it); whether
+    that changed anything."""
+    key = Drained(node, 0.0, by).key()
+    if not drained:
+        return await backend.delete(key)
+    if await backend.get(key) is not None:
+        return False
+    await backend.put(key, encode(Drained(node, time.time(), by)))
+    return True

@@ -7,6 +7,7 @@ Key layout (relative to the backend prefix, ``/triplane/`` by default):
     engines/memory/<node>/<engine>      MemoryEngineInfo
     engines/network/<node>/<engine>     NetworkEngineInfo
     bindings/<node>/<op-engine>         Binding
+    drained/<node>                      Drained (no lease: outlives the node's registration)
     scheduler/leader                    the elected scheduler (see leader.py)
 
 Values are canonical JSON objects (sorted keys, no whitespace). Decoding is strict: a
@@ -27,6 +28,7 @@ from triplane.registry.backend import RegistryError
 
 __all__ = [
     "Binding",
+    "Drained",
     "MemoryEngineInfo",
     "NetworkEngineInfo",
     "NodeInfo",
@@ -149,6 +151,22 @@ class Binding(Record):
 
     def key(self) -> str:
         return self._key(check_name(self.node, "node"), check_name(self.op_engine, "op engine"))
+
+
+@dataclasses.dataclass(frozen=True)
+class Drained(Record):
+    """A node an admin drained: no new tasks go there (running ones finish) until it is
+    undrained. Written without a lease, so it outlives a restart of the node or of the
+    scheduler, and every scheduler replica reads the same."""
+
+    node: str
+    at: float
+    by: str
+
+    kind_prefix: ClassVar[str] = "drained/"
+
+    def key(self) -> str:
+        return self._key(check_name(self.node, "node"))
 
 
 R = TypeVar("R", bound=Record)

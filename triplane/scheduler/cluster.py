@@ -11,6 +11,11 @@ keep cached).
   loop, does not read it for each), and a submit checks its ops against the op engines
   read with those figures;
 * ``nodes()`` / ``engines()`` are the bodies of ``GET /v1/nodes`` and ``GET /v1/engines``.
+* drained nodes (``Drained`` records in the registry, so every scheduler replica reads
+  the same) are left out of the figures placement plans with, and ``on_drained`` hands
+  their set to the dispatcher, which places nothing new there (running tasks finish, a
+  drifting task never goes there); :meth:`ClusterView.read_drained` re-reads them at
+  once (a drain or undrain, taking the lead), else with the figures.
 
 Errors: the registry's (``RegistryError``) propagate; nothing here raises otherwise.
 """
@@ -22,7 +27,13 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from triplane.registry import OpEngineInfo, RegistryBackend, list_nodes, list_op_engines
+from triplane.registry import (
+    OpEngineInfo,
+    RegistryBackend,
+    list_drained,
+    list_nodes,
+    list_op_engines,
+)
 from triplane.registry.records import MemoryEngineInfo, NetworkEngineInfo
 from triplane.scheduler.calibration import Calibration, bound_of
 from triplane.scheduler.compiler.compile import ClusterSnapshot
@@ -99,6 +110,17 @@ class ClusterView:
         self.residency = Residency()  # upload tiles cached on executors, for placement
         self.calibration = Calibration()  # how fast executors run now, from finished tasks
         self._figs: tuple[float, list[NodeFigures], list[OpEngineInfo]] = (0.0, [], [])
+        self.drained: dict[str, tuple[float, str]] = {}  # node -> (drained at, by whom)
+        self.on_drained: Any = lambda nodes: None  # the dispatcher's drained set follows this
+
+    async def read_drained(self) -> dict[str, tuple[float, str]]:
+        """The drained nodes as the registry holds them now (also handed to ``on_drained``)."""
+        drained = {d.node: (d.at, d.by) for d in await list_drained(self.registry)}
+        if drained.keys() != self.drained.keys():
+            self._figs = (0.0, *self._figs[1:])  # the next plan sees the change at once
+        self.drained = drained
+        self.on_drained(frozenset(drained))
+        return drained
 
     async def figures(self) -> tuple[list[NodeFigures], list[OpEngineInfo]]:
         """The executors' figures (as registered, uncalibrated) and their op engines,
@@ -107,9 +129,11 @@ class ClusterView:
         now = time.monotonic()
         if now - at > self.max_age_s or not figs:
             nodes = await list_nodes(self.registry)
+            drained = await self.read_drained()
             hosts = {n.node: n.address for n in nodes}
             figs = same_host_figures(await figures_from_registry(self.registry), hosts,
                                      {n.node: n.cpus for n in nodes})
+            figs = [f for f in figs if f.name not in drained]
             engines = await list_op_engines(self.registry)
             self._figs = (now, figs, engines)
             if len(self.residency):
@@ -135,6 +159,7 @@ class ClusterView:
             agg = mem.setdefault(m.node, {"capacity": 0, "free": 0})
             agg["capacity"] += m.capacity
             agg["free"] += m.free
+        drained = await self.read_drained()
         return [
             {
                 **_asdict(n),
@@ -143,6 +168,8 @@ class ClusterView:
                 "memory": mem.get(n.node, {"capacity": 0, "free": 0}),
                 # how much slower than registered its kernels run now (calibration.py)
                 "calibration": {b: self.calibration.factor(n.node, b) for b in ("flops", "bytes")},
+                "drained": n.node in drained,
+                "drained_at": drained[n.node][0] if n.node in drained else None,
             }
             for n in await list_nodes(self.registry)
         ]

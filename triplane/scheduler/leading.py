@@ -111,6 +111,7 @@ class Leading:
         await self._publish_data()
         self._lead_tasks.append(loop.create_task(self._keep_data_published(), name="scheduler-data"))
         nodes = await list_nodes(self.registry)
+        await self.cluster.read_drained()  # drained nodes get no new tasks (docs/api.md)
         for n in nodes:
             self.shell.node_up(n)
         self._lead_tasks.append(self.shell.watch(self.registry))

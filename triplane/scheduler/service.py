@@ -37,6 +37,7 @@ from triplane import metadb as mdb
 from triplane._version import __version__
 from triplane.net.dataport import DataClient, DataPortError, DataServer
 from triplane.registry import Leadership, RegistryBackend, leader
+from triplane.scheduler.admin import Admin
 from triplane.scheduler.cluster import ClusterView
 from triplane.scheduler.compiler.jobplan import TaskTemplate, tile_id
 from triplane.scheduler.compiler.pipeline import PlanCache
@@ -112,6 +113,7 @@ class Scheduler(Leading):
         self.shell = DispatchShell(DispatchState(policy), secret, self.templates, Hooks(),
                                    tick_s=tick_s, slots=slots)
         self.cluster = ClusterView(registry, self._running_on)
+        self.cluster.on_drained = self._drained
         self.results = Results(db=db, store=self.store, data_client=self.data_client, shell=self.shell,
                                cluster=self.cluster, earlier=EarlierJobs(db, self.plans), live=live,
                                require_leader=self.require_leader)
@@ -124,6 +126,7 @@ class Scheduler(Leading):
                          require_leader=self.require_leader, refs=self.refs, retain=retain_finished,
                          group=group_tiny_jobs)
         self.sessions = Sessions(session_ttl_s)
+        self.admin = Admin(self)
         self.freer = TileFreer(self.data_client, self._data_address)
         self.shell.hooks = Hooks(self.jobs.finished, self.journal.transitions, self.jobs.output,
                                  self._node_down, self._free, self._sending)
@@ -186,6 +189,9 @@ class Scheduler(Leading):
         if self.role != "leader":
             raise Standby(await leader(self.registry))
 
+    def _drained(self, nodes: frozenset[str]) -> None:
+        self.shell.state.drained = nodes  # the dispatcher places nothing new there
+
     def _running_on(self, node: str) -> int:
         n = self.shell.state.nodes.get(node)
         return len(n.running) if n is not None else 0
@@ -223,8 +229,13 @@ class Scheduler(Leading):
     # --- the API's calls (docs/runtime.md) ----------------------------------------------------
 
     async def submit(self, graph_doc: Any, fetch: Any, deadline_s: float | None = None, *,
-                     owner: str | None = None) -> dict[str, Any]:
-        return await self.jobs.submit(graph_doc, fetch, deadline_s, owner=owner)
+                     owner: str | None = None, name: str | None = None,
+                     tags: Sequence[str] = ()) -> dict[str, Any]:
+        """Submit a job (``Jobs.submit``); its ``name`` and ``tags`` are recorded before
+        this answers (``Admin.label``)."""
+        body = await self.jobs.submit(graph_doc, fetch, deadline_s, owner=owner)
+        await self.admin.label(body["id"], name, tags)
+        return body
 
     async def submit_bound(self, plan_hash: str, args: Sequence[str | tuple[bytes, tuple[int, ...], str]],
                            fetch: list[str], deadline_s: float | None = None, *,

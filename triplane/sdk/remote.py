@@ -433,9 +433,13 @@ class RemoteSession:
         return dict(self._call("GET", "/v1/health", retry_sent=True).json())
 
     def nodes(self) -> list[dict[str, Any]]:
-        """``GET /v1/nodes`` (also proves the token is accepted)."""
-        body = self._call("GET", "/v1/nodes", retry_sent=True).json()
-        return list(body["nodes"] if isinstance(body, dict) else body)
+        """``GET /v1/nodes``, every page (also proves the token is accepted)."""
+        nodes, page = [], {"next": ""}
+        while page["next"] is not None:  # pages of up to 1000, each from the last one's cursor
+            more = {"cursor": page["next"]} if page["next"] else {}
+            page = self._call("GET", "/v1/nodes", retry_sent=True, params={"limit": 1000, **more}).json()
+            nodes += page["items"]
+        return nodes
 
     def cancel(self, job: str) -> dict[str, Any]:
         """``DELETE /v1/jobs/{id}``: cancel a running job and release its tiles."""

@@ -13,7 +13,7 @@ from triplane.metadb import SchemaError, create_engine, current_revision, head_r
 from triplane.metadb.db import VERSION_TABLE
 from triplane.metadb.models import Base
 
-TABLES = {"graphs", "plans", "jobs", "tasks", "tiles", "events", VERSION_TABLE}
+TABLES = {"graphs", "plans", "jobs", "job_tags", "tasks", "tiles", "events", VERSION_TABLE}
 
 
 def test_migrate_creates_every_table_on_an_empty_database(db_url: str) -> None:
@@ -92,7 +92,7 @@ def test_concurrent_first_opens_both_succeed(db_url: str) -> None:
         engine.dispose()
 
 
-def test_upgrade_from_0001_keeps_jobs_and_adds_the_owner_index(db_url: str) -> None:
+def test_upgrade_from_0001_keeps_jobs_and_adds_the_owner_index_names_and_tags(db_url: str) -> None:
     from alembic import command
 
     from triplane.metadb.db import _alembic_config
@@ -107,8 +107,10 @@ def test_upgrade_from_0001_keeps_jobs_and_adds_the_owner_index(db_url: str) -> N
                                  "tasks_done, tasks_failed, created_at, updated_at) VALUES "
                                  "('j1', 'done', 'g', '[]', 'alice', 0, 0, 0, 1, 1)"))
         assert current_revision(engine) == "0001_initial"
-        assert migrate(db_url) == head_revision() == "0002_jobs_owner_index"
-        assert "ix_jobs_owner_created_at" in {i["name"] for i in sa.inspect(engine).get_indexes("jobs")}
+        assert migrate(db_url) == head_revision() == "0003_job_names_tags"
+        indexes = {i["name"] for i in sa.inspect(engine).get_indexes("jobs")}
+        assert {"ix_jobs_owner_created_at", "ix_jobs_name_created_at"} <= indexes
+        assert "ix_job_tags_tag_job_id" in {i["name"] for i in sa.inspect(engine).get_indexes("job_tags")}
     finally:
         engine.dispose()
     with open_db(db_url) as db, db.read() as s:
@@ -116,3 +118,5 @@ def test_upgrade_from_0001_keeps_jobs_and_adds_the_owner_index(db_url: str) -> N
 
         assert [j.id for j in mdb.list_jobs(s, owner="alice")] == ["j1"]
         assert mdb.list_jobs(s, owner="bob") == []
+        (old,) = mdb.list_jobs(s)
+        assert old.name is None and old.tags == ()  # a job stored before 0003 has neither

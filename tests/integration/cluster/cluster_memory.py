@@ -12,7 +12,7 @@ from triplane.launcher import LocalCluster
 
 def free_bytes(c: LocalCluster) -> int:
     with httpx.Client(base_url=c.url, headers={"Authorization": f"Bearer {c.token}"}, timeout=10.0) as h:
-        return sum(n["memory"]["free"] for n in h.get("/v1/nodes").json())
+        return sum(n["memory"]["free"] for n in h.get("/v1/nodes").json()["items"])
 
 
 def settled_free(c: LocalCluster, want: int | None = None, timeout_s: float = 15.0) -> int:

@@ -68,7 +68,7 @@ def test_a_kernel_hung_on_a_live_acking_executor_drifts_after_its_run_deadline(
         assert budget <= took < budget + 25.0, took
         # The hung executor stayed alive and registered all along: no NodeDown made it drift.
         assert all(p.running() for p in cluster.executors)
-        nodes = httpx.get(f"{cluster.url}/v1/nodes", headers=headers, timeout=5).json()
+        nodes = httpx.get(f"{cluster.url}/v1/nodes", headers=headers, timeout=5).json()["items"]
         assert hung in {n["node"] for n in nodes}
         stats = httpx.get(f"{cluster.url}/v1/stats", headers=headers, timeout=5).json()
         # Acks kept coming while it hung (each retransmission answered): they did not save it.
@@ -102,7 +102,7 @@ def test_an_executor_sigstopped_while_acknowledging_a_long_task_has_it_drifted(
         deadline = time.monotonic() + 30
         while victim is None and time.monotonic() < deadline:
             stats = httpx.get(f"{cluster.url}/v1/stats", headers=headers, timeout=5).json()
-            nodes = httpx.get(f"{cluster.url}/v1/nodes", headers=headers, timeout=5).json()
+            nodes = httpx.get(f"{cluster.url}/v1/nodes", headers=headers, timeout=5).json()["items"]
             busy = [n for n in nodes if n["running"]]
             if busy and stats["acks"] >= 2:  # acknowledged, and answered a retransmission
                 victim = next(p for p in cluster.executors if p.pid == busy[0]["pid"])

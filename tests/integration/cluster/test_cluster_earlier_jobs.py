@@ -36,7 +36,7 @@ def _nodes_back(c: httpx.Client, n: int, timeout_s: float = 20.0) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         r = c.get("/v1/nodes")
-        if r.status_code == 200 and len(r.json()) >= n:
+        if r.status_code == 200 and len(r.json()["items"]) >= n:
             return
         time.sleep(0.2)
     raise AssertionError(f"the restarted scheduler lists {c.get('/v1/nodes').text}, want {n} executors")

@@ -97,7 +97,7 @@ def test_the_executor_running_a_group_sigkilled_drifts_it_whole(
         victim = None
         deadline = time.monotonic() + 30
         while victim is None and time.monotonic() < deadline:
-            nodes = httpx.get(f"{cluster.url}/v1/nodes", headers=headers, timeout=5).json()
+            nodes = httpx.get(f"{cluster.url}/v1/nodes", headers=headers, timeout=5).json()["items"]
             busy = [n for n in nodes if n["running"]]
             if busy:
                 victim = next(p for p in cluster.executors if p.pid == busy[0]["pid"])

@@ -170,7 +170,7 @@ def _running_job(cluster: LocalCluster, timeout_s: float = 30.0) -> dict[str, An
     end = time.monotonic() + timeout_s
     with api(cluster) as client:
         while time.monotonic() < end:
-            for j in client.get("/v1/jobs", params={"limit": 5}).json():
+            for j in client.get("/v1/jobs", params={"limit": 5}).json()["items"]:
                 p = j.get("progress") or {}
                 if j["state"] == "running" and p.get("done", 0) >= 1:
                     return j
@@ -183,7 +183,7 @@ def _no_task_running(cluster: LocalCluster, job: str) -> None:
     with api(cluster) as client:
         while time.monotonic() < end:
             state = client.get(f"/v1/jobs/{job}").json()["state"]
-            running = [n["running"] for n in client.get("/v1/nodes").json()]
+            running = [n["running"] for n in client.get("/v1/nodes").json()["items"]]
             if state == "cancelled" and not any(running):
                 return
             time.sleep(0.1)

@@ -99,7 +99,7 @@ def test_up_status_connect_down_round_trip(home: Path) -> None:
     with RemoteSession(info["url"], viewer) as read_only, use_session(read_only), \
             pytest.raises(tp.TriplaneError, match="403"):
         (x * 2).numpy()
-    listed = httpx.get(f"{info['url']}/v1/jobs", headers={"Authorization": f"Bearer {alice}"}).json()
+    listed = httpx.get(f"{info['url']}/v1/jobs", headers={"Authorization": f"Bearer {alice}"}).json()["items"]
     assert [j["id"] for j in listed] == [alices_job]
 
     # Issue 11's poisoning attempt on a real cluster: the admin token cannot re-point

@@ -147,7 +147,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Cluster,
         c.executor("exa")
         c.executor("exb")
         with client(url) as h:
-            wait_for(lambda: len(h.get("/v1/nodes").json()) == 2, 40, "two executors to register")
+            wait_for(lambda: len(h.get("/v1/nodes").json()["items"]) == 2, 40, "two executors to register")
         yield c, url
     finally:
         watchdog.cancel()

@@ -147,7 +147,7 @@ def test_a_restarted_scheduler_on_the_memory_registry_reruns_no_finished_task(cl
     cluster.executor("exb")
     last = f"c{TASKS - 1}"
     with client(cluster.url) as h:
-        wait_for(lambda: len(h.get("/v1/nodes").json()) == 2, 40, "two executors to register")
+        wait_for(lambda: len(h.get("/v1/nodes").json()["items"]) == 2, 40, "two executors to register")
         r = h.post("/v1/jobs", json={"graph": chain(TASKS), "fetch": [last]})
         assert r.status_code == 201, r.text
         job = r.json()["id"]

@@ -164,13 +164,13 @@ def test_a_graph_larger_than_the_cluster_is_refused_at_submit(cluster: LocalClus
     doc = graph.to_dict()
     name = graph.outputs[0]
     with _api(cluster) as c:
-        before = len(c.get("/v1/jobs").json())
+        before = len(c.get("/v1/jobs").json()["items"])
         r = c.post("/v1/jobs", json={"graph": doc, "fetch": [name]})
         assert r.status_code == 400, r.text
         err = r.json()["error"]
         assert err["kind"] == "limit" and err["node"] == name and err["op"] == "normal"
         assert "1 GiB" in err["message"] and "total memory" in err["message"]
-        assert len(c.get("/v1/jobs").json()) == before  # never stored, never half-run
+        assert len(c.get("/v1/jobs").json()["items"]) == before  # never stored, never half-run
 
 
 # --- the big case -------------------------------------------------------------------------

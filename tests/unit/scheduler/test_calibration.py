@@ -132,7 +132,7 @@ def test_a_job_after_slow_kernels_is_planned_with_the_learned_speed(tmp_path) ->
             reply = Reply(f"{first}.{t}", True, Timings(0.0, 1.0, 1.0 + kernel), (), None)
             s.jobs.output(first, t, p["node"], reply)
     assert s.cluster.calibration.factor("e0", "flops") == pytest.approx(2.0, rel=0.06)
-    nodes = {n["node"]: n for n in c.get("/v1/nodes", headers=auth).json()}
+    nodes = {n["node"]: n for n in c.get("/v1/nodes", headers=auth).json()["items"]}
     assert nodes["e0"]["calibration"]["flops"] == pytest.approx(2.0, rel=0.06)
     assert nodes["e0"]["calibration"]["bytes"] == 1.0
     again = plan_of(c.post("/v1/jobs", json={"graph": doc, "fetch": ["y"]}, headers=auth).json()["id"])

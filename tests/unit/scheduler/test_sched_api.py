@@ -149,7 +149,7 @@ def test_submit_queues_a_valid_job_and_reports_it(tmp_path: Path) -> None:
     assert body["progress"] == {"done": 0, "total": 1} and body["error"] is None
     with s.db.read() as sess:  # stored with its tasks before the answer
         assert mdb.get_job(sess, job).tasks_total == 1
-    assert [j["id"] for j in c.get("/v1/jobs", headers=AUTH).json()] == [job]
+    assert [j["id"] for j in c.get("/v1/jobs", headers=AUTH).json()["items"]] == [job]
     r = c.get(f"/v1/jobs/{job}/wait", params={"timeout": 0.05}, headers=AUTH)
     assert r.status_code == 200 and r.json()["state"] == "running"
     r = c.get(f"/v1/jobs/{job}/tensors/y", headers=AUTH)
@@ -174,7 +174,7 @@ def test_a_job_the_metadb_refuses_is_503_and_leaves_nothing_running(
     assert r.status_code == 503, r.text
     assert "metadata DB refused the job: disk full" in r.json()["error"]["message"]
     assert s.jobs.live == {} and all(j.state != "running" for j in s.state.jobs.values())
-    assert c.get("/v1/jobs", headers=AUTH).json() == []
+    assert c.get("/v1/jobs", headers=AUTH).json() == {"items": [], "next": None}
 
 
 def test_cancel_ends_the_job(tmp_path: Path) -> None:
@@ -258,9 +258,9 @@ def test_standby_refuses_job_routes_naming_the_leader(tmp_path: Path) -> None:
 
 def test_admin_reads_list_engines(tmp_path: Path) -> None:
     _, c = make(tmp_path)
-    (e,) = c.get("/v1/engines", headers=AUTH).json()
+    (e,) = c.get("/v1/engines", headers=AUTH).json()["items"]
     assert e["node"] == "ex1" and "exp" in e["ops"]
-    assert c.get("/v1/nodes", headers=AUTH).json() == []
+    assert c.get("/v1/nodes", headers=AUTH).json() == {"items": [], "next": None}
 
 
 def test_a_job_deadline_reaches_the_dispatcher_and_bad_ones_are_400(tmp_path: Path) -> None:

@@ -182,10 +182,10 @@ def test_a_submit_token_sees_and_cancels_only_its_own_jobs(cluster: Cluster) -> 
     r = c.delete(f"/v1/jobs/{theirs}", headers=alice)
     assert r.status_code == 403
     assert c.get(f"/v1/jobs/{theirs}", headers=cluster.headers("bob")).json()["state"] == "running"
-    assert [j["id"] for j in c.get("/v1/jobs", headers=alice).json()] == [mine]
-    assert [j["id"] for j in c.get("/v1/jobs", headers=cluster.headers("bob")).json()] == [theirs]
+    assert [j["id"] for j in c.get("/v1/jobs", headers=alice).json()["items"]] == [mine]
+    assert [j["id"] for j in c.get("/v1/jobs", headers=cluster.headers("bob")).json()["items"]] == [theirs]
     for who in ("admin", "read"):  # both see every job
-        assert {j["id"] for j in c.get("/v1/jobs", headers=cluster.headers(who)).json()} == \
+        assert {j["id"] for j in c.get("/v1/jobs", headers=cluster.headers(who)).json()["items"]} == \
             {mine, theirs, admins}
     assert c.delete(f"/v1/jobs/{mine}", headers=alice).json()["state"] == "cancelled"
     assert c.delete(f"/v1/jobs/{theirs}", headers=cluster.headers("admin")).status_code == 200

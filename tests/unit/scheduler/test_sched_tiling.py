@@ -223,7 +223,7 @@ def test_submit_refuses_a_tensor_larger_than_the_cluster_with_400_naming_it(tmp_
     err = r.json()["error"]
     assert err["kind"] == "limit" and err["node"] == "big" and err["op"] == "normal"
     assert "1 GiB" in err["message"] and "192 MiB" in err["message"]
-    assert c.get("/v1/jobs", headers=AUTH).json() == []  # nothing stored: never half-run
+    assert c.get("/v1/jobs", headers=AUTH).json()["items"] == []  # nothing stored: never half-run
 
 
 def test_submit_refuses_an_op_on_a_dtype_no_engine_takes_with_400(tmp_path: Path) -> None:
@@ -241,7 +241,7 @@ def test_submit_refuses_an_op_on_a_dtype_no_engine_takes_with_400(tmp_path: Path
     err = r.json()["error"]
     assert err["kind"] == "placement" and err["node"] == "y" and err["op"] == "conv2d"
     assert "no engine supports conv2d on float64" in err["message"]
-    assert c.get("/v1/jobs", headers=AUTH).json() == []
+    assert c.get("/v1/jobs", headers=AUTH).json()["items"] == []
 
 
 def test_executors_of_one_host_share_its_best_measured_figures() -> None:

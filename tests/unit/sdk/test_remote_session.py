@@ -55,7 +55,7 @@ class FakeScheduler:
         if request.headers.get("Authorization") != f"Bearer {TOKEN}":
             return httpx.Response(401, json={"error": {"kind": "auth", "message": "missing or wrong token"}})
         if request.method == "GET" and path == "/v1/nodes":
-            return httpx.Response(200, json={"nodes": [{"node": "executor-0", "pid": 1}]})
+            return httpx.Response(200, json={"items": [{"node": "executor-0", "pid": 1}], "next": None})
         if request.method == "POST" and path == "/v1/tensors":
             return self._upload(request)
         if request.method == "POST" and path == "/v1/tensors/copy":

@@ -6,8 +6,11 @@ bound before anything parses them (413 past ``max_graph_bytes`` / ``max_upload_b
 a job request is parsed as strict JSON (no duplicate keys) and its ids and ranks checked
 (``triplane.proto.validate.check_submission``) before ``Graph.from_dict`` and the op
 table's validation (400 naming the node and op). Who may call which route is ``auth.py``'s
-table: each route names the roles it admits, and a submit token's job, upload and session
-routes check that the job, upload or session is its own. With an in-memory registry, the registry API of
+table (``ROUTE_ROLES``, read by the one ``auth.route`` dependency every route takes), and a
+submit token's job, upload and session routes check that the job, upload or session is its
+own. The admin routes (nodes, jobs pages, tasks, tiles, tokens, health and readiness) are
+``admin.py``'s; ``/openapi.json`` describes every route and answer (``models.py``) and
+``/docs`` shows it. With an in-memory registry, the registry API of
 ``triplane.registry.http`` is mounted under ``/v1/registry``: it takes the node credential
 only (a client token is 403).
 """
@@ -30,7 +33,9 @@ from triplane.proto.validate import check_submission, loads_json
 from triplane.registry import MemoryBackend
 from triplane.registry.credential import node_credential
 from triplane.scheduler.api import errors
-from triplane.scheduler.api.auth import ANYONE, CHANGERS, Authenticator, Principal
+from triplane.scheduler.api import models as m
+from triplane.scheduler.api.admin import install_admin, pop_labels
+from triplane.scheduler.api.auth import Authenticator, Principal
 from triplane.scheduler.api.bound import BoundRequest, parse_bound_request
 from triplane.scheduler.api.waiting import Waiting, check_inline, pop_waiting
 from triplane.scheduler.errors import BadRequest, Forbidden, NotFound, TooLarge
@@ -60,13 +65,14 @@ async def read_body(request: Request, limit: int, what: str) -> bytearray:
 
 
 def parse_job_request(body: bytes | bytearray) -> tuple[tuple[Any, Any, float | None] | BoundRequest,
-                                                        Waiting | None]:
-    """((graph document, fetch list, deadline_s), waiting) of a ``POST /v1/jobs`` body,
+                                                        Waiting | None, tuple[str | None, tuple[str, ...]]]:
+    """((graph document, fetch list, deadline_s), waiting, (name, tags)) of a ``POST /v1/jobs`` body,
     checked at the front door: strict JSON (a duplicate key anywhere is a 400), the known
     fields, the ids and declared ranks of ``check_submission`` (400 naming the node or
     field), ``deadline_s`` (the job fails with kind "deadline" if not ended by then) and
-    ``wait_s``/``inline`` (``waiting.py``). A body with ``plan`` instead of ``graph`` is a
-    compiled step: a :class:`BoundRequest` in place of the triple."""
+    ``wait_s``/``inline`` (``waiting.py``), ``name``/``tags`` (``admin.pop_labels``). A body
+    with ``plan`` instead of ``graph`` is a compiled step: a :class:`BoundRequest` in place
+    of the triple (and no labels)."""
     try:
         doc = loads_json(body)
     except GraphError as e:  # a duplicate key, NaN or Infinity
@@ -77,9 +83,10 @@ def parse_job_request(body: bytes | bytearray) -> tuple[tuple[Any, Any, float | 
     if isinstance(doc, dict) and "plan" in doc and "graph" not in doc:
         bound = parse_bound_request(doc)
         check_inline(waiting, bound.fetch)
-        return bound, waiting
+        return bound, waiting, (None, ())
     if not isinstance(doc, dict) or "graph" not in doc:
         raise BadRequest('expected {"graph": <graph document>, "fetch": [node ids]}')
+    labels = pop_labels(doc)
     unknown = set(doc) - {"graph", "fetch", "deadline_s"}
     if unknown:
         raise BadRequest(f"unknown field(s) {sorted(unknown)} "
@@ -97,7 +104,7 @@ def parse_job_request(body: bytes | bytearray) -> tuple[tuple[Any, Any, float | 
         kind = "limit" if isinstance(e, LimitError) else "graph"
         raise BadRequest(str(e), kind=kind, node=e.node, op=e.op) from None
     check_inline(waiting, fetch)
-    return (graph, fetch, deadline_s), waiting
+    return (graph, fetch, deadline_s), waiting, labels
 
 
 def parse_copy_request(body: bytes | bytearray) -> list[str]:
@@ -160,20 +167,19 @@ def create_app(
     max_upload_bytes: int | None = None,
     tokens_file: Path | None = None,
 ) -> FastAPI:
-    """The scheduler's FastAPI app. Every route but ``/v1/health`` needs a bearer token:
+    """The scheduler's FastAPI app. Every route but health, readiness and the API's own
+    description (``/openapi.json``, ``/docs``) needs a bearer token:
     ``token`` (the admin token), a token listed in ``tokens_file`` (``tokens.py``) or, for
     the served registry alone, the node credential derived from the scheduler's secret."""
     upload_limit = max_upload_bytes if max_upload_bytes is not None else scheduler.store.max_bytes
     auth = Authenticator(token, tokens_file=tokens_file, node_credential=node_credential(scheduler.secret))
     owners = Owners(scheduler.db)
-    anyone = Depends(auth.require(ANYONE, "read the API"))
-    changer = Depends(auth.require(CHANGERS, "upload, submit or cancel"))
-    app = FastAPI(
-        title="triplane scheduler", version=VERSION, docs_url=None, redoc_url=None, openapi_url=None
-    )
+    anyone = changer = Depends(auth.route)  # who may call which route: auth.ROUTE_ROLES
+    app = FastAPI(title="triplane scheduler", version=VERSION, redoc_url=None,
+                  description="The REST API of a triplane scheduler (docs/api.md).")
     errors.install(app)
     app.state.auth = auth
-    api = APIRouter(prefix="/v1")
+    api = APIRouter(prefix="/v1", responses=m.ERRORS)
 
     def session_of(request: Request, p: Principal) -> Lease | None:
         """The caller's session named by ``X-Triplane-Session`` (renewed), if any: 404 when
@@ -183,15 +189,15 @@ def create_app(
             return None
         return scheduler.sessions.renew(sid, p.name, admin=p.role == "admin")
 
-    @app.get("/v1/health")
+    @app.get("/v1/health", response_model=m.Health, tags=["health"])
     async def health() -> dict[str, Any]:
         return {"ok": True, "role": scheduler.role, "version": VERSION}
 
-    @api.get("/whoami")
+    @api.get("/whoami", response_model=m.Whoami)
     async def whoami(p: Principal = anyone) -> dict[str, Any]:
         return {"name": p.name, "role": p.role}
 
-    @api.post("/tensors", status_code=201)
+    @api.post("/tensors", status_code=201, response_model=m.Upload, tags=["tensors"])
     async def upload(request: Request, p: Principal = changer) -> dict[str, Any]:
         try:
             shape = parse_shape(request.headers.get("x-triplane-shape", ""))
@@ -214,7 +220,7 @@ def create_app(
             scheduler.sessions.tag_upload(lease, stored.id)
         return stored.as_dict()
 
-    @api.post("/tensors/copy", status_code=201)
+    @api.post("/tensors/copy", status_code=201, response_model=m.CopyResult, tags=["tensors"])
     async def copy_tensors(request: Request, p: Principal = changer) -> dict[str, Any]:
         """Copies of refs' values as uploads of the caller (checkpoints: ``scheduler/refs.py``)."""
         refs = parse_copy_request(await read_body(request, 1 << 20, "copy request"))
@@ -227,7 +233,7 @@ def create_app(
                 scheduler.sessions.tag_upload(lease, upload)
         return {"ids": ids}
 
-    @api.delete("/tensors/{upload}")
+    @api.delete("/tensors/{upload}", response_model=m.Released, tags=["tensors"])
     async def release_upload(upload: str, p: Principal = changer) -> dict[str, Any]:
         t = scheduler.store.get(upload)
         if t is None:
@@ -238,29 +244,30 @@ def create_app(
         await scheduler.release_upload(upload)
         return {"id": upload, "released": True}
 
-    @api.post("/sessions", status_code=201)
+    @api.post("/sessions", status_code=201, response_model=m.SessionBody, tags=["sessions"])
     async def open_session(p: Principal = changer) -> dict[str, Any]:
         lease = scheduler.sessions.open(p.name)
         return {"id": lease.id, "ttl_s": scheduler.sessions.ttl_s}
 
-    @api.post("/sessions/{sid}/renew")
+    @api.post("/sessions/{sid}/renew", response_model=m.SessionBody, tags=["sessions"])
     async def renew_session(sid: str, p: Principal = changer) -> dict[str, Any]:
         lease = scheduler.sessions.renew(sid, p.name, admin=p.role == "admin")
         return {"id": lease.id, "ttl_s": scheduler.sessions.ttl_s}
 
-    @api.delete("/sessions/{sid}")
+    @api.delete("/sessions/{sid}", response_model=m.SessionEnded, tags=["sessions"])
     async def end_session(sid: str, p: Principal = changer) -> dict[str, Any]:
         scheduler.sessions.get(sid, p.name, admin=p.role == "admin")
         held = await scheduler.end_session(sid)
         return {"id": sid, "uploads": len(held.uploads), "jobs": len(held.jobs)}
 
-    @api.post("/jobs", status_code=201)
+    @api.post("/jobs", status_code=201, response_model=m.SubmitAnswer, response_model_exclude_none=True,
+              tags=["jobs"])
     async def submit(request: Request, p: Principal = changer) -> dict[str, Any]:
         body = await read_body(request, max_graph_bytes, "job request")
         if len(body) > 65536:
-            parsed, waiting = await asyncio.to_thread(parse_job_request, body)
+            parsed, waiting, (name, tags) = await asyncio.to_thread(parse_job_request, body)
         else:
-            parsed, waiting = parse_job_request(body)
+            parsed, waiting, (name, tags) = parse_job_request(body)
         lease = session_of(request, p)
         # whoever may fetch a tensor may use it as a ref (a submit token: its own jobs')
         named = refs_in_args(parsed.args) if isinstance(parsed, BoundRequest) else refs_in_graph(parsed[0])
@@ -273,7 +280,7 @@ def create_app(
             answer = {"id": body_out["id"], "state": body_out["state"]}
         else:
             graph, fetch, deadline_s = parsed
-            body_out = await scheduler.submit(graph, fetch, deadline_s, owner=p.name)
+            body_out = await scheduler.submit(graph, fetch, deadline_s, owner=p.name, name=name, tags=tags)
             if lease is not None:
                 scheduler.sessions.tag_job(lease, body_out["id"])
             answer = {"id": body_out["id"], "state": body_out["state"], "plan": body_out["plan"],
@@ -282,25 +289,17 @@ def create_app(
             return answer
         return await scheduler.waited(answer, waiting.wait_s, waiting.inline)
 
-    @api.get("/jobs")
-    async def jobs(limit: int = 50, p: Principal = anyone) -> list[dict[str, Any]]:
-        if not 1 <= limit <= 1000:
-            raise BadRequest("limit must be in 1..1000")
-        return scheduler.list_jobs(limit, owner=None if p.sees_all_jobs else p.name)
-
-    @api.get("/jobs/{job}")
-    async def job_status(job: str, p: Principal = anyone) -> dict[str, Any]:
-        owners.check(p, job)
-        return scheduler.status(job)
-
-    @api.get("/jobs/{job}/wait")
+    @api.get("/jobs/{job}/wait", response_model=m.JobStatus, tags=["jobs"])
     async def job_wait(job: str, timeout: float = 30.0, p: Principal = anyone) -> dict[str, Any]:
         if not 0 <= timeout <= 3600:
             raise BadRequest("timeout must be in 0..3600 seconds")
         owners.check(p, job)
         return await scheduler.wait(job, min(timeout, MAX_WAIT_S))
 
-    @api.get("/jobs/{job}/tensors/{name}")
+    @api.get("/jobs/{job}/tensors/{name}", response_class=StreamingResponse, tags=["jobs"], responses={
+        200: {"content": {"application/octet-stream": {}},
+              "description": "the raw little-endian C-order bytes (shape and dtype in X-Triplane-Shape "
+                             "and X-Triplane-Dtype)"}})
     async def tensor(job: str, name: str, p: Principal = anyone) -> StreamingResponse:
         owners.check(p, job)
         shape, dtype, nbytes, chunks = await scheduler.open_tensor(job, name)
@@ -314,25 +313,17 @@ def create_app(
             },
         )
 
-    @api.get("/jobs/{job}/plan")
+    @api.get("/jobs/{job}/plan", response_model=dict[str, Any], tags=["jobs"])
     async def job_plan(job: str, p: Principal = anyone) -> dict[str, Any]:
         owners.check(p, job)
         return await scheduler.plan(job)
 
-    @api.delete("/jobs/{job}")
+    @api.delete("/jobs/{job}", response_model=m.JobStatus, tags=["jobs"])
     async def cancel(job: str, p: Principal = changer) -> dict[str, Any]:
         owners.check(p, job)
         return await scheduler.release_job(job)
 
-    @api.get("/nodes")
-    async def nodes(p: Principal = anyone) -> list[dict[str, Any]]:
-        return await scheduler.nodes()
-
-    @api.get("/engines")
-    async def engines(p: Principal = anyone) -> list[dict[str, Any]]:
-        return await scheduler.engines()
-
-    @api.get("/stats")
+    @api.get("/stats", response_model=m.Stats)
     async def stats(p: Principal = anyone) -> JSONResponse:
         s = scheduler.shell.stats
         return JSONResponse(
@@ -349,6 +340,7 @@ def create_app(
         )
 
     app.include_router(api)
+    install_admin(app, scheduler, auth, owners, tokens_file=tokens_file, max_graph_bytes=max_graph_bytes)
     if isinstance(scheduler.registry, MemoryBackend):
         _mount_registry(app, scheduler.registry, auth, node_credential(scheduler.secret))
     return app

@@ -13,11 +13,15 @@ Every route but ``/v1/health`` needs ``Authorization: Bearer <token>``. A token 
 What each role may do (docs/security.md):
 
 =========  ===========================================================================
-admin      everything on the REST API
-submit     upload, submit; see, wait on, fetch, explain and cancel its own jobs only
-           (``GET /v1/jobs`` lists only them); see nodes, engines and stats
+admin      everything on the REST API (and it alone drains nodes and manages tokens)
+submit     upload, submit; see, wait on, fetch, explain, cancel and retry its own jobs
+           only (``GET /v1/jobs`` lists only them); see nodes, engines and stats
 read       see everything (jobs of everyone, nodes, engines, stats); change nothing
 =========  ===========================================================================
+
+:data:`ROUTE_ROLES` is the one table of who may call which route (method and path
+template): a route's :meth:`Authenticator.route` dependency reads it, so a route missing
+from it answers 500, and a test walks the app's routes and fails on any such route.
 
 Missing or unknown token -> 401 (``WWW-Authenticate: Bearer``); a known one whose role
 may not do this -> 403 ``kind: "forbidden"``. Comparisons are constant-time
@@ -37,12 +41,60 @@ from fastapi import Request
 from triplane.scheduler.api.tokens import ROLES, TokenBook
 from triplane.scheduler.errors import Forbidden, Unauthorized
 
-__all__ = ["ADMIN", "ANYONE", "CHANGERS", "NODE", "Authenticator", "Principal", "check_bearer"]
+__all__ = ["ADMIN", "ANYONE", "CHANGERS", "NODE", "PUBLIC", "ROUTE_ROLES", "Authenticator", "Principal",
+           "check_bearer"]
 
 NODE = "node"
 ADMIN = ("admin",)
 CHANGERS = ("admin", "submit")  # may upload, submit and cancel
 ANYONE = ROLES  # every client role (never the node credential)
+PUBLIC: tuple[str, ...] = ()  # no credential needed
+NODE_ONLY = (NODE,)
+_REGISTRY = ("put", "get", "get_prefix", "delete", "delete_prefix", "create", "compare_and_swap",
+             "compare_and_delete", "lease/grant", "lease/refresh", "lease/revoke", "watch")
+
+# (method, path template) -> the roles that may call it (docs/api.md, "Roles").
+ROUTE_ROLES: dict[tuple[str, str], tuple[str, ...]] = {
+    ("GET", "/health"): PUBLIC,
+    ("GET", "/ready"): PUBLIC,
+    ("GET", "/v1/health"): PUBLIC,
+    ("GET", "/openapi.json"): PUBLIC,
+    ("GET", "/docs"): PUBLIC,
+    ("GET", "/docs/oauth2-redirect"): PUBLIC,
+    ("GET", "/v1/whoami"): ANYONE,
+    ("POST", "/v1/tensors"): CHANGERS,
+    ("POST", "/v1/tensors/copy"): CHANGERS,
+    ("DELETE", "/v1/tensors/{upload}"): CHANGERS,
+    ("POST", "/v1/sessions"): CHANGERS,
+    ("POST", "/v1/sessions/{sid}/renew"): CHANGERS,
+    ("DELETE", "/v1/sessions/{sid}"): CHANGERS,
+    ("POST", "/v1/jobs"): CHANGERS,
+    ("GET", "/v1/jobs"): ANYONE,
+    ("GET", "/v1/jobs/{job}"): ANYONE,
+    ("GET", "/v1/jobs/{job}/wait"): ANYONE,
+    ("GET", "/v1/jobs/{job}/tensors/{name}"): ANYONE,
+    ("GET", "/v1/jobs/{job}/plan"): ANYONE,
+    ("GET", "/v1/jobs/{job}/tasks"): ANYONE,
+    ("GET", "/v1/jobs/{job}/tiles"): ANYONE,
+    ("DELETE", "/v1/jobs/{job}"): CHANGERS,
+    ("POST", "/v1/jobs/{job}/cancel"): CHANGERS,
+    ("POST", "/v1/jobs/{job}/retry"): CHANGERS,
+    ("GET", "/v1/nodes"): ANYONE,
+    ("GET", "/v1/nodes/{node}"): ANYONE,
+    ("POST", "/v1/nodes/{node}/drain"): ADMIN,
+    ("POST", "/v1/nodes/{node}/undrain"): ADMIN,
+    ("GET", "/v1/engines"): ANYONE,
+    ("GET", "/v1/stats"): ANYONE,
+    ("GET", "/v1/config"): ANYONE,
+    ("GET", "/v1/tokens"): ADMIN,
+    ("POST", "/v1/tokens"): ADMIN,
+    ("DELETE", "/v1/tokens/{name}"): ADMIN,
+    # the event stream and metrics (api/events.py)
+    ("GET", "/v1/events"): ANYONE,
+    ("GET", "/metrics"): ANYONE,
+    # the served registry (triplane.registry.http_server checks the node credential itself)
+    **{("POST", f"/v1/registry/{op}"): NODE_ONLY for op in _REGISTRY},
+}
 
 
 @dataclass(frozen=True)
@@ -105,6 +157,20 @@ class Authenticator:
         raw = given.encode("utf-8", "surrogateescape")
         is_admin = self._admin is not None and hmac.compare_digest(raw, self._admin)
         return self.book.lookup(given) is not None or is_admin
+
+    async def route(self, request: Request) -> Principal:
+        """A FastAPI dependency: the caller's principal if :data:`ROUTE_ROLES` lets its role
+        call the matched route, else 401 (no or unknown token) or 403 naming the route."""
+        route = request.scope.get("route")
+        key = (request.method, getattr(route, "path", ""))
+        if key not in ROUTE_ROLES:  # a route added without an entry: a bug (tests catch it)
+            raise RuntimeError(f"route {key} is missing from auth.ROUTE_ROLES")
+        allowed = ROUTE_ROLES[key]
+        p = self.identify(request.headers.get("authorization"))
+        if p.role not in allowed:
+            who = "the node credential" if p.role == NODE else f"a {p.role} token ({p.name!r})"
+            raise Forbidden(f"{who} may not call {key[0]} {key[1]} (roles that may: {sorted(allowed)})")
+        return p
 
     def require(self, roles: Iterable[str], what: str) -> Callable[[Request], Awaitable[Principal]]:
         """A FastAPI dependency: the caller's principal if its role is in ``roles``, else

@@ -106,6 +106,7 @@ class DispatchState:
         self.placer = placer or place_near_inputs
         self.jobs: dict[str, JobRecord] = {}
         self.nodes: dict[str, NodeRecord] = {}
+        self.drained: frozenset[str] = frozenset()  # nodes an admin drained: nothing new goes there
         # (job seq, priority, ready seq, job, task) of the tasks awaiting a node: a heap
         self._ready: list[tuple[int, float, int, str, str]] = []
         self._seq = 0  # tie-breaker: first ready, first placed
@@ -364,7 +365,7 @@ class DispatchState:
         now = getattr(ev, "now", 0.0)
         if not self._ready:
             return
-        alive = [n for n in self.nodes.values() if n.alive]
+        alive = [n for n in self.nodes.values() if n.alive and n.name not in self.drained]
         if not alive:
             return
         skipped: list[tuple[int, float, int, str, str]] = []  # ready, but not placeable now
@@ -438,7 +439,7 @@ class DispatchState:
         if name is None or name in t.excluded:
             return None
         n = self.nodes.get(name)
-        return n if n is not None and n.alive else None
+        return n if n is not None and n.alive and name not in self.drained else None
 
     def _early(self, job: JobRecord, t: TaskRecord) -> bool:
         """May waiting ``t`` be sent now, ahead of its unfinished inputs? Yes when the policy

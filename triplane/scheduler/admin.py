@@ -1,0 +1,234 @@
+"""The admin side of a scheduler (docs/api.md): node drain, job labels, paged listings of
+jobs, tasks and tiles, retrying a job, and the configuration it runs with.
+
+Paging is keyset paging (the caller passes the sort key of the previous page's last item,
+``api/pages.py`` wraps it in an opaque cursor): every page is one indexed range read of the
+metadb, never an OFFSET scan, so a page of a 100,000-task job costs what a page of a small
+one does, and an item stored meanwhile does not shift the pages. The metadb reads run in a
+worker thread (the dispatcher shares the event loop).
+
+A task's drift history: for a job the dispatcher still holds, from its in-memory log of
+transitions (each drift with the node it left and the node it went to); for any other,
+from the ``task.ready`` / ``task.pending`` event rows the journal writes for each attempt
+that left a node (``to`` is known for the last one only: the task row's node).
+
+Errors: ``NotFound`` for an unknown job or node, ``Conflict`` for a retry of a job that is
+not failed or cancelled, the metadb's as ``Unavailable`` (``api/errors.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from triplane import metadb as mdb
+from triplane._version import __version__
+from triplane.proto.ir import Graph
+from triplane.registry import list_nodes, set_drained
+from triplane.scheduler.earlier import BINDINGS
+from triplane.scheduler.errors import Conflict, NotFound
+from triplane.scheduler.jobs import API_STATE, _stored_body
+
+if TYPE_CHECKING:
+    from triplane.scheduler.service import Scheduler
+
+__all__ = ["DRIFT_KINDS", "Admin", "job_body"]
+
+DRIFT_KINDS = ("task.ready", "task.pending")  # an attempt that left its node (journal.py)
+RETRYABLE = ("failed", "cancelled")
+
+
+def job_body(info: mdb.JobInfo, status: dict[str, Any]) -> dict[str, Any]:
+    """A job's status body with what the metadb adds: owner, name and tags."""
+    return {**status, "owner": info.owner, "name": info.name, "tags": list(info.tags)}
+
+
+class Admin:
+    """See the module doc; ``scheduler.admin``."""
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        self.s = scheduler
+
+    # --- nodes -------------------------------------------------------------------------------
+
+    async def node(self, node: str) -> dict[str, Any]:
+        for n in await self.s.cluster.nodes():
+            if n["node"] == node:
+                return n
+        raise NotFound(f"unknown node {node[:128]!r} (not registered now: GET /v1/nodes lists them)")
+
+    async def drain(self, node: str, drained: bool, by: str) -> dict[str, Any]:
+        """Drain (or undrain) a registered node; its body as ``GET /v1/nodes/{node}``."""
+        if node not in {n.node for n in await list_nodes(self.s.registry)}:
+            raise NotFound(f"unknown node {node[:128]!r} (not registered now: GET /v1/nodes lists them)")
+        await set_drained(self.s.registry, node, drained, by=by)
+        await self.s.cluster.read_drained()
+        return await self.node(node)
+
+    # --- jobs --------------------------------------------------------------------------------
+
+    def status(self, job: str) -> dict[str, Any]:
+        """``GET /v1/jobs/{id}``: the status body with owner, name and tags."""
+        status = self.s.status(job)
+        with self.s.db.read() as s:
+            return job_body(mdb.get_job(s, job), status)
+
+    async def label(self, job: str, name: str | None, tags: Sequence[str]) -> None:
+        """Record a just-submitted job's name and tags (its row exists once submit answered)."""
+        if name is None and not tags:
+            return
+
+        def write() -> None:
+            from triplane.metadb.models import Job, JobTag
+
+            with self.s.db.transaction() as s:
+                row = s.get(Job, job)
+                if row is None:
+                    raise NotFound(f"unknown job {job!r}")
+                row.name, row.tags = name, list(tags) or None
+                s.add_all(JobTag(job_id=job, tag=t) for t in tags)
+
+        await asyncio.to_thread(write)
+
+    async def jobs(self, *, limit: int, before: tuple[float, str] | None, owner: str | None,
+                   states: Sequence[str] | None, name: str | None, tags: Sequence[str],
+                   since: float | None, until: float | None) -> list[dict[str, Any]]:
+        """Up to ``limit`` jobs, newest first, after ``before`` (created_at, id); API states
+        (``queued`` covers the metadb's submitted and compiling)."""
+        stored = None if states is None else [k for k, v in API_STATE.items() if v in states]
+
+        def read() -> list[mdb.JobInfo]:
+            with self.s.db.read() as s:
+                return mdb.list_jobs(s, limit=limit, states=stored, owner=owner, name=name, tags=tags,
+                                     since=since, until=until, before=before)
+
+        jobs = self.s.jobs
+        out = []
+        for info in await asyncio.to_thread(read):
+            live = jobs.live.get(info.id)
+            status = jobs.body(info.id, live) if live is not None else _stored_body(info, _error(info))
+            out.append(job_body(info, status))
+        return out
+
+    async def retry(self, job: str, owner: str | None) -> dict[str, Any]:
+        """A failed or cancelled job submitted again as a new job: the same graph, fetch list,
+        uploads bound to its inputs, deadline, name and tags. ``{"id", "retry_of", "state"}``."""
+        def read() -> tuple[mdb.JobInfo, Graph, dict[str, Any]]:
+            with self.s.db.read() as s:
+                info = mdb.get_job(s, job)
+                graph = Graph.from_json(mdb.get_graph(s, info.graph_hash).canonical)
+                ev = mdb.list_events(s, job, limit=1, kind=BINDINGS)
+            return info, graph, ev[0].payload if ev else {}
+
+        state = self.s.status(job)["state"]  # NotFound for an unknown job
+        if state not in RETRYABLE:
+            raise Conflict(f"job {job} is {state}: only a failed or cancelled job is retried")
+        info, graph, bindings = await asyncio.to_thread(read)
+        if not isinstance(bindings.get("fetch"), dict) or not isinstance(bindings.get("args"), list):
+            raise Conflict(f"job {job} has no record of its bindings: submit its graph again")
+        if bindings.get("refs"):
+            raise Conflict(f"job {job} read refs of other jobs: submit its graph again with the refs")
+        key = graph.hash()
+        self.s.jobs.structures[key] = (graph, dict(bindings["fetch"]), tuple(info.fetch))
+        deadline_s = bindings.get("deadline_s")
+        body = await self.s.jobs.submit_bound(
+            key, list(bindings["args"]), list(info.fetch),
+            deadline_s if type(deadline_s) in (int, float) else None, owner=owner)
+        await self.label(body["id"], info.name, info.tags)
+        return {"id": body["id"], "retry_of": job, "state": body["state"]}
+
+    # --- tasks and tiles ---------------------------------------------------------------------
+
+    async def tasks(self, job: str, *, after: str | None, limit: int) -> list[dict[str, Any]]:
+        """Up to ``limit`` of a job's tasks by id after ``after``, each with its drifts."""
+        def read() -> tuple[list[mdb.TaskInfo], list[mdb.EventInfo]]:
+            with self.s.db.read() as s:
+                rows = mdb.task_page(s, job, after=after, limit=limit)
+                return rows, mdb.task_events(s, job, [t.task_id for t in rows], DRIFT_KINDS)
+
+        try:
+            rows, events = await asyncio.to_thread(read)
+        except mdb.UnknownJobError:
+            raise NotFound(f"unknown job {job!r}") from None
+        js = self.s.shell.state.jobs.get(job)
+        stored: dict[str, list[dict[str, Any]]] = {}
+        for e in events:
+            p = e.payload if isinstance(e.payload, dict) else {}
+            if p.get("from") == "dispatched":
+                stored.setdefault(e.task_id or "", []).append(
+                    {"at": e.at, "attempt": int(p.get("attempt") or 0), "from": p.get("node"), "to": None,
+                     "reason": e.stimulus_id or ""})
+        out = []
+        for t in rows:
+            record = js.tasks.get(t.task_id) if js is not None else None
+            drifts = _drifts(record.log) if record is not None else stored.get(t.task_id, [])
+            if record is None and drifts and t.state in ("dispatched", "done") and drifts[-1]["to"] is None:
+                drifts[-1]["to"] = t.node
+            out.append({
+                "id": t.task_id, "op": t.op, "state": t.state, "attempt": t.attempt, "node": t.node,
+                "queued_at": t.queued_at, "started_at": t.started_at, "finished_at": t.finished_at,
+                "predicted_s": t.predicted_s, "actual_s": t.actual_s,
+                "error": None if t.error_kind is None else {"kind": t.error_kind,
+                                                            "message": t.error_message or ""},
+                "drifts": drifts,
+            })
+        return out
+
+    async def tiles(self, job: str, *, after: tuple[str, str] | None, limit: int) -> list[dict[str, Any]]:
+        """Up to ``limit`` of a job's tile rows (where its fetched results live) after ``after``."""
+        def read() -> list[mdb.TileInfo]:
+            with self.s.db.read() as s:
+                return mdb.tile_page(s, job, after=after, limit=limit)
+
+        try:
+            rows = await asyncio.to_thread(read)
+        except mdb.UnknownJobError:
+            raise NotFound(f"unknown job {job!r}") from None
+        return [{"tensor": t.tensor, "index": list(t.index), "shape": list(t.shape), "dtype": t.dtype,
+                 "node": t.node, "memory_engine": t.memory_engine, "nbytes": t.nbytes, "state": t.state,
+                 "updated_at": t.updated_at} for t in rows]
+
+    # --- configuration -----------------------------------------------------------------------
+
+    def config(self, **api: Any) -> dict[str, Any]:
+        """``GET /v1/config``: what this scheduler runs with (no secrets: no token, no
+        cluster secret, no database password)."""
+        s = self.s
+        p = s.state.policy
+        return {
+            "version": __version__, "id": s.id, "role": s.role, "host": s.host,
+            "packet_port": s.shell.port,
+            "data_port": s.data_port, "elect": s.elect, "slots": s.shell.slots,
+            "lease_ttl_s": s.lease_ttl_s, "resume_wait_s": s.resume_wait_s,
+            "session_ttl_s": s.sessions.ttl_s, "keep_jobs": s.keep_jobs,
+            "retention_period_s": s.retention_period_s, "retain_finished": s.jobs.retain,
+            "group_tiny_jobs": bool(s.jobs.group), "max_upload_bytes": s.store.max_bytes,
+            "metadb": s.db.engine.dialect.name, "registry": type(s.registry).__name__,
+            "policy": dataclasses.asdict(p),
+            "drained": sorted(s.cluster.drained),
+            **api,
+            "at": time.time(),
+        }
+
+
+def _error(info: mdb.JobInfo) -> dict[str, Any] | None:
+    """A stored job's error in the API's shape (its status reads the ``job.failed`` event)."""
+    return None if not info.error else {"kind": "infra", "message": info.error, "node": None, "op": None}
+
+
+def _drifts(log: Sequence[Any]) -> list[dict[str, Any]]:
+    """A live task's drifts from its transitions: each attempt that left a dispatched node,
+    with that node and the node its next attempt went to."""
+    out: list[dict[str, Any]] = []
+    node = None
+    for t in log:
+        if t.finish == "dispatched":
+            if out and out[-1]["to"] is None:
+                out[-1]["to"] = t.node
+            node = t.node
+        elif t.start == "dispatched" and t.finish in ("ready", "pending"):
+            out.append({"at": t.at, "attempt": t.attempt, "from": node, "to": None, "reason": t.stimulus_id})
+    return out

@@ -1,0 +1,301 @@
+"""The response bodies of the REST API as pydantic models: each route names its
+``response_model``, so ``/openapi.json`` describes every answer (docs/api.md) and FastAPI
+checks each body against it before it leaves (a mismatch is a bug: 500).
+
+Errors are ``{"error": ErrorDetail}`` (``errors.py``); :data:`ERRORS` documents them on
+every route. Models of bodies other components may extend (an error's extra fields such
+as ``ref``, a plan document) allow extra fields; the others list every field.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "ERRORS", "Config", "CopyResult", "Drift", "Engine", "EnginePage", "ErrorBody", "ErrorDetail", "Health",
+    "JobDetail", "JobPage", "JobStatus", "Node", "NodePage", "Ready", "Released", "Retried", "SessionBody",
+    "SessionEnded", "Stats", "SubmitAnswer", "Task", "TaskPage", "Tile", "TilePage", "Token", "TokenCreated",
+    "TokenPage", "TokenRequest", "TokenRevoked", "Upload", "Whoami",
+]
+
+
+class ErrorDetail(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    kind: str = Field(description="what went wrong; its HTTP status is api/errors.py's table")
+    message: str
+    node: str | None = None
+    op: str | None = None
+
+
+class ErrorBody(BaseModel):
+    error: ErrorDetail
+
+
+ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorBody, "description": what} for code, what in (
+        (400, "the request is wrong (kind request, graph, shape, ...)"),
+        (401, "no or an unknown bearer token"),
+        (403, "the token's role may not do this"),
+        (404, "unknown job, node, upload, session or token"),
+        (409, "a conflict (not ready, unknown plan, not retryable, exists already)"),
+        (410, "the value is lost"),
+        (413, "the body is over its limit"),
+        (503, "standby, no executor or the metadata DB is unavailable"),
+    )
+}
+
+
+class Health(BaseModel):
+    ok: bool
+    role: str = Field(description="leader or standby")
+    version: str
+
+
+class Ready(BaseModel):
+    ready: bool = Field(description="leader and the metadata DB answers (else the answer is 503)")
+    role: str
+    metadb: bool
+    version: str
+
+
+class Whoami(BaseModel):
+    name: str
+    role: str
+
+
+class Upload(BaseModel):
+    id: str
+    shape: list[int]
+    dtype: str
+    bytes: int
+
+
+class CopyResult(BaseModel):
+    ids: list[str]
+
+
+class Released(BaseModel):
+    id: str
+    released: bool
+
+
+class SessionBody(BaseModel):
+    id: str
+    ttl_s: float
+
+
+class SessionEnded(BaseModel):
+    id: str
+    uploads: int
+    jobs: int
+
+
+class Progress(BaseModel):
+    done: int
+    total: int
+
+
+class JobStatus(BaseModel):
+    id: str
+    state: str = Field(description="queued, running, done, failed or cancelled")
+    progress: Progress
+    error: ErrorDetail | None = None
+    created: float
+    updated: float
+
+
+class JobDetail(JobStatus):
+    owner: str | None = Field(None, description="the name of the token that submitted it")
+    name: str | None = None
+    tags: list[str] = []
+
+
+class InlineValue(BaseModel):
+    shape: list[int]
+    dtype: str
+    data: str = Field(description="base64 of the raw little-endian C-order bytes")
+
+
+class SubmitAnswer(BaseModel):
+    id: str
+    state: str
+    plan: str | None = Field(None, description="the canonical graph's hash (a compiled step's plan)")
+    args: list[str] | None = None
+    job: str | None = Field(None, description="with wait_s: the job id again")
+    progress: Progress | None = None
+    error: ErrorDetail | None = None
+    values: dict[str, InlineValue] | None = None
+
+
+class Retried(BaseModel):
+    id: str = Field(description="the new job")
+    retry_of: str
+    state: str
+
+
+class Drift(BaseModel):
+    model_config = ConfigDict(populate_by_name=True)
+    at: float
+    attempt: int
+    from_: str | None = Field(None, alias="from", description="the node the attempt left (when known)")
+    to: str | None = Field(None, description="the node the next attempt went to (when known)")
+    reason: str
+
+
+class TaskError(BaseModel):
+    kind: str
+    message: str
+
+
+class Task(BaseModel):
+    id: str
+    op: str
+    state: str
+    attempt: int
+    node: str | None
+    queued_at: float | None
+    started_at: float | None
+    finished_at: float | None
+    predicted_s: float | None
+    actual_s: float | None
+    error: TaskError | None
+    drifts: list[Drift]
+
+
+class Tile(BaseModel):
+    tensor: str
+    index: list[int]
+    shape: list[int]
+    dtype: str
+    node: str | None
+    memory_engine: str | None
+    nbytes: int
+    state: str
+    updated_at: float
+
+
+class Memory(BaseModel):
+    capacity: int
+    free: int
+
+
+class Calibration(BaseModel):
+    flops: float
+    bytes: float
+
+
+class Node(BaseModel):
+    node: str
+    address: str
+    udp_port: int
+    tcp_port: int
+    data_port: int
+    version: str
+    started_at: float
+    pid: int
+    cpus: int
+    health: str
+    running: int = Field(description="tasks the dispatcher has there now")
+    memory: Memory
+    calibration: Calibration
+    drained: bool = Field(description="an admin drained it: no new tasks go there")
+    drained_at: float | None
+
+
+class Engine(BaseModel):
+    node: str
+    engine: str
+    kind: str
+    device: str
+    ops: list[str]
+    dtypes: list[str]
+    gflops: float
+    gbps: float
+
+
+class Token(BaseModel):
+    name: str
+    role: str
+    created: float
+
+
+class TokenRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(description="1 to 64 letters, digits, '.', '_' or '-' (the owner of its jobs)")
+    role: Literal["admin", "submit", "read"]
+
+
+class TokenCreated(Token):
+    token: str = Field(description="the token itself: shown this once, never again")
+
+
+class TokenRevoked(BaseModel):
+    name: str
+    revoked: bool
+
+
+class Stats(BaseModel):
+    sent: int
+    resent: int
+    replies: int
+    acks: int
+    unsendable: int
+    stale_replies: int
+    drops: dict[str, int]
+    plan_cache: dict[str, int]
+
+
+class Config(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    version: str
+    id: str
+    role: str
+    host: str
+    packet_port: int
+    data_port: int
+    elect: bool
+    slots: int
+    lease_ttl_s: float
+    resume_wait_s: float
+    session_ttl_s: float
+    keep_jobs: int | None
+    retention_period_s: float
+    retain_finished: int
+    group_tiny_jobs: bool
+    max_upload_bytes: int
+    max_graph_bytes: int
+    metadb: str
+    registry: str
+    policy: dict[str, float | int | bool]
+    drained: list[str]
+    at: float
+
+
+class _Page(BaseModel):
+    next: str | None = Field(description="the cursor of the next page; null on the last")
+
+
+class JobPage(_Page):
+    items: list[JobDetail]
+
+
+class TaskPage(_Page):
+    items: list[Task]
+
+
+class TilePage(_Page):
+    items: list[Tile]
+
+
+class NodePage(_Page):
+    items: list[Node]
+
+
+class EnginePage(_Page):
+    items: list[Engine]
+
+
+class TokenPage(_Page):
+    items: list[Token]
