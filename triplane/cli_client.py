@@ -137,10 +137,9 @@ class AdminClient:
         if r.status_code in (404, 405) and message in ("Not Found", "Method Not Allowed"):
             raise NotServed(f"the scheduler at {self.url} does not serve {where} (a scheduler older than "
                             "this triplane command?)")
-        if r.status_code == 404 and what is not None:
-            text = message if "unknown" in message.lower() else f"unknown {what}: {message}"
-            raise CliError(f"{text} (404)")
-        raise CliError(f"{where} failed: {r.status_code} {kind or ''}: {message}".replace(" :", ":"))
+        if r.status_code == 404 and what is not None and not err.get("message"):
+            raise CliError(f"unknown {what} (404)")
+        raise CliError(f"{message} ({r.status_code}{' ' + kind if kind else ''}, {where})")
 
     def tensor(self, job: str, name: str) -> tuple[tuple[int, ...], str, bytes]:
         """A fetched tensor of a done job (``GET /v1/jobs/{job}/tensors/{name}``): its shape,

@@ -185,3 +185,77 @@ def test_errors_are_one_line_naming_what_was_wrong(home: Path, tmp_path: Path) -
     assert f"no cluster is running from {tmp_path / 'empty'}" in line and "triplane up" in line, line
     line = failed(cli(tmp_path / "empty", "nodes", "--url", "http://127.0.0.1:9"))
     assert "no scheduler answers at http://127.0.0.1:9" in line, line
+
+
+def _submit(home: Path, tmp_path: Path, graph: dict[str, object], *args: str) -> str:
+    path = tmp_path / f"g{time.monotonic_ns()}.json"
+    path.write_text(json.dumps(graph))
+    return str(json.loads(ok(home, "submit", str(path), "--json", *args))["id"])
+
+
+def test_jobs_pages_and_filters_by_name_tags_and_state(home: Path, tmp_path: Path) -> None:
+    label = f"pages-{time.monotonic_ns()}"
+    ids = [_submit(home, tmp_path, small_graph(), "--name", label, "--tag", "cli", "--tag", f"n{i}")
+           for i in range(3)]
+    seen: list[str] = []
+    cursor: list[str] = []
+    while True:  # one job a page, following "next"
+        page = json.loads(ok(home, "jobs", "--name", label, "--limit", "1", "--json", *cursor))
+        seen += [j["id"] for j in page["items"]]
+        if not page["next"]:
+            break
+        cursor = ["--cursor", page["next"]]
+    assert seen == ids[::-1]  # newest first, each once
+    every = json.loads(ok(home, "jobs", "--name", label, "--limit", "2", "--all", "--json"))
+    assert [j["id"] for j in every["items"]] == ids[::-1] and every["next"] is None
+    one = json.loads(ok(home, "jobs", "--tag", "cli", "--tag", "n1", "--json"))["items"]
+    assert [j["id"] for j in one] == [ids[1]] and one[0]["tags"] == ["cli", "n1"]
+    assert json.loads(ok(home, "jobs", "--name", label, "--state", "failed", "--json"))["items"] == []
+    assert json.loads(ok(home, "jobs", "--name", label, "--since", "10m", "--json"))["items"]
+    assert json.loads(ok(home, "jobs", "--name", label, "--until", "1h", "--json"))["items"] == []
+    detail = json.loads(ok(home, "job", ids[0], "--json"))
+    assert detail["name"] == label and detail["tags"] == ["cli", "n0"] and detail["owner"] == "admin"
+    line = failed(cli(home, "jobs", "--cursor", "not-a-cursor"))
+    assert "cursor" in line and "400" in line, line
+
+
+def test_tasks_and_retry_of_a_cancelled_job(home: Path, tmp_path: Path) -> None:
+    job = _submit(home, tmp_path, slow_graph(steps=60), "--name", "again")  # seconds: cancelled running
+    ok(home, "cancel", job)
+    tasks = json.loads(ok(home, "tasks", job, "--all", "--json"))["items"]
+    assert tasks and all({"id", "op", "state", "attempt", "node", "drifts"} <= set(t) for t in tasks)
+    assert "tasks of " + job in ok(home, "tasks", job)
+    new = json.loads(ok(home, "retry", job, "--wait", "--json"))
+    assert new["retry_of"] == job and new["id"] != job and new["state"] == "done"
+    assert json.loads(ok(home, "job", new["id"], "--json"))["name"] == "again"
+    line = failed(cli(home, "retry", new["id"]))  # a done job is not retried
+    assert "409" in line, line
+    line = failed(cli(home, "tasks", "j0000000000000000"))
+    assert "unknown job" in line and "404" in line, line
+
+
+def test_drain_and_undrain_a_node(home: Path) -> None:
+    said = ok(home, "drain", "executor-1")
+    assert "executor-1: drained" in said, said
+    try:
+        drained = {n["node"]: n.get("drained") for n in json.loads(ok(home, "nodes", "--json"))["items"]}
+        assert drained == {"executor-0": False, "executor-1": True}, drained
+    finally:
+        ok(home, "undrain", "executor-1")
+    assert not any(n.get("drained") for n in json.loads(ok(home, "nodes", "--json"))["items"])
+    line = failed(cli(home, "drain", "no-such-node"))
+    assert "no-such-node" in line and "404" in line, line
+
+
+def test_tokens_over_rest_work_at_once_and_stop_when_removed(home: Path) -> None:
+    name = f"reader{time.monotonic_ns()}"
+    secret = ok(home, "tokens", "add", name, "--role", "read").strip()
+    assert {"name": name, "role": "read"}.items() <= next(
+        e for e in json.loads(ok(home, "tokens", "list", "--json"))["items"] if e["name"] == name).items()
+    assert set(json.loads(ok(home, "jobs", "--token", secret, "--json"))) == {"items", "next"}
+    line = failed(cli(home, "drain", "executor-0", "--token", secret))  # read may not drain
+    assert "403" in line, line
+    ok(home, "tokens", "remove", name)
+    assert name not in ok(home, "tokens", "list")
+    line = failed(cli(home, "jobs", "--token", secret))
+    assert "refused the token (401" in line, line
