@@ -203,7 +203,7 @@ def up(executors: int = typer.Option(2, min=0, max=64, help="executor processes 
         with err_console.status(f"starting a scheduler and {executors} executors ..."):
             info = launch(cfg, home)
     except (LaunchError, ValueError) as e:
-        err_console.print(f"[red]triplane up failed:[/red] {e}")
+        console.print(f"[red]triplane up failed:[/red] {e}")
         raise typer.Exit(1) from None
     if as_json:
         typer.echo(json.dumps(info if show_token else {k: v for k, v in info.items() if k != "token"},
