@@ -12,6 +12,7 @@ file too.
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -28,6 +29,7 @@ from triplane.cli_kit import (
     client_of,
     console,
     emit_json,
+    err_console,
     table,
 )
 
@@ -92,27 +94,51 @@ def nodes(as_json: AsJson = False, home: Home = None, url: Url = None, token: To
         console.print("no executors are registered")
 
 
-def drain(node: NodeArg, as_json: AsJson = False, home: Home = None, url: Url = None,
-          token: Token = None) -> None:
-    """Drain a node: it gets no new tasks (running ones finish) until `triplane undrain`."""
-    _drain(node, "drain", as_json, home, url, token)
+def drain(node: NodeArg,
+          wait: Annotated[bool, typer.Option("--wait", help="then wait until no task runs there (a "
+                                             "progress line on stderr)")] = False,
+          timeout: Annotated[float | None, typer.Option("--timeout", min=0.0, help="with --wait: give up "
+                                                        "after this many seconds")] = None,
+          as_json: AsJson = False, home: Home = None, url: Url = None, token: Token = None) -> None:
+    """Drain a node: it gets no new tasks (running ones finish) until `triplane undrain`.
+
+    With --wait, return once none of its tasks runs any more (safe to stop it then)."""
+    with client_of(home, url, token) as client:
+        body = client.post(f"/v1/nodes/{node}/drain", what=f"node {node!r}")
+        if not as_json:
+            console.print(f"node {node}: drained (running tasks finish; no new ones)")
+        if wait:
+            body = _wait_idle(client, node, timeout)
+            if not as_json:
+                console.print(f"node {node}: no task runs there")
+    if as_json:
+        emit_json(body)
+
+
+def _wait_idle(client: Any, node: str, timeout_s: float | None) -> dict[str, Any]:
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    with err_console.status(f"waiting for the tasks running on {node} to finish ...") as status:
+        while True:
+            body = client.get(f"/v1/nodes/{node}", what=f"node {node!r}")
+            running = int(body.get("running") or 0)
+            if running == 0:
+                return dict(body)
+            status.update(f"waiting for the {running} task(s) running on {node} to finish ...")
+            if deadline is not None and time.monotonic() > deadline:
+                raise CliError(f"node {node} still runs {running} task(s) after {timeout_s:g} s "
+                               "(it stays drained)")
+            time.sleep(0.5)
 
 
 def undrain(node: NodeArg, as_json: AsJson = False, home: Home = None, url: Url = None,
             token: Token = None) -> None:
     """Undrain a node: it gets new tasks again."""
-    _drain(node, "undrain", as_json, home, url, token)
-
-
-def _drain(node: str, action: str, as_json: bool, home: Path | None, url: str | None,
-           token: str | None) -> None:
     with client_of(home, url, token) as client:
-        body = client.post(f"/v1/nodes/{node}/{action}", what=f"node {node!r}")
+        body = client.post(f"/v1/nodes/{node}/undrain", what=f"node {node!r}")
     if as_json:
         emit_json(body)
     else:
-        console.print(f"node {node}: {action}ed" + ("" if action == "undrain" else
-                                                   " (running tasks finish; no new ones)"))
+        console.print(f"node {node}: undrained")
 
 
 # --- tokens --------------------------------------------------------------------------------

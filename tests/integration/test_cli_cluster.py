@@ -234,14 +234,17 @@ def test_tasks_and_retry_of_a_cancelled_job(home: Path, tmp_path: Path) -> None:
     assert "unknown job" in line and "404" in line, line
 
 
-def test_drain_and_undrain_a_node(home: Path) -> None:
-    said = ok(home, "drain", "executor-1")
-    assert "executor-1: drained" in said, said
+def test_drain_and_undrain_a_node(home: Path, tmp_path: Path) -> None:
+    job = _submit(home, tmp_path, slow_graph(steps=60))  # tasks running on both executors
     try:
-        drained = {n["node"]: n.get("drained") for n in json.loads(ok(home, "nodes", "--json"))["items"]}
-        assert drained == {"executor-0": False, "executor-1": True}, drained
+        said = ok(home, "drain", "executor-1", "--wait", "--timeout", "60")
+        assert "executor-1: drained" in said and "executor-1: no task runs there" in said, said
+        nodes = {n["node"]: n for n in json.loads(ok(home, "nodes", "--json"))["items"]}
+        assert {k: n.get("drained") for k, n in nodes.items()} == {"executor-0": False, "executor-1": True}
+        assert nodes["executor-1"]["running"] == 0
     finally:
         ok(home, "undrain", "executor-1")
+        ok(home, "cancel", job)
     assert not any(n.get("drained") for n in json.loads(ok(home, "nodes", "--json"))["items"])
     line = failed(cli(home, "drain", "no-such-node"))
     assert "no-such-node" in line and "404" in line, line
