@@ -12,7 +12,7 @@
 A cluster's jobs, nodes, events and tokens over its REST API (docs/cli.md), each command in
 the module that registers it here:
 
-    cli_jobs.py     jobs, job JOB, tasks JOB, cancel JOB, retry JOB
+    cli_jobs.py     jobs, job JOB, tasks JOB, tiles JOB, cancel JOB, retry JOB
     cli_submit.py   submit FILE (a graph document or job request, JSON or YAML; --wait)
     cli_admin.py    nodes, drain NODE, undrain NODE, tokens add/list/remove
     cli_events.py   events [--job J] [--follow], logs [PROCESS | --job J]

@@ -1,4 +1,4 @@
-"""``triplane jobs``, ``job``, ``tasks``, ``cancel`` and ``retry``: a cluster's jobs over the
+"""``triplane jobs``, ``job``, ``tasks``, ``tiles``, ``cancel`` and ``retry``: a cluster's jobs over the
 REST API (docs/cli.md). Registered on the ``triplane`` app by :func:`register`."""
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ All = Annotated[bool, typer.Option("--all", help="follow every page to the end")
 
 
 def register(app: App) -> None:
-    for name, fn in (("jobs", jobs), ("job", job), ("tasks", tasks), ("cancel", cancel), ("retry", retry)):
+    for name, fn in (("jobs", jobs), ("job", job), ("tasks", tasks), ("tiles", tiles), ("cancel", cancel),
+                     ("retry", retry)):
         app.command(name)(fn)
 
 
@@ -124,6 +125,27 @@ def tasks(job: JobArg, limit: Limit = 50, cursor: Cursor = None, every: All = Fa
             error_text(t.get("error"))) for t in items])
     if nxt:
         console.print(f"next page: triplane tasks {job} --cursor {nxt}", soft_wrap=True)
+
+
+def tiles(job: JobArg, limit: Limit = 50, cursor: Cursor = None, every: All = False,
+          as_json: AsJson = False, home: Home = None, url: Url = None, token: Token = None) -> None:
+    """Where a job's results live: tensor, tile index, shape, dtype, node, memory engine, bytes."""
+    params: list[tuple[str, Any]] = [("limit", limit)]
+    path = f"/v1/jobs/{job}/tiles"
+    with client_of(home, url, token) as client:
+        if every:
+            items, nxt = list(client.pages(path, params, what=f"job {job!r}")), None
+        else:
+            page = client.page(path, [*params, ("cursor", cursor)], what=f"job {job!r}")
+            items, nxt = page.items, page.next
+    if as_json:
+        emit_json({"items": items, "next": nxt})
+        return
+    table(f"tiles of {job}", ("tensor", "index", "shape", "dtype", "node", "memory engine", "bytes", "state"),
+          [(t.get("tensor"), t.get("index"), t.get("shape"), t.get("dtype"), t.get("node") or "",
+            t.get("memory_engine") or "", t.get("nbytes"), t.get("state")) for t in items])
+    if nxt:
+        console.print(f"next page: triplane tiles {job} --cursor {nxt}", soft_wrap=True)
 
 
 def _drifts(drifts: Any) -> str:

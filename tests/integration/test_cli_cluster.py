@@ -262,3 +262,13 @@ def test_tokens_over_rest_work_at_once_and_stop_when_removed(home: Path) -> None
     assert name not in ok(home, "tokens", "list")
     line = failed(cli(home, "jobs", "--token", secret))
     assert "refused the token (401" in line, line
+
+
+def test_tiles_of_a_kept_job(home: Path, tmp_path: Path) -> None:
+    path = tmp_path / "g.json"
+    path.write_text(json.dumps(small_graph()))
+    job = json.loads(ok(home, "submit", str(path), "--wait", "--keep", "--json"))["id"]
+    tiles = json.loads(ok(home, "tiles", job, "--json"))["items"]
+    assert sorted(t["nbytes"] for t in tiles) == [4, 24]  # s: one float32, c: six
+    assert all(t["node"] in ("executor-0", "executor-1") for t in tiles)
+    assert "tiles of " + job in ok(home, "tiles", job)
