@@ -2,7 +2,8 @@
 and ``triplane logs`` (a process's log file from the run directory, or a job's events)
 (docs/cli.md). Registered on the ``triplane`` app by :func:`register`.
 
-``--follow`` reads ``GET /v1/events`` as server-sent events. When the connection drops it
+``--follow`` reads ``GET /v1/events`` as server-sent events: from ``--after``, else (with
+``--job``) from the job's first event, else from now. When the connection drops it
 reconnects with the last event id it printed (``Last-Event-ID``), so no event is lost or
 printed twice; with ``--job`` it ends after the job's last event (done, failed,
 cancelled). Ctrl-C stops following (exit 0).
@@ -98,6 +99,8 @@ def _follow(client: AdminClient, params: list[tuple[str, Any]], after: int | Non
             as_json: bool) -> None:
     err_console.print(f"following events from {client.url}" + (f" of job {job}" if job else "")
                       + " (Ctrl-C stops)")
+    if job is not None and after is None:
+        after = 0  # a job's events from its first: one that has ended already ends the command at once
     try:
         for e in follow_events(client, params, after):
             if as_json:
