@@ -35,6 +35,8 @@ from triplane.cli_kit import App, console, err_console
 app = App(help="triplane: run deep-learning compute graphs on a cluster (or in this process).")
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from triplane.demo import DemoData, DemoResult
 
 
@@ -103,7 +105,9 @@ def _dtypes_text(dtypes: frozenset[str]) -> str:
 def demo(steps: int = typer.Option(40, min=1, max=10_000, help="gradient-descent steps"),
          seed: int = typer.Option(0, help="seed of the split and the initial weights"),
          embedded: bool = typer.Option(False, "--embedded", help="run in this process, no cluster"),
-         executors: int = typer.Option(2, min=1, max=16, help="executors of the temporary cluster")) -> None:
+         executors: int = typer.Option(2, min=1, max=16, help="executors of the temporary cluster"),
+         as_json: bool = typer.Option(False, "--json", help="print only the result as JSON: losses, "
+                                      "test accuracy, compiled-step counts")) -> None:
     """Fit a small MLP (64 -> 32 -> 10) to scikit-learn's digits with SGD, printing step and
     loss, then the test accuracy.
 
@@ -113,27 +117,32 @@ def demo(steps: int = typer.Option(40, min=1, max=10_000, help="gradient-descent
     synthetic regression instead, and says so."""
     from triplane.demo import load_data
 
+    out = err_console if as_json else console  # with --json, stdout holds only the JSON
     data = load_data(seed)
     where = "in this process" if embedded else f"on a local cluster of {executors} executors"
     d, k = data.x_train.shape[1], 10 if data.kind == "digits" else 1
-    console.print(f"[bold]triplane demo[/bold]: MLP {d}-32-{k}, SGD(momentum=0.9), full batch, "
+    out.print(f"[bold]triplane demo[/bold]: MLP {d}-32-{k}, SGD(momentum=0.9), full batch, "
                   f"{steps} compiled steps (tp.compile), seed {seed}, {where}")
-    console.print(f"data: {data.description}")
+    out.print(f"data: {data.description}")
 
     def show(i: int, v: float) -> None:
-        console.print(f"step {i:4d}  loss {v:.6f}")
+        out.print(f"step {i:4d}  loss {v:.6f}")
 
     t0 = time.perf_counter()
     if embedded:
         result = _demo_fit(data, steps, seed, show)
     else:
-        result = _demo_on_cluster(data, steps, seed, executors, show)
+        result = _demo_on_cluster(data, steps, seed, executors, show, out)
     dt = time.perf_counter() - t0
     losses, info = result.losses, result.cache_info
-    console.print(f"loss {losses[0]:.6f} -> {losses[-1]:.6f} in {dt:.2f}s; compiled steps: "
+    out.print(f"loss {losses[0]:.6f} -> {losses[-1]:.6f} in {dt:.2f}s; compiled steps: "
                   f"{info.get('hits', 0)} replayed, {info.get('misses', 0)} compiled")
     if result.test_accuracy is not None:
-        console.print(f"test accuracy {result.test_accuracy:.4f} ({len(data.y_test)} held-out digits)")
+        out.print(f"test accuracy {result.test_accuracy:.4f} ({len(data.y_test)} held-out digits)")
+    if as_json:
+        typer.echo(json.dumps({"data": data.kind, "losses": losses, "test_accuracy": result.test_accuracy,
+                               "compiled_steps": {"replayed": info.get("hits", 0),
+                                                  "compiled": info.get("misses", 0)}, "seconds": dt}))
 
 
 def _demo_fit(data: DemoData, steps: int, seed: int, show: Callable[[int, float], None]) -> DemoResult:
@@ -143,7 +152,7 @@ def _demo_fit(data: DemoData, steps: int, seed: int, show: Callable[[int, float]
 
 
 def _demo_on_cluster(data: DemoData, steps: int, seed: int, executors: int,
-                     show: Callable[[int, float], None]) -> DemoResult:
+                     show: Callable[[int, float], None], out: Console) -> DemoResult:
     import tempfile
 
     from triplane.launcher import ClusterConfig, LaunchError, LocalCluster
@@ -156,17 +165,17 @@ def _demo_on_cluster(data: DemoData, steps: int, seed: int, executors: int,
                                                        log_level="warning"))
             cluster.start()
         except LaunchError as e:
-            console.print(f"[red]could not start the demo cluster:[/red] {e}\n"
+            out.print(f"[red]could not start the demo cluster:[/red] {e}\n"
                           "(`triplane demo --embedded` runs without one)")
             raise typer.Exit(1) from None
         try:
-            console.print(f"cluster: {cluster.url}, {executors} executors (run dir {home})")
+            out.print(f"cluster: {cluster.url}, {executors} executors (run dir {home})")
             with RemoteSession(cluster.url, cluster.token, job_timeout_s=120) as session, \
                     use_session(session):
                 return _demo_fit(data, steps, seed, show)
         finally:
             cluster.stop()
-            console.print("cluster stopped")
+            out.print("cluster stopped")
 
 
 # --- the local cluster ---------------------------------------------------------------------------

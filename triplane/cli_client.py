@@ -20,7 +20,7 @@ import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx
 
@@ -42,16 +42,11 @@ class NotServed(CliError):
     handler): a scheduler older than this command."""
 
 
-class Page(dict[str, Any]):
-    """``{"items": [...], "next": cursor | None}``."""
+class Page(NamedTuple):
+    """One page of a listing: ``{"items": [...], "next": cursor | None}``."""
 
-    @property
-    def items(self) -> list[dict[str, Any]]:  # type: ignore[override]
-        return list(self.get("items") or [])
-
-    @property
-    def next(self) -> str | None:
-        return self.get("next")
+    items: list[dict[str, Any]]
+    next: str | None
 
 
 def connect_admin(home: Path | None = None, url: str | None = None, token: str | None = None,
@@ -172,11 +167,11 @@ class AdminClient:
              **kw: Any) -> Page:
         body = self.get(path, params=_no_nones(params), **kw)
         if isinstance(body, list):  # a route that answers a bare list: one page
-            return Page(items=body, next=None)
+            return Page(list(body), None)
         if not isinstance(body, dict) or not isinstance(body.get("items"), list):
             raise CliError(f"GET {path} did not answer a page ({{'items': [...], 'next': ...}}): "
                            f"{str(body)[:200]}")
-        return Page(items=body["items"], next=body.get("next"))
+        return Page(list(body["items"]), body.get("next"))
 
     def pages(self, path: str, params: list[tuple[str, Any]], most: int | None = None,
               **kw: Any) -> Iterator[dict[str, Any]]:

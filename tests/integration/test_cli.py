@@ -111,7 +111,7 @@ def test_json_on_every_command_that_prints_data() -> None:
     from triplane.cli import app
 
     runner = CliRunner()
-    quiet = {"demo", "executor", "scheduler"}  # progress lines, long-running servers
+    quiet = {"executor", "scheduler"}  # long-running servers: they print logs, not data
     for path in _commands():
         if " ".join(path) in quiet:
             continue
@@ -125,3 +125,11 @@ def test_version_flag_at_the_top() -> None:
         assert r.returncode == 0 and r.stdout.strip() == f"triplane {triplane.__version__}", r
     r = _run("version", "--json")
     assert json.loads(r.stdout) == {"version": triplane.__version__}
+
+
+def test_demo_json_is_the_only_stdout() -> None:
+    r = _run("demo", "--embedded", "--steps", "3", "--json")
+    assert r.returncode == 0, r.stderr
+    body = json.loads(r.stdout)  # nothing else on stdout: the narrative went to stderr
+    assert len(body["losses"]) == 3 and body["compiled_steps"]["compiled"] >= 1
+    assert "step    1  loss" in r.stderr
