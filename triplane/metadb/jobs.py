@@ -157,7 +157,8 @@ def list_jobs(session: Session, *, limit: int = 50, states: Iterable[str] | None
         q = q.where(Job.created_at < v.check_time("until", until))
     if before is not None:
         at, last = float(before[0]), v.check_id("before", before[1])
-        q = q.where(sa.or_(Job.created_at < at, sa.and_(Job.created_at == at, Job.id < last)))
+        # the range bound alone lets the index seek; the OR only sorts out the ties
+        q = q.where(Job.created_at <= at, sa.or_(Job.created_at < at, Job.id < last))
     return [JobInfo.of(r) for r in session.scalars(q)]
 
 

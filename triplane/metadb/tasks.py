@@ -175,7 +175,7 @@ def tile_page(session: Session, job_id: str, *, after: tuple[str, str] | None = 
     q = sa.select(Tile).where(Tile.job_id == job_id)
     if after is not None:
         tensor, key = v.check_id("after", after[0]), str(after[1])
-        q = q.where(sa.or_(Tile.tensor > tensor, sa.and_(Tile.tensor == tensor, Tile.index_key > key)))
+        q = q.where(Tile.tensor >= tensor, sa.or_(Tile.tensor > tensor, Tile.index_key > key))
     q = q.order_by(Tile.tensor, Tile.index_key).limit(_page_limit(limit))
     return [TileInfo.of(r) for r in session.scalars(q.execution_options(populate_existing=True))]
 

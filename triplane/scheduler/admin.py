@@ -29,7 +29,7 @@ from triplane._version import __version__
 from triplane.proto.ir import Graph
 from triplane.registry import list_nodes, set_drained
 from triplane.scheduler.earlier import BINDINGS
-from triplane.scheduler.errors import Conflict, NotFound
+from triplane.scheduler.errors import BadRequest, Conflict, NotFound
 from triplane.scheduler.jobs import API_STATE, _stored_body
 
 if TYPE_CHECKING:
@@ -72,9 +72,12 @@ class Admin:
 
     def status(self, job: str) -> dict[str, Any]:
         """``GET /v1/jobs/{id}``: the status body with owner, name and tags."""
-        status = self.s.status(job)
-        with self.s.db.read() as s:
-            return job_body(mdb.get_job(s, job), status)
+        status = self.s.status(job)  # NotFound for an unknown job
+        try:
+            with self.s.db.read() as s:
+                return job_body(mdb.get_job(s, job), status)
+        except mdb.UnknownJobError:  # in memory, its rows pruned meanwhile: no labels to show
+            return {**status, "owner": None, "name": None, "tags": []}
 
     async def label(self, job: str, name: str | None, tags: Sequence[str]) -> None:
         """Record a just-submitted job's name and tags (its row exists once submit answered)."""
@@ -105,9 +108,13 @@ class Admin:
                 return mdb.list_jobs(s, limit=limit, states=stored, owner=owner, name=name, tags=tags,
                                      since=since, until=until, before=before)
 
+        try:
+            infos = await asyncio.to_thread(read)
+        except mdb.InvalidInputError as e:  # a filter's value (the metadb's bounds name it)
+            raise BadRequest(str(e)) from None
         jobs = self.s.jobs
         out = []
-        for info in await asyncio.to_thread(read):
+        for info in infos:
             live = jobs.live.get(info.id)
             status = jobs.body(info.id, live) if live is not None else _stored_body(info, _error(info))
             out.append(job_body(info, status))
@@ -151,8 +158,8 @@ class Admin:
 
         try:
             rows, events = await asyncio.to_thread(read)
-        except mdb.UnknownJobError:
-            raise NotFound(f"unknown job {job!r}") from None
+        except (mdb.UnknownJobError, mdb.InvalidInputError):  # the cursor's key is checked already
+            raise NotFound(f"unknown job {job[:128]!r}") from None
         js = self.s.shell.state.jobs.get(job)
         stored: dict[str, list[dict[str, Any]]] = {}
         for e in events:
@@ -178,18 +185,23 @@ class Admin:
         return out
 
     async def tiles(self, job: str, *, after: tuple[str, str] | None, limit: int) -> list[dict[str, Any]]:
-        """Up to ``limit`` of a job's tile rows (where its fetched results live) after ``after``."""
-        def read() -> list[mdb.TileInfo]:
+        """Up to ``limit`` of a job's tile rows (where its fetched results live) after ``after``
+        (a ``plan_node`` and index key). ``tensor`` is the fetched name a row holds (the
+        plan's id of the tile where it holds a part of one)."""
+        def read() -> tuple[list[mdb.TileInfo], dict[str, str]]:
             with self.s.db.read() as s:
-                return mdb.tile_page(s, job, after=after, limit=limit)
+                rows = mdb.tile_page(s, job, after=after, limit=limit)
+                ev = mdb.list_events(s, job, limit=1, kind=BINDINGS)
+            fetch = ev[0].payload.get("fetch") if ev and isinstance(ev[0].payload, dict) else None
+            return rows, {node: name for name, node in fetch.items()} if isinstance(fetch, dict) else {}
 
         try:
-            rows = await asyncio.to_thread(read)
-        except mdb.UnknownJobError:
-            raise NotFound(f"unknown job {job!r}") from None
-        return [{"tensor": t.tensor, "index": list(t.index), "shape": list(t.shape), "dtype": t.dtype,
-                 "node": t.node, "memory_engine": t.memory_engine, "nbytes": t.nbytes, "state": t.state,
-                 "updated_at": t.updated_at} for t in rows]
+            rows, names = await asyncio.to_thread(read)
+        except (mdb.UnknownJobError, mdb.InvalidInputError):  # the cursor's key is checked already
+            raise NotFound(f"unknown job {job[:128]!r}") from None
+        return [{"tensor": names.get(t.tensor, t.tensor), "plan_node": t.tensor, "index": list(t.index),
+                 "shape": list(t.shape), "dtype": t.dtype, "node": t.node, "memory_engine": t.memory_engine,
+                 "nbytes": t.nbytes, "state": t.state, "updated_at": t.updated_at} for t in rows]
 
     # --- configuration -----------------------------------------------------------------------
 

@@ -23,6 +23,7 @@ from triplane.registry.http import HttpBackend, RegistryAuthError
 from triplane.registry.records import encode
 from triplane.registry.testing import run
 from triplane.scheduler.api.app import create_app
+from triplane.scheduler.api.auth import ROUTE_ROLES
 from triplane.scheduler.api.tokens import add_token
 from triplane.scheduler.service import Scheduler
 
@@ -82,49 +83,57 @@ def cluster(tmp_path: Path) -> Cluster:
     return Cluster(tmp_path)
 
 
-# Who may call each route: the roles allowed ("any" = every client role). Everyone else
-# gets 403 if the credential is known (a client token, the node credential), else 401.
-READERS = {"admin", "submit", "read"}
-CHANGERS = {"admin", "submit"}
-NODES = {"node"}
-ROUTES: list[tuple[str, str, set[str] | None]] = [
-    ("GET", "/v1/health", None),  # no credential needed
-    ("GET", "/v1/whoami", READERS),
-    ("POST", "/v1/tensors", CHANGERS),
-    ("POST", "/v1/jobs", CHANGERS),
-    ("POST", "/v1/jobs#compiled-step", CHANGERS),  # {"plan", "args", "fetch"}: as a submit
-    ("GET", "/v1/jobs", READERS),
-    ("GET", "/v1/jobs/{job}", READERS),
-    ("GET", "/v1/jobs/{job}/wait?timeout=0", READERS),
-    ("GET", "/v1/jobs/{job}/tensors/y", READERS),
-    ("GET", "/v1/jobs/{job}/plan", READERS),
-    ("DELETE", "/v1/jobs/{job}", CHANGERS),
-    ("DELETE", "/v1/tensors/{upload}", CHANGERS),  # the uploader's (alice's) or admin's
-    ("POST", "/v1/tensors/copy", CHANGERS),  # refs to alice's job: alice's or admin's
-    ("POST", "/v1/sessions", CHANGERS),
-    ("POST", "/v1/sessions/{session}/renew", CHANGERS),  # the session's owner's or admin's
-    ("DELETE", "/v1/sessions/{session}", CHANGERS),
-    ("GET", "/v1/nodes", READERS),
-    ("GET", "/v1/engines", READERS),
-    ("GET", "/v1/stats", READERS),
-    ("POST", "/v1/registry/put", NODES),
-    ("POST", "/v1/registry/get", NODES),
-    ("POST", "/v1/registry/get_prefix", NODES),
-    ("POST", "/v1/registry/delete", NODES),
-    ("POST", "/v1/registry/lease/grant", NODES),
-    ("POST", "/v1/registry/watch", NODES),
-]
+def app_routes(app: object) -> set[tuple[str, str]]:
+    """(method, path template) of every route the app serves (HEAD aside), walking into
+    included routers (FastAPI keeps them whole: ``original_router`` and its prefix)."""
+    found: set[tuple[str, str]] = set()
+
+    def walk(routes: list, prefix: str) -> None:
+        for r in routes:
+            inner = getattr(r, "original_router", None)
+            if inner is not None:
+                walk(inner.routes, prefix + r.include_context.prefix)
+            else:
+                found.update((m, prefix + r.path) for m in getattr(r, "methods", None) or () if m != "HEAD")
+
+    walk(app.routes, "")  # type: ignore[attr-defined]
+    return found
+
+
+def test_every_route_is_in_the_role_table(cluster: Cluster) -> None:
+    """auth.ROUTE_ROLES is the one table of who may call what: a route added without an
+    entry fails here (and would answer 500, never open by default)."""
+    missing = app_routes(cluster.app) - set(ROUTE_ROLES)
+    assert not missing, f"routes missing from auth.ROUTE_ROLES: {sorted(missing)}"
+    assert ("POST", "/v1/nodes/{node}/drain") in app_routes(cluster.app)  # the walk sees them
+
+
+# Request bodies and query strings for the routes that need them to get past parsing.
+QUERY = {"/v1/jobs/{job}/wait": "?timeout=0"}
+FILL = {"job": "{job}", "upload": "{upload}", "sid": "{session}", "name": "y", "node": "ex1"}
+BODIES: dict[tuple[str, str], dict] = {
+    ("POST", "/v1/tensors/copy"): {"from": ["{job}:y"]},
+    ("POST", "/v1/tokens"): {"name": "fresh", "role": "read"},
+    **{("POST", f"/v1/registry/{op}"): body for op, body in {
+        "put": {"key": "scheduler/data", "value": base64.b64encode(b"{}").decode()},
+        "get": {"key": "scheduler/data"}, "get_prefix": {"prefix": ""}, "delete": {"key": "nodes/n1"},
+        "delete_prefix": {"prefix": "nothing/"}, "create": {"key": "k1", "value": ""},
+        "compare_and_swap": {"key": "k2", "value": ""}, "compare_and_delete": {"key": "k3"},
+        "lease/grant": {"ttl_s": 5}, "lease/refresh": {"lease": 1}, "lease/revoke": {"lease": 1},
+        "watch": {"prefix": "", "timeout_s": 0}}.items()},
+}
 
 
 def _request(c: Cluster, who: str, method: str, path: str, job: str, upload: str = "",
              session: str = "") -> httpx.Response:
     headers = c.headers(who)
-    url = path.format(job=job, upload=upload, session=session)
-    if path == "/v1/tensors":
+    url = path
+    for param, value in FILL.items():
+        url = url.replace("{" + param + "}", value)
+    url = url.format(job=job, upload=upload, session=session) + QUERY.get(path, "")
+    if path == "/v1/tensors" and method == "POST":
         return c.client.post(url, content=bytes(16), headers={**headers, "X-Triplane-Shape": "2,2",
                                                               "X-Triplane-Dtype": "float32"})
-    if path == "/v1/tensors/copy":
-        return c.client.post(url, json={"from": [f"{job}:y"]}, headers=headers)
     if path == "/v1/jobs" and method == "POST":
         return c.client.post(url, json=job_body(c.upload()), headers=headers)
     if path == "/v1/jobs#compiled-step":
@@ -132,26 +141,29 @@ def _request(c: Cluster, who: str, method: str, path: str, job: str, upload: str
         inline = {"shape": [2, 2], "dtype": "float32", "data": base64.b64encode(bytes(16)).decode()}
         return c.client.post("/v1/jobs", json={"plan": first["plan"], "args": [inline], "fetch": ["y"]},
                              headers=headers)
-    if path.startswith("/v1/registry/"):
-        body = {"put": {"key": "scheduler/data", "value": base64.b64encode(b"{}").decode()},
-                "get": {"key": "scheduler/data"}, "get_prefix": {"prefix": ""},
-                "delete": {"key": "nodes/n1"}, "lease/grant": {"ttl_s": 5},
-                "watch": {"prefix": ""}}[path.removeprefix("/v1/registry/")]
-        return c.client.post(url, json=body, headers=headers)
+    body = BODIES.get((method, path))
+    if body is not None:
+        body = json.loads(json.dumps(body).replace("{job}", job))
+        return c.client.request(method, url, json=body, headers=headers)
     return c.client.request(method, url, headers=headers)
 
 
 @pytest.mark.parametrize("who", CREDENTIALS)
 def test_role_matrix_every_route(cluster: Cluster, who: str) -> None:
-    """Each route answers each credential as the table says: allowed (no 401/403), 403
-    for a known credential whose role may not, 401 for none or a wrong one."""
+    """Each route the app serves answers each credential as auth.ROUTE_ROLES says: allowed
+    (no 401/403, no 5xx), 403 for a known credential whose role may not, 401 for none or a
+    wrong one. A submit token calls with alice's job, upload and session (its own)."""
     job = cluster.submit("submit")  # alice's: the submit token here is alice's
     upload = cluster.upload("submit")
     session = cluster.client.post("/v1/sessions", headers=cluster.headers("submit")).json()["id"]
-    for method, path, allowed in ROUTES:
+    served = app_routes(cluster.app)
+    routes = [*sorted(served), ("POST", "/v1/jobs#compiled-step")]
+    assert len(routes) >= 45
+    for method, path in routes:
+        allowed = ROUTE_ROLES[(method, path.partition("#")[0])]
         r = _request(cluster, who, method, path, job, upload, session)
         where = f"{who}: {method} {path} -> {r.status_code} {r.text[:200]}"
-        if allowed is None or who in allowed:
+        if not allowed or who in allowed:
             assert r.status_code not in (401, 403), where
             assert r.status_code < 500, where
         elif who in ("none", "wrong"):

@@ -164,7 +164,7 @@ def install_admin(app: FastAPI, scheduler: Scheduler, auth: Authenticator, owner
         key = decode_cursor(cursor, (str, str))
         items = await admin.tiles(job, after=None if key is None else (key[0], key[1]),
                                   limit=check_limit(limit) + 1)
-        return page(items, limit, lambda t: [t["tensor"], ".".join(map(str, t["index"]))])
+        return page(items, limit, lambda t: [t["plan_node"], mdb.index_key(t["index"])])
 
     # --- configuration and tokens --------------------------------------------------------------
 

@@ -165,7 +165,8 @@ class Task(BaseModel):
 
 
 class Tile(BaseModel):
-    tensor: str
+    tensor: str = Field(description="the fetched name it holds (of a part of one: the plan's id of the tile)")
+    plan_node: str = Field(description="the plan's id it is stored under (the page order)")
     index: list[int]
     shape: list[int]
     dtype: str

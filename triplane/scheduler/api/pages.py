@@ -44,7 +44,7 @@ def decode_cursor(cursor: str | None, types: Sequence[type]) -> list[Any] | None
                          "(pass the 'next' of the previous page as it is)") from None
     ok = isinstance(key, list) and len(key) == len(types) and all(
         (type(v) in (int, float) if t is float else type(v) is t) for v, t in zip(key, types, strict=False))
-    if not ok or any(isinstance(v, str) and ("\x00" in v or len(v) > 255) for v in key):
+    if not ok or any(isinstance(v, str) and ("\x00" in v or len(v) > 128) for v in key):
         raise BadRequest(f"cursor {cursor[:40]!r} is not a cursor of this list "
                          "(pass the 'next' of the previous page as it is)")
     return key
