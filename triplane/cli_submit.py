@@ -144,12 +144,19 @@ def submit(file: Annotated[Path, typer.Argument(metavar="FILE", help="a graph do
 
 
 def _fetch_names(body: dict[str, Any]) -> list[str]:
+    """What the job fetches: ``fetch``, else the graph's outputs; then ``grad:<w>`` for each
+    ``w`` of a ``grad`` request (the scheduler adds those names to the fetch list)."""
     fetch = body.get("fetch")
-    if isinstance(fetch, list):
-        return [str(f) for f in fetch]
-    graph = body.get("graph")
-    outputs = graph.get("outputs") if isinstance(graph, dict) else None
-    return [str(o) for o in outputs] if isinstance(outputs, list) else []
+    if not isinstance(fetch, list):
+        graph = body.get("graph")
+        fetch = graph.get("outputs") if isinstance(graph, dict) else None
+    names = [str(f) for f in fetch] if isinstance(fetch, list) else []
+    grad = body.get("grad")
+    wrt = grad.get("wrt") if isinstance(grad, dict) else None
+    for w in wrt if isinstance(wrt, list) else []:
+        if f"grad:{w}" not in names:
+            names.append(f"grad:{w}")
+    return names
 
 
 def _interrupted(client: Any, job: str, on_interrupt: OnInterrupt) -> None:
