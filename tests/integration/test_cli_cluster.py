@@ -299,3 +299,34 @@ def test_events_follow_a_job_in_order_to_its_end(home: Path, tmp_path: Path) -> 
     assert "job.submitted" in text and "job.done" in text, text
     again = ok(home, "logs", "--job", job, "--follow")  # an ended job: its events, then the end
     assert again.count("job.done") == 1, again
+
+
+# --- a graph without shapes and a gradient request (the s4-shapes branch) -----------------
+
+GRAD_YAML = """\
+graph:
+  version: 1
+  outputs: [loss]
+  nodes:
+    w: {op: full, attrs: {shape: [2, 3], dtype: float32, value: 0.5}}
+    x: {op: full, attrs: {shape: [3, 4], dtype: float32, value: 2.0}}
+    y: {op: matmul, inputs: [w, X], loc: "model.py:3"}
+    loss: {op: sum, inputs: [y], attrs: {axes: null, keepdims: false}}
+grad: {of: loss, wrt: [w]}
+"""
+
+
+def test_submit_a_graph_without_shapes_with_a_gradient(home: Path, tmp_path: Path) -> None:
+    path = tmp_path / "grad.yaml"
+    path.write_text(GRAD_YAML.replace("X", "x"))
+    r = cli(home, "submit", str(path), "--wait", "--json")
+    if r.returncode != 0 and "unknown field(s) ['grad']" in r.stderr:
+        pytest.skip("pending: this scheduler takes no shapeless graph or grad request yet (s4-shapes)")
+    assert r.returncode == 0, r.stderr
+    values = json.loads(r.stdout)["values"]
+    w, x = np.full((2, 3), 0.5, np.float32), np.full((3, 4), 2.0, np.float32)
+    assert values["loss"]["data"] == pytest.approx(float((w @ x).sum()))
+    np.testing.assert_allclose(values["grad:w"]["data"], np.ones((2, 4), np.float32) @ x.T)
+    path.write_text(GRAD_YAML.replace("X", "w"))  # (2, 3) @ (2, 3)
+    line = failed(cli(home, "submit", str(path)))
+    assert "node 'y' (matmul)" in line and "model.py:3" in line and "400" in line, line
