@@ -34,7 +34,7 @@ from triplane.cli_client import TERMINAL, AdminClient, CliError, connect_admin
 
 __all__ = [
     "App", "AsJson", "CliError", "Command", "Group", "Home", "Token", "Url", "client_of", "console",
-    "emit_json", "err_console", "parse_when", "table", "wait_job", "when",
+    "emit_json", "err_console", "error_text", "parse_when", "seconds", "table", "wait_job", "when",
 ]
 
 console = Console()
@@ -109,6 +109,8 @@ AsJson = Annotated[bool, typer.Option("--json", help="print JSON (for scripts) i
 
 
 def client_of(home: Path | None, url: str | None, token: str | None) -> AdminClient:
+    """The client of the cluster a command's ``--home``/``--url``/``--token`` name (the
+    one seam the commands get their client through)."""
     return connect_admin(home, url, token)
 
 
