@@ -49,9 +49,13 @@ def register(app: App) -> None:
     app.command("logs")(logs)
 
 
-def events(job: Annotated[str | None, typer.Option("--job", help="only this job's events")] = None,
-           kind: Annotated[list[str] | None, typer.Option("--kind", help="only this kind, e.g. job.failed "
-                                                          "(repeat for several)")] = None,
+Kinds = Annotated[list[str] | None, typer.Option("--kind", metavar="KIND", help="only this kind, e.g. "
+                                                 "job.failed (repeat for several)")]
+
+
+def events(job: Annotated[str | None, typer.Option("--job", metavar="JOB", help="only this job's "
+                                                   "events")] = None,
+           kind: Kinds = None,
            after: Annotated[int | None, typer.Option("--after", min=0, help="only events after this "
                                                      "id")] = None,
            limit: Annotated[int, typer.Option("--limit", min=1, max=1000, help="events per page")] = 100,
@@ -139,8 +143,8 @@ Process = Annotated[str | None, typer.Argument(metavar="PROCESS", help="a proces
 
 
 def logs(process: Process = None,
-         job: Annotated[str | None, typer.Option("--job", help="a job's events instead of a process's "
-                                                 "log")] = None,
+         job: Annotated[str | None, typer.Option("--job", metavar="JOB", help="a job's events instead of "
+                                                 "a process's log")] = None,
          tail: Annotated[int, typer.Option("--tail", "-n", min=0, help="the last N lines (0: all)")] = 200,
          follow: Follow = False, as_json: AsJson = False, home: Home = None, url: Url = None,
          token: Token = None) -> None:

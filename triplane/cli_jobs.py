@@ -45,13 +45,16 @@ def progress_text(j: dict[str, Any]) -> str:
     return f"{p.get('done', '?')}/{p.get('total', '?')}"
 
 
-def jobs(state: Annotated[list[str] | None, typer.Option("--state", help="only jobs in this state "
-                                                           "(queued, running, done, failed, cancelled); "
-                                                           "repeat for several")] = None,
-         owner: Annotated[str | None, typer.Option("--owner", help="only this token name's jobs")] = None,
-         name: Annotated[str | None, typer.Option("--name", help="only jobs of this name")] = None,
-         tag: Annotated[list[str] | None, typer.Option("--tag", help="only jobs with this tag; "
-                                                       "repeat: all must match")] = None,
+States = Annotated[list[str] | None, typer.Option(
+    "--state", metavar="STATE", help="only jobs in this state (queued, running, done, failed, cancelled); "
+                                     "repeat for several")]
+Owner = Annotated[str | None, typer.Option("--owner", metavar="NAME", help="only this token name's jobs")]
+Name = Annotated[str | None, typer.Option("--name", metavar="NAME", help="only jobs of this name")]
+Tags = Annotated[list[str] | None, typer.Option("--tag", metavar="TAG", help="only jobs with this tag; "
+                                                "repeat: all must match")]
+
+
+def jobs(state: States = None, owner: Owner = None, name: Name = None, tag: Tags = None,
          since: Annotated[str | None, typer.Option("--since", help="created at or after: unix seconds, "
                                                    "ISO date/time or an age (10m, 2h, 7d)")] = None,
          until: Annotated[str | None, typer.Option("--until", help="created before (same forms)")] = None,

@@ -47,6 +47,13 @@ class OnInterrupt(str, Enum):
     detach = "detach"
 
 
+Fetch = Annotated[list[str] | None, typer.Option("--fetch", metavar="NODE", help="a node to fetch (repeat; "
+                                                 "default: the request's fetch, else the outputs)")]
+Name = Annotated[str | None, typer.Option("--name", metavar="NAME", help="the job's name (at most 128 "
+                                          "characters)")]
+Tags = Annotated[list[str] | None, typer.Option("--tag", metavar="TAG", help="a tag of the job (repeat)")]
+
+
 def register(app: App) -> None:
     app.command("submit")(submit)
 
@@ -85,12 +92,7 @@ def load_job_request(path: Path) -> dict[str, Any]:
 
 def submit(file: Annotated[Path, typer.Argument(metavar="FILE", help="a graph document or job request: "
                                                 ".json, .yaml, .yml")],
-           fetch: Annotated[list[str] | None, typer.Option("--fetch", help="a node to fetch (repeat; "
-                                                           "default: the request's fetch, else the "
-                                                           "outputs)")] = None,
-           name: Annotated[str | None, typer.Option("--name", help="the job's name (at most 128 "
-                                                    "characters)")] = None,
-           tag: Annotated[list[str] | None, typer.Option("--tag", help="a tag of the job (repeat)")] = None,
+           fetch: Fetch = None, name: Name = None, tag: Tags = None,
            deadline: Annotated[float | None, typer.Option("--deadline", min=0.001, help="seconds after which "
                                                           "the job fails with kind 'deadline'")] = None,
            wait: Annotated[bool, typer.Option("--wait", help="wait for the job to end (progress bar on "
@@ -99,8 +101,8 @@ def submit(file: Annotated[Path, typer.Argument(metavar="FILE", help="a graph do
                                                          "waiting after this many seconds")] = None,
            on_interrupt: Annotated[OnInterrupt, typer.Option("--on-interrupt", help="with --wait, what "
                                                              "Ctrl-C does to the job")] = OnInterrupt.cancel,
-           save: Annotated[Path | None, typer.Option("--save", help="with --wait: write each fetched value "
-                                                     "to DIR/<node>.npy")] = None,
+           save: Annotated[Path | None, typer.Option("--save", metavar="DIR", help="with --wait: write each "
+                                                     "fetched value to DIR/<node>.npy")] = None,
            keep: Annotated[bool, typer.Option("--keep", help="with --wait: keep the job's tiles on the "
                                               "cluster (by default they are released once fetched)")] = False,
            as_json: AsJson = False, home: Home = None, url: Url = None, token: Token = None) -> None:
