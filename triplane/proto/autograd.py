@@ -12,13 +12,16 @@ NotDifferentiableError naming the node and op.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from triplane.proto import optable
 from triplane.proto.builder import Builder, Ref
 from triplane.proto.errors import GraphError, NotDifferentiableError
-from triplane.proto.ir import Graph
+from triplane.proto.ir import Attrs, Graph, Node
+from triplane.proto.limits import MAX_ID_LENGTH
 from triplane.proto.opdef import GradCtx
+from triplane.proto.validate import check_id, validate
 
 
 def autograd(graph: Graph, loss: str, wrt: Sequence[str], grad_output: str | None = None,
@@ -110,3 +113,67 @@ def autograd(graph: Graph, loss: str, wrt: Sequence[str], grad_output: str | Non
             g = b.zeros_like(b.ref(w))
         out_ids.append(g.id)
     return b.graph((*graph.outputs, *out_ids)), out_ids
+
+
+GRAD_PREFIX = "grad:"
+"""A job's ``grad`` request names the gradient of its ``of`` node with respect to ``w``
+``grad:<w>``: a node id like any other, fetched by that name (a ref to it from a later job
+is ``<job>:grad:<w>``; a job id never holds ':', so the first ':' ends it)."""
+
+
+def named_gradients(graph: Graph, of: str, wrt: Sequence[str]) -> tuple[Graph, list[str]]:
+    """``graph`` with the gradients of ``of`` (a scalar) with respect to each ``wrt`` node
+    appended as the nodes ``grad:<w>`` (:data:`GRAD_PREFIX`), and their ids in ``wrt``'s
+    order; the graph's outputs are its own followed by them. ``graph`` is validated first
+    (its attributes normalised, as the gradient rules read them). Raises GraphError for an
+    unknown node, a repeated ``wrt`` or a name the graph uses already, and
+    NotDifferentiableError as :func:`autograd` does."""
+    names = [GRAD_PREFIX + w for w in wrt]
+    if len(set(wrt)) != len(wrt):
+        raise GraphError(f"'wrt' names a node twice: {list(wrt)}")
+    for w, name in zip(wrt, names):
+        if w not in graph.nodes:
+            raise GraphError(f"'wrt' names {w!r}, which is not a node of the graph", node=w)
+        if name in graph.nodes:
+            raise GraphError(f"the graph has a node {name!r} already: that name is the gradient's",
+                             node=name, op=graph.nodes[name].op)
+    if of not in graph.nodes:
+        raise GraphError(f"'of' names {of!r}, which is not a node of the graph", node=of)
+    graph = validate(graph)  # the gradient rules read normalised attributes
+    g, ids = autograd(graph, of, wrt, prefix="_grad")
+    nodes = dict(g.nodes)
+    rename: dict[str, str] = {}
+    for gid, name in zip(ids, names):
+        if gid in graph.nodes or gid in rename:  # a forward node or another w's gradient
+            node = nodes[gid]
+            nodes[name] = Node("reshape", (rename.get(gid, gid),), Attrs({"shape": node.shape}),
+                               node.shape, node.dtype)
+        else:
+            rename[gid] = name
+    if rename:
+        nodes = {rename.get(k, k): (n if not any(i in rename for i in n.inputs)
+                                    else n.replace(inputs=[rename.get(i, i) for i in n.inputs]))
+                 for k, n in nodes.items()}
+    outputs = (*graph.outputs, *(n for n in names if n not in graph.outputs))
+    return Graph(nodes, outputs, g.version).sorted(), names
+
+
+MAX_WRT = 4096
+
+
+def check_grad_request(value: Any) -> tuple[str, list[str]]:
+    """(of, wrt) of a job's ``grad`` field, ``{"of": <node id>, "wrt": [<node id>, ...]}``,
+    checked as the front door checks ids (``validate.check_id``): GraphError naming the
+    field. Whether the nodes exist is :func:`named_gradients`' to say."""
+    if not isinstance(value, Mapping) or set(value) != {"of", "wrt"}:
+        raise GraphError('\'grad\' must be {"of": <node id>, "wrt": [<node id>, ...]}')
+    of, wrt = value["of"], value["wrt"]
+    check_id(of, "grad.of")
+    if not isinstance(wrt, list) or not 0 < len(wrt) <= MAX_WRT:
+        raise GraphError(f"'grad.wrt' must be a list of 1..{MAX_WRT} node ids")
+    for i, w in enumerate(wrt):
+        check_id(w, f"grad.wrt[{i}]")
+        if len(GRAD_PREFIX) + len(w) > MAX_ID_LENGTH:
+            raise GraphError(f"grad.wrt[{i}] is {len(w)} characters long: its gradient's name "
+                             f"{GRAD_PREFIX}<id> would pass the id limit of {MAX_ID_LENGTH}", node=w)
+    return of, list(wrt)

@@ -37,8 +37,10 @@ from typing import TYPE_CHECKING, Any
 
 from triplane import metadb as mdb
 from triplane.metadb.models import Job as JobRow
+from triplane.proto.autograd import named_gradients
 from triplane.proto.errors import GraphError, LimitError, UnknownOpError
-from triplane.proto.ir import Graph
+from triplane.proto.infer import BoundTypes, graph_from_wire, type_of
+from triplane.proto.ir import Graph, TensorType
 from triplane.proto.packet import Reply
 from triplane.proto.states import JobState
 from triplane.scheduler.cluster import ClusterView, Factors
@@ -77,6 +79,8 @@ API_STATE = {  # metadb job state -> the API's (one vocabulary: triplane.proto.s
     "failed": JobState.FAILED,
     "cancelled": JobState.CANCELLED,
 }
+
+GradRequest = tuple[str, list[str]]  # a job's ``grad``: (of, wrt)
 
 # (the job as stored, its canonical graph, its job.bindings payload, its task rows)
 Resumable = tuple[mdb.JobInfo, Graph, dict[str, Any], tuple[mdb.TaskInfo, ...]]
@@ -164,12 +168,13 @@ class Jobs:
     # --- submit ----------------------------------------------------------------------------
 
     async def submit(self, graph_doc: Any, fetch: Any, deadline_s: float | None = None, *,
-                     owner: str | None = None) -> dict[str, Any]:
+                     owner: str | None = None, grad: GradRequest | None = None) -> dict[str, Any]:
         """Validate, compile, store and dispatch a job; its status body (see the module doc)
         with ``plan`` (the canonical graph's hash) and ``args`` (the uploads bound to
         ``arg0, arg1, ...``), for :meth:`submit_bound` to run the same structure again.
         ``deadline_s``: the job fails (kind "deadline") if not ended that long after submit;
-        ``owner``: the name of the token that submitted it (a submit token sees only its own)."""
+        ``owner``: the name of the token that submitted it (a submit token sees only its own);
+        ``grad``: (of, wrt), gradients appended as nodes ``grad:<w>`` (``compile``)."""
         await self.require_leader()
         if not isinstance(fetch, list) or len(fetch) > MAX_FETCH or not all(type(f) is str for f in fetch):
             raise BadRequest(f"'fetch' must be a list of at most {MAX_FETCH} node ids")
@@ -177,7 +182,8 @@ class Jobs:
         held = await self.refs.resolve(refs_in_graph(graph_doc))
         try:
             def compile_now() -> JobPlan:
-                return self.compile(graph_doc, fetch, Refs.snapshot(cluster, held), held.bind)
+                return self.compile(graph_doc, fetch, Refs.snapshot(cluster, held), held.bind,
+                                    grad=grad, bound=self._bound_types(held))
 
             plan = await self._with_refs(await asyncio.to_thread(compile_now), held, owner, compile_now)
             assert plan.graph is not None
@@ -290,12 +296,27 @@ class Jobs:
         return self.body(plan.job, live)
 
     def compile(self, graph_doc: Any, fetch: list[str], cluster: ClusterSnapshot,
-                bind: dict[str, str] | None = None) -> JobPlan:
+                bind: dict[str, str] | None = None, *, grad: GradRequest | None = None,
+                bound: BoundTypes | None = None) -> JobPlan:
         """Parse and compile a submitted graph (CPU-bound: a worker thread, so that the
         event loop keeps answering replies, health checks and the registry's keep-alives);
-        ``bind``: its refs -> what they resolved to."""
-        return compile_job(Graph.from_dict(graph_doc), fetch, cluster, cache=self.plans, bind=bind,
-                           group=self.group)
+        ``bind``: its refs -> what they resolved to. Types the document leaves out are
+        inferred (``proto/infer.py``; ``bound`` types the inputs from their uploads and
+        refs), and ``grad`` = (of, wrt) appends the gradients (``proto/autograd.py``)."""
+        graph = graph_from_wire(graph_doc, bound=bound)
+        if grad is not None:
+            graph, _ = named_gradients(graph, *grad)
+        return compile_job(graph, fetch, cluster, cache=self.plans, bind=bind, group=self.group)
+
+    def _bound_types(self, held: Held) -> BoundTypes:
+        """The type of an upload or a resolved ref, for an input node that gives none."""
+        def bound(tensor: str) -> TensorType | None:
+            r = held.refs.get(tensor)
+            stored = self.store.get(tensor) if r is None else None
+            found = r if r is not None else stored
+            return type_of(found.shape, found.dtype) if found is not None else None
+
+        return bound
 
     def _check_uploads(self, plan: JobPlan, held: Held) -> None:
         tiles = held.by_tile() if held.refs else {}

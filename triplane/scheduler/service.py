@@ -229,11 +229,11 @@ class Scheduler(Leading):
     # --- the API's calls (docs/runtime.md) ----------------------------------------------------
 
     async def submit(self, graph_doc: Any, fetch: Any, deadline_s: float | None = None, *,
-                     owner: str | None = None, name: str | None = None,
-                     tags: Sequence[str] = ()) -> dict[str, Any]:
+                     owner: str | None = None, grad: tuple[str, list[str]] | None = None,
+                     name: str | None = None, tags: Sequence[str] = ()) -> dict[str, Any]:
         """Submit a job (``Jobs.submit``); its ``name`` and ``tags`` are recorded before
         this answers (``Admin.label``)."""
-        body = await self.jobs.submit(graph_doc, fetch, deadline_s, owner=owner)
+        body = await self.jobs.submit(graph_doc, fetch, deadline_s, owner=owner, grad=grad)
         await self.admin.label(body["id"], name, tags)
         return body
 

@@ -1,6 +1,8 @@
 """Normalising an op's attributes and inferring its result type when the SDK records it,
 memoised: a training loop records the same ops on the same types every step, and
-normalising and inferring them again was a third of recording a step.
+normalising and inferring them again was a third of recording a step. The inference is
+the op table's (``triplane.proto.infer.infer_node``, the one the scheduler completes a
+submitted graph's types with).
 
 The memo maps op -> (its OpDef, {(input types, attributes): (normalised attributes, result
 type)}). Only successes are kept (errors are raised afresh), and only for attributes whose
@@ -13,9 +15,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from triplane.proto import optable
-from triplane.proto.errors import GraphError, LimitError
+from triplane.proto.errors import GraphError
+from triplane.proto.infer import infer_node
 from triplane.proto.ir import Attrs, TensorType
-from triplane.proto.limits import MAX_RANK
 
 __all__ = ["infer", "infer_key"]
 
@@ -43,11 +45,7 @@ def infer(op: str, inputs: Sequence[Typed], attrs: Mapping[str, Any],
     if found is not None:
         return found
     try:
-        a = opdef.normalise_attrs(attrs)
-        t = opdef.check([x._type for x in inputs], a)
-        if t.ndim > MAX_RANK:
-            raise LimitError(f"the result would have {t.ndim} dimensions, more than the limit "
-                             f"of {MAX_RANK}")
+        a, t = infer_node(op, [x._type for x in inputs], attrs)
     except GraphError as e:
         e.at(op=op, where=where)
         raise e.with_traceback(None) from None

@@ -57,6 +57,7 @@ def test_public_api_is_pinned() -> None:
     assert sorted(mdb.__all__) == sorted(set(mdb.__all__))
     for name in ("open_db", "migrate", "MetaDB", "BatchWriter", "create_job", "get_job", "list_jobs",
                  "set_job_state", "upsert_plan", "insert_tasks", "transition_task", "record_tiles",
-                 "list_tiles", "add_events", "list_events", "jobs_to_resume", "UnknownJobError"):
+                 "list_tiles", "add_events", "list_events", "jobs_to_resume", "UnknownJobError",
+                 "task_page", "tile_page", "task_events", "index_key"):
         assert name in mdb.__all__ and hasattr(mdb, name)
-    assert len(mdb.__all__) == 54
+    assert len(mdb.__all__) == 58

@@ -27,6 +27,7 @@ from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from triplane import metadb as mdb
+from triplane.proto.autograd import GRAD_PREFIX, check_grad_request
 from triplane.proto.errors import GraphError, LimitError
 from triplane.proto.limits import MAX_RANK
 from triplane.proto.validate import check_submission, loads_json
@@ -64,15 +65,16 @@ async def read_body(request: Request, limit: int, what: str) -> bytearray:
     return body
 
 
-def parse_job_request(body: bytes | bytearray) -> tuple[tuple[Any, Any, float | None] | BoundRequest,
+def parse_job_request(body: bytes | bytearray) -> tuple[tuple[Any, Any, float | None, Any] | BoundRequest,
                                                         Waiting | None, tuple[str | None, tuple[str, ...]]]:
-    """((graph document, fetch list, deadline_s), waiting, (name, tags)) of a ``POST /v1/jobs`` body,
-    checked at the front door: strict JSON (a duplicate key anywhere is a 400), the known
+    """((graph document, fetch list, deadline_s, grad), waiting, (name, tags)) of a ``POST /v1/jobs``
+    body, checked at the front door: strict JSON (a duplicate key anywhere is a 400), the known
     fields, the ids and declared ranks of ``check_submission`` (400 naming the node or
-    field), ``deadline_s`` (the job fails with kind "deadline" if not ended by then) and
-    ``wait_s``/``inline`` (``waiting.py``), ``name``/``tags`` (``admin.pop_labels``). A body
-    with ``plan`` instead of ``graph`` is a compiled step: a :class:`BoundRequest` in place
-    of the triple (and no labels)."""
+    field), ``deadline_s`` (the job fails with kind "deadline" if not ended by then),
+    ``wait_s``/``inline`` (``waiting.py``), ``grad`` ((of, wrt): ``proto/autograd.py``; the
+    gradients ``grad:<w>`` join the fetch list) and ``name``/``tags`` (``admin.pop_labels``). A
+    body with ``plan`` instead of ``graph`` is a compiled step: a :class:`BoundRequest` in place
+    of the tuple (and no labels)."""
     try:
         doc = loads_json(body)
     except GraphError as e:  # a duplicate key, NaN or Infinity
@@ -87,10 +89,10 @@ def parse_job_request(body: bytes | bytearray) -> tuple[tuple[Any, Any, float | 
     if not isinstance(doc, dict) or "graph" not in doc:
         raise BadRequest('expected {"graph": <graph document>, "fetch": [node ids]}')
     labels = pop_labels(doc)
-    unknown = set(doc) - {"graph", "fetch", "deadline_s"}
+    unknown = set(doc) - {"graph", "fetch", "deadline_s", "grad"}
     if unknown:
         raise BadRequest(f"unknown field(s) {sorted(unknown)} "
-                         "(known: ['deadline_s', 'fetch', 'graph', 'inline', 'wait_s'])")
+                         "(known: ['deadline_s', 'fetch', 'grad', 'graph', 'inline', 'wait_s'])")
     deadline_s = doc.get("deadline_s")
     if deadline_s is not None and (type(deadline_s) not in (int, float) or not 0 < deadline_s <= 604800):
         raise BadRequest(f"'deadline_s' must be seconds in (0, 604800], got {deadline_s!r:.40}")
@@ -99,12 +101,15 @@ def parse_job_request(body: bytes | bytearray) -> tuple[tuple[Any, Any, float | 
     if fetch is None and isinstance(graph, dict):
         fetch = list(graph.get("outputs") or [])
     try:
+        grad = check_grad_request(doc["grad"]) if "grad" in doc else None
+        if grad is not None and isinstance(fetch, list):  # the gradients asked for are fetched
+            fetch = fetch + [n for n in (GRAD_PREFIX + w for w in grad[1]) if n not in fetch]
         check_submission(graph, fetch)
     except GraphError as e:
         kind = "limit" if isinstance(e, LimitError) else "graph"
         raise BadRequest(str(e), kind=kind, node=e.node, op=e.op) from None
     check_inline(waiting, fetch)
-    return (graph, fetch, deadline_s), waiting, labels
+    return (graph, fetch, deadline_s, grad), waiting, labels
 
 
 def parse_copy_request(body: bytes | bytearray) -> list[str]:
@@ -197,7 +202,8 @@ def create_app(
     async def whoami(p: Principal = anyone) -> dict[str, Any]:
         return {"name": p.name, "role": p.role}
 
-    @api.post("/tensors", status_code=201, response_model=m.Upload, tags=["tensors"])
+    @api.post("/tensors", status_code=201, response_model=m.Upload, tags=["tensors"],
+              openapi_extra=m.UPLOAD_BODY)
     async def upload(request: Request, p: Principal = changer) -> dict[str, Any]:
         try:
             shape = parse_shape(request.headers.get("x-triplane-shape", ""))
@@ -220,7 +226,8 @@ def create_app(
             scheduler.sessions.tag_upload(lease, stored.id)
         return stored.as_dict()
 
-    @api.post("/tensors/copy", status_code=201, response_model=m.CopyResult, tags=["tensors"])
+    @api.post("/tensors/copy", status_code=201, response_model=m.CopyResult, tags=["tensors"],
+              openapi_extra=m.body_of(m.CopyRequest))
     async def copy_tensors(request: Request, p: Principal = changer) -> dict[str, Any]:
         """Copies of refs' values as uploads of the caller (checkpoints: ``scheduler/refs.py``)."""
         refs = parse_copy_request(await read_body(request, 1 << 20, "copy request"))
@@ -260,8 +267,8 @@ def create_app(
         held = await scheduler.end_session(sid)
         return {"id": sid, "uploads": len(held.uploads), "jobs": len(held.jobs)}
 
-    @api.post("/jobs", status_code=201, response_model=m.SubmitAnswer, response_model_exclude_none=True,
-              tags=["jobs"])
+    @api.post("/jobs", status_code=201, response_model=m.SubmitAnswer, response_model_exclude_unset=True,
+              tags=["jobs"], openapi_extra=m.body_of(m.JobRequest))
     async def submit(request: Request, p: Principal = changer) -> dict[str, Any]:
         body = await read_body(request, max_graph_bytes, "job request")
         if len(body) > 65536:
@@ -279,8 +286,9 @@ def create_app(
                 scheduler.sessions.tag_job(lease, body_out["id"])
             answer = {"id": body_out["id"], "state": body_out["state"]}
         else:
-            graph, fetch, deadline_s = parsed
-            body_out = await scheduler.submit(graph, fetch, deadline_s, owner=p.name, name=name, tags=tags)
+            graph, fetch, deadline_s, grad = parsed
+            body_out = await scheduler.submit(graph, fetch, deadline_s, owner=p.name, grad=grad, name=name,
+                                              tags=tags)
             if lease is not None:
                 scheduler.sessions.tag_job(lease, body_out["id"])
             answer = {"id": body_out["id"], "state": body_out["state"], "plan": body_out["plan"],

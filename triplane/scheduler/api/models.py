@@ -14,10 +14,11 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
-    "ERRORS", "Config", "CopyResult", "Drift", "Engine", "EnginePage", "ErrorBody", "ErrorDetail", "Health",
-    "JobDetail", "JobPage", "JobStatus", "Node", "NodePage", "Ready", "Released", "Retried", "SessionBody",
-    "SessionEnded", "Stats", "SubmitAnswer", "Task", "TaskPage", "Tile", "TilePage", "Token", "TokenCreated",
-    "TokenPage", "TokenRequest", "TokenRevoked", "Upload", "Whoami",
+    "Config", "CopyRequest", "CopyResult", "Drift", "ERRORS", "Engine", "EnginePage", "ErrorBody",
+    "ErrorDetail", "Health", "JobDetail", "JobPage", "JobRequest", "JobStatus", "Node", "NodePage",
+    "Ready", "Released", "Retried", "SessionBody", "SessionEnded", "Stats", "SubmitAnswer", "Task",
+    "TaskPage", "Tile", "TilePage", "Token", "TokenCreated", "TokenPage", "TokenRequest",
+    "TokenRevoked", "Upload", "Whoami",
 ]
 
 
@@ -127,6 +128,26 @@ class SubmitAnswer(BaseModel):
     progress: Progress | None = None
     error: ErrorDetail | None = None
     values: dict[str, InlineValue] | None = None
+
+
+class JobRequest(BaseModel):
+    """The body of ``POST /v1/jobs`` (documentation: the route parses it as strict JSON
+    itself, docs/runtime.md). The compiled-step form has ``plan`` and ``args`` instead of
+    ``graph``."""
+
+    graph: dict[str, Any] = Field(description="a graph document: {version, nodes, outputs}")
+    fetch: list[str] | None = Field(None, description="the node ids to read (default: the outputs)")
+    deadline_s: float | None = Field(None, gt=0, le=604800)
+    wait_s: float | None = Field(None, gt=0, le=60, description="answer when the job ends or this passes")
+    inline: list[str] | None = Field(None, description="fetched names whose values come back inline")
+    grad: dict[str, Any] | None = Field(None, description="{of: <node>, wrt: [<nodes>]}: the gradients, "
+                                                           "fetched as grad:<node>")
+    name: str | None = Field(None, min_length=1, max_length=128)
+    tags: list[str] | None = Field(None, max_length=16)
+
+
+class CopyRequest(BaseModel):
+    from_: list[str] = Field(alias="from", description="refs <job>:<fetched name>", max_length=1000)
 
 
 class Retried(BaseModel):
@@ -300,3 +321,20 @@ class EnginePage(_Page):
 
 class TokenPage(_Page):
     items: list[Token]
+
+
+def body_of(model: type[BaseModel], media: str = "application/json") -> dict[str, Any]:
+    """``openapi_extra`` documenting the body of a route that reads its body itself."""
+    return {"requestBody": {"required": True, "content": {media: {"schema": model.model_json_schema()}}}}
+
+
+UPLOAD_BODY: dict[str, Any] = {
+    "requestBody": {"required": True, "content": {"application/octet-stream": {
+        "schema": {"type": "string", "format": "binary"}}}},
+    "parameters": [
+        {"name": "X-Triplane-Shape", "in": "header", "required": True, "schema": {"type": "string"},
+         "description": "the dimensions, comma-separated (empty for 0-d)", "example": "2,2"},
+        {"name": "X-Triplane-Dtype", "in": "header", "required": True, "schema": {"type": "string"},
+         "example": "float32"},
+    ],
+}
