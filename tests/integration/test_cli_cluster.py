@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pytest
 import yaml
@@ -93,6 +94,12 @@ def test_submit_yaml_waits_and_prints_the_values(home: Path, tmp_path: Path) -> 
                                   np.full((2, 3), 2, np.float32))
     assert body["values"]["c"]["shape"] == [2, 3] and body["values"]["c"]["dtype"] == "float32"
     assert body["values"]["s"]["data"] == 12.0
+    released = json.loads(ok(home, "job", body["id"], "--json"))  # its tiles released, still listed
+    assert released["state"] == "done"
+    info = json.loads((home / "cluster.json").read_text())
+    gone = httpx.get(f"{info['url']}/v1/jobs/{body['id']}/tensors/s",
+                     headers={"Authorization": f"Bearer {(home / 'token').read_text().strip()}"})
+    assert gone.status_code == 404, gone.text  # released once fetched (no --keep)
     text = ok(home, "submit", str(path), "--wait", "--fetch", "s", "--save", str(tmp_path / "out"))
     assert "s float32[]:" in text and "12." in text
     assert float(np.load(tmp_path / "out" / "s.npy", allow_pickle=False)) == 12.0
