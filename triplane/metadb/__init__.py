@@ -43,6 +43,7 @@ from triplane.metadb.jobs import (
     get_plan,
     list_jobs,
     put_graph,
+    set_job_labels,
     set_job_state,
     upsert_plan,
 )
@@ -96,7 +97,7 @@ __all__ = [
     "TileInfo", "TileLocation",
     "add_events", "get_task", "insert_tasks", "jobs_to_resume", "list_events", "list_tasks",
     "list_tiles", "mark_node_tiles_lost", "record_tiles", "transition_task",
-    "index_key", "task_events", "task_page", "tile_page",
+    "index_key", "set_job_labels", "task_events", "task_page", "tile_page",
     "JOB_STATES", "TASK_STATES", "TERMINAL_JOB_STATES", "TERMINAL_TASK_STATES", "TILE_STATES",
     "JobState", "TaskState", "TileState",
 ]

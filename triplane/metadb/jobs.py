@@ -116,6 +116,19 @@ def create_job(session: Session, *, graph_hash: str, graph_json: bytes, fetch: S
     return JobInfo.of(row)
 
 
+def set_job_labels(session: Session, job_id: str, name: str | None, tags: Sequence[str]) -> JobInfo:
+    """Give a job its ``name`` and ``tags`` (as ``create_job`` does: checked, the tags
+    indexed in ``job_tags``); UnknownJobError for an unknown job."""
+    label = None if name is None else v.check_label("name", name, v.MAX_NAME)
+    tag_list = v.check_tags(list(tags))
+    row = _job_row(session, job_id)
+    row.name, row.tags = label, list(tag_list) or None
+    session.execute(sa.delete(JobTag).where(JobTag.job_id == job_id))
+    session.add_all(JobTag(job_id=job_id, tag=tag) for tag in tag_list)
+    session.flush()
+    return JobInfo.of(row)
+
+
 def _job_row(session: Session, job_id: str, *, lock: bool = False) -> Job:
     v.check_id("job_id", job_id)
     row = session.get(Job, job_id, with_for_update=lock, populate_existing=True)

@@ -85,14 +85,8 @@ class Admin:
             return
 
         def write() -> None:
-            from triplane.metadb.models import Job, JobTag
-
             with self.s.db.transaction() as s:
-                row = s.get(Job, job)
-                if row is None:
-                    raise NotFound(f"unknown job {job!r}")
-                row.name, row.tags = name, list(tags) or None
-                s.add_all(JobTag(job_id=job, tag=t) for t in tags)
+                mdb.set_job_labels(s, job, name, tags)
 
         await asyncio.to_thread(write)
 
@@ -120,9 +114,10 @@ class Admin:
             out.append(job_body(info, status))
         return out
 
-    async def retry(self, job: str, owner: str | None) -> dict[str, Any]:
+    async def retry(self, job: str) -> dict[str, Any]:
         """A failed or cancelled job submitted again as a new job: the same graph, fetch list,
-        uploads bound to its inputs, deadline, name and tags. ``{"id", "retry_of", "state"}``."""
+        uploads bound to its inputs, deadline, owner, name and tags (whoever retries it: a
+        submit token retries only its own jobs). ``{"id", "retry_of", "state"}``."""
         def read() -> tuple[mdb.JobInfo, Graph, dict[str, Any]]:
             with self.s.db.read() as s:
                 info = mdb.get_job(s, job)
@@ -143,7 +138,7 @@ class Admin:
         deadline_s = bindings.get("deadline_s")
         body = await self.s.jobs.submit_bound(
             key, list(bindings["args"]), list(info.fetch),
-            deadline_s if type(deadline_s) in (int, float) else None, owner=owner)
+            deadline_s if type(deadline_s) in (int, float) else None, owner=info.owner)
         await self.label(body["id"], info.name, info.tags)
         return {"id": body["id"], "retry_of": job, "state": body["state"]}
 

@@ -30,6 +30,7 @@ from typing import Any
 from triplane.registry import (
     OpEngineInfo,
     RegistryBackend,
+    list_bindings,
     list_drained,
     list_nodes,
     list_op_engines,
@@ -175,8 +176,11 @@ class ClusterView:
         ]
 
     async def engines(self) -> list[dict[str, Any]]:
-        """``GET /v1/engines``: the registered op engines."""
-        return [_asdict(e) for e in await list_op_engines(self.registry)]
+        """``GET /v1/engines``: the registered op engines by (node, engine), each with the
+        memory engine it is bound to (its ``Binding``; None without one)."""
+        bound = {(b.node, b.op_engine): b.memory_engine for b in await list_bindings(self.registry)}
+        found = sorted(await list_op_engines(self.registry), key=lambda e: (e.node, e.engine))
+        return [{**_asdict(e), "memory_engine": bound.get((e.node, e.engine))} for e in found]
 
     def node_down(self, node: str) -> None:
         """``node`` is gone: forget what it cached and how fast it ran."""

@@ -290,9 +290,6 @@ class Scheduler(Leading):
         return {"job": job, **answer, "state": status["state"], "progress": status["progress"],
                 "error": status["error"], "values": values}
 
-    def list_jobs(self, limit: int = 50, *, owner: str | None = None) -> list[dict[str, Any]]:
-        return self.jobs.list(limit, owner=owner)
-
     async def wait(self, job: str, timeout: float) -> dict[str, Any]:
         return await self.jobs.wait(job, timeout)
 

@@ -58,6 +58,6 @@ def test_public_api_is_pinned() -> None:
     for name in ("open_db", "migrate", "MetaDB", "BatchWriter", "create_job", "get_job", "list_jobs",
                  "set_job_state", "upsert_plan", "insert_tasks", "transition_task", "record_tiles",
                  "list_tiles", "add_events", "list_events", "jobs_to_resume", "UnknownJobError",
-                 "task_page", "tile_page", "task_events", "index_key"):
+                 "task_page", "tile_page", "task_events", "index_key", "set_job_labels"):
         assert name in mdb.__all__ and hasattr(mdb, name)
-    assert len(mdb.__all__) == 58
+    assert len(mdb.__all__) == 59

@@ -156,6 +156,10 @@ def test_cancel_by_post_and_retry_makes_a_new_job_of_the_same_graph(api: Api) ->
     theirs = api.submit()
     assert api.c.post(f"/v1/jobs/{theirs}/cancel", headers=api.alice).status_code == 403
     assert api.c.post(f"/v1/jobs/{theirs}/retry", headers=api.reader).status_code == 403
+    hers = api.submit(api.alice)
+    assert api.c.delete(f"/v1/jobs/{hers}", headers=api.alice).json()["state"] == "cancelled"
+    again = api.c.post(f"/v1/jobs/{hers}/retry", headers=H).json()["id"]  # an admin retries it ...
+    assert api.c.get(f"/v1/jobs/{again}", headers=api.alice).json()["owner"] == "alice"  # ... hers still
 
 
 def test_tasks_and_tiles_pages(api: Api) -> None:
@@ -297,3 +301,13 @@ def test_a_live_tasks_drifts_name_the_node_left_and_the_node_reached() -> None:
            Transitioned("j", "t", "ready", "dispatched", 1, "n2", "tick-10", 2.1),
            Transitioned("j", "t", "dispatched", "done", 1, "n2", "reply-3", 3.0)]
     assert _drifts(log) == [{"at": 2.0, "attempt": 1, "from": "n1", "to": "n2", "reason": "tick-9"}]
+
+
+def test_engines_page_names_each_engines_binding(api: Api) -> None:
+    from triplane.registry import Binding
+
+    bound = Binding("n1", "numpy", "host")
+    asyncio.run(api.registry.put(bound.key(), encode(bound)))
+    pages = api.pages("/v1/engines", 1)
+    assert [len(p) for p in pages] == [1, 1]
+    assert [(e["node"], e["memory_engine"]) for p in pages for e in p] == [("n1", "host"), ("n2", None)]

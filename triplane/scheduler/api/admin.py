@@ -21,7 +21,6 @@ from fastapi.responses import JSONResponse
 
 from triplane import metadb as mdb
 from triplane.metadb import validate as v
-from triplane.registry import list_op_engines
 from triplane.scheduler.admin import Admin
 from triplane.scheduler.api import models as m
 from triplane.scheduler.api.auth import Authenticator, Principal
@@ -99,11 +98,10 @@ def install_admin(app: FastAPI, scheduler: Scheduler, auth: Authenticator, owner
 
     @api.get("/engines", response_model=m.EnginePage, tags=["nodes"])
     async def engines(limit: int = Limit, cursor: str | None = Cursor, p: Principal = who) -> dict[str, Any]:
-        """The registered op engines by (node, engine)."""
+        """The registered op engines by (node, engine), each with the memory engine it is bound to."""
         after = decode_cursor(cursor, (str, str))
-        found = sorted(await list_op_engines(scheduler.registry), key=lambda e: (e.node, e.engine))
-        items = [{**e.__dict__, "ops": list(e.ops), "dtypes": list(e.dtypes)} for e in found
-                 if after is None or (e.node, e.engine) > tuple(after)]
+        items = [e for e in await scheduler.engines()
+                 if after is None or (e["node"], e["engine"]) > (after[0], after[1])]
         return page(items[:limit + 1], limit, lambda e: [e["node"], e["engine"]])
 
     # --- jobs --------------------------------------------------------------------------------
@@ -143,9 +141,9 @@ def install_admin(app: FastAPI, scheduler: Scheduler, auth: Authenticator, owner
 
     @api.post("/jobs/{job}/retry", response_model=m.Retried, status_code=201, tags=["jobs"])
     async def retry(job: str, p: Principal = who) -> dict[str, Any]:
-        """A failed or cancelled job again, as a new job (same graph, fetch, inputs, name, tags)."""
+        """A failed or cancelled job again, as a new job (same graph, fetch, inputs, owner, name, tags)."""
         owners.check(p, job)
-        return await admin.retry(job, p.name)
+        return await admin.retry(job)
 
     @api.get("/jobs/{job}/tasks", response_model=m.TaskPage, tags=["jobs"])
     async def tasks(job: str, limit: int = Limit, cursor: str | None = Cursor,

@@ -235,6 +235,7 @@ class Engine(BaseModel):
     dtypes: list[str]
     gflops: float
     gbps: float
+    memory_engine: str | None = Field(description="the memory engine it computes on (its binding)")
 
 
 class Token(BaseModel):
