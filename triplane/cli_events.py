@@ -183,11 +183,15 @@ def _print_log(path: Path, tail: int, follow: bool) -> None:
         if not follow:
             return
         err_console.print(f"following {path} (Ctrl-C stops)")
+        partial = b""  # a line the process has not finished writing yet
         try:
             while True:
                 chunk = f.readline()
-                if chunk:
-                    typer.echo(chunk.decode("utf-8", "replace").rstrip("\n"))
+                if chunk.endswith(b"\n"):
+                    typer.echo((partial + chunk).decode("utf-8", "replace").rstrip("\n"))
+                    partial = b""
+                elif chunk:
+                    partial += chunk
                 else:
                     time.sleep(0.2)
         except KeyboardInterrupt:

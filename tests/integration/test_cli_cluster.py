@@ -337,3 +337,22 @@ def test_submit_a_graph_without_shapes_with_a_gradient(home: Path, tmp_path: Pat
     path.write_text(GRAD_YAML.replace("X", "w"))  # (2, 3) @ (2, 3)
     line = failed(cli(home, "submit", str(path)))
     assert "node 'y' (matmul)" in line and "model.py:3" in line and "400" in line, line
+
+
+def test_logs_follow_prints_whole_lines_as_they_are_appended(tmp_path: Path) -> None:
+    home = tmp_path / "run"  # a run directory with a log and no cluster: logs reads files
+    (home / "logs").mkdir(parents=True)
+    log = home / "logs" / "scheduler.log"
+    log.write_text("one\n")
+    p = subprocess.Popen([sys.executable, "-m", "triplane", "logs", "scheduler", "--follow"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(home))
+    assert p.stdout is not None and p.stdout.readline() == "one\n"
+    with log.open("a") as f:
+        f.write("tw")
+        f.flush()
+        time.sleep(0.6)
+        f.write("o\nthree\n")
+    assert [p.stdout.readline(), p.stdout.readline()] == ["two\n", "three\n"]
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=30)
+    assert p.returncode == 0 and "stopped following" in err, err
