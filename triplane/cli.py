@@ -4,13 +4,18 @@
                                           cluster of two executors (``--embedded``: in this process)
     triplane up [--executors N] ...       start a local cluster in the background (docs/cluster.md)
     triplane status [--json]              its nodes and recent jobs
-    triplane cancel JOB                   cancel a job of it and release its tiles
     triplane down                         stop it
-    triplane tokens add NAME --role R     a client token (admin, submit or read; docs/security.md)
-    triplane tokens list / remove NAME    the tokens of the run directory
     triplane scheduler / executor ...     run one scheduler / executor process (docs/runtime.md)
     triplane ops                          the op table: name, group, gradient, dtypes
-    triplane version                      the installed version
+    triplane version                      the installed version (also `triplane --version`)
+
+A cluster's jobs, nodes, events and tokens over its REST API (docs/cli.md), each command in
+the module that registers it here:
+
+    cli_jobs.py     jobs, job JOB, tasks JOB, tiles JOB, cancel JOB, retry JOB
+    cli_submit.py   submit FILE (a graph document or job request, JSON or YAML; --wait)
+    cli_admin.py    nodes, drain NODE, undrain NODE, tokens add/list/remove
+    cli_events.py   events [--job J] [--follow], logs [PROCESS | --job J]
 """
 
 from __future__ import annotations
@@ -22,30 +27,58 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
-                  help="triplane: run deep-learning compute graphs on a cluster (or in this process).")
-console = Console()
+from triplane import cli_admin, cli_events, cli_jobs, cli_submit
+from triplane.cli_kit import App, console, err_console
+
+app = App(help="triplane: run deep-learning compute graphs on a cluster (or in this process).")
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from triplane.demo import DemoData, DemoResult
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        import triplane
+
+        typer.echo(f"triplane {triplane.__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _top(version: bool = typer.Option(False, "--version", "-V", callback=_print_version, is_eager=True,
+                                      help="print the installed version and exit")) -> None:
+    """triplane: run deep-learning compute graphs on a cluster (or in this process).
+
+    Every command takes -h/--help; those that print data take --json. A command that talks
+    to a cluster finds it as tp.connect() does: --url/--token, else TRIPLANE_URL and
+    TRIPLANE_TOKEN, else the run directory of `triplane up` (docs/cli.md)."""
+
+
 @app.command()
-def version() -> None:
+def version(as_json: bool = typer.Option(False, "--json", help="print JSON")) -> None:
     """Print the installed version."""
     import triplane
 
-    console.print(f"triplane {triplane.__version__}")
+    if as_json:
+        typer.echo(json.dumps({"version": triplane.__version__}))
+    else:
+        console.print(f"triplane {triplane.__version__}")
 
 
 @app.command()
-def ops() -> None:
+def ops(as_json: bool = typer.Option(False, "--json", help="print JSON: one object per op")) -> None:
     """List the op table."""
     from triplane.proto import optable
 
+    if as_json:
+        typer.echo(json.dumps([{"name": name, "group": op.group, "differentiable": op.differentiable,
+                                "dtypes": sorted(op.dtypes)}
+                               for name, op in sorted(optable.table().items()) if not op.internal], indent=2))
+        return
     table = Table(title=f"triplane ops ({len(optable.names())})")
     for col in ("name", "group", "differentiable", "dtypes"):
         table.add_column(col)
@@ -72,7 +105,9 @@ def _dtypes_text(dtypes: frozenset[str]) -> str:
 def demo(steps: int = typer.Option(40, min=1, max=10_000, help="gradient-descent steps"),
          seed: int = typer.Option(0, help="seed of the split and the initial weights"),
          embedded: bool = typer.Option(False, "--embedded", help="run in this process, no cluster"),
-         executors: int = typer.Option(2, min=1, max=16, help="executors of the temporary cluster")) -> None:
+         executors: int = typer.Option(2, min=1, max=16, help="executors of the temporary cluster"),
+         as_json: bool = typer.Option(False, "--json", help="print only the result as JSON: losses, "
+                                      "test accuracy, compiled-step counts")) -> None:
     """Fit a small MLP (64 -> 32 -> 10) to scikit-learn's digits with SGD, printing step and
     loss, then the test accuracy.
 
@@ -82,27 +117,32 @@ def demo(steps: int = typer.Option(40, min=1, max=10_000, help="gradient-descent
     synthetic regression instead, and says so."""
     from triplane.demo import load_data
 
+    out = err_console if as_json else console  # with --json, stdout holds only the JSON
     data = load_data(seed)
     where = "in this process" if embedded else f"on a local cluster of {executors} executors"
     d, k = data.x_train.shape[1], 10 if data.kind == "digits" else 1
-    console.print(f"[bold]triplane demo[/bold]: MLP {d}-32-{k}, SGD(momentum=0.9), full batch, "
+    out.print(f"[bold]triplane demo[/bold]: MLP {d}-32-{k}, SGD(momentum=0.9), full batch, "
                   f"{steps} compiled steps (tp.compile), seed {seed}, {where}")
-    console.print(f"data: {data.description}")
+    out.print(f"data: {data.description}")
 
     def show(i: int, v: float) -> None:
-        console.print(f"step {i:4d}  loss {v:.6f}")
+        out.print(f"step {i:4d}  loss {v:.6f}")
 
     t0 = time.perf_counter()
     if embedded:
         result = _demo_fit(data, steps, seed, show)
     else:
-        result = _demo_on_cluster(data, steps, seed, executors, show)
+        result = _demo_on_cluster(data, steps, seed, executors, show, out)
     dt = time.perf_counter() - t0
     losses, info = result.losses, result.cache_info
-    console.print(f"loss {losses[0]:.6f} -> {losses[-1]:.6f} in {dt:.2f}s; compiled steps: "
+    out.print(f"loss {losses[0]:.6f} -> {losses[-1]:.6f} in {dt:.2f}s; compiled steps: "
                   f"{info.get('hits', 0)} replayed, {info.get('misses', 0)} compiled")
     if result.test_accuracy is not None:
-        console.print(f"test accuracy {result.test_accuracy:.4f} ({len(data.y_test)} held-out digits)")
+        out.print(f"test accuracy {result.test_accuracy:.4f} ({len(data.y_test)} held-out digits)")
+    if as_json:
+        typer.echo(json.dumps({"data": data.kind, "losses": losses, "test_accuracy": result.test_accuracy,
+                               "compiled_steps": {"replayed": info.get("hits", 0),
+                                                  "compiled": info.get("misses", 0)}, "seconds": dt}))
 
 
 def _demo_fit(data: DemoData, steps: int, seed: int, show: Callable[[int, float], None]) -> DemoResult:
@@ -112,7 +152,7 @@ def _demo_fit(data: DemoData, steps: int, seed: int, show: Callable[[int, float]
 
 
 def _demo_on_cluster(data: DemoData, steps: int, seed: int, executors: int,
-                     show: Callable[[int, float], None]) -> DemoResult:
+                     show: Callable[[int, float], None], out: Console) -> DemoResult:
     import tempfile
 
     from triplane.launcher import ClusterConfig, LaunchError, LocalCluster
@@ -125,17 +165,17 @@ def _demo_on_cluster(data: DemoData, steps: int, seed: int, executors: int,
                                                        log_level="warning"))
             cluster.start()
         except LaunchError as e:
-            console.print(f"[red]could not start the demo cluster:[/red] {e}\n"
+            out.print(f"[red]could not start the demo cluster:[/red] {e}\n"
                           "(`triplane demo --embedded` runs without one)")
             raise typer.Exit(1) from None
         try:
-            console.print(f"cluster: {cluster.url}, {executors} executors (run dir {home})")
+            out.print(f"cluster: {cluster.url}, {executors} executors (run dir {home})")
             with RemoteSession(cluster.url, cluster.token, job_timeout_s=120) as session, \
                     use_session(session):
                 return _demo_fit(data, steps, seed, show)
         finally:
             cluster.stop()
-            console.print("cluster stopped")
+            out.print("cluster stopped")
 
 
 # --- the local cluster ---------------------------------------------------------------------------
@@ -155,6 +195,8 @@ def up(executors: int = typer.Option(2, min=0, max=64, help="executor processes 
        show_token: bool = typer.Option(False, "--show-token", help="print the admin token"),
        keep_jobs: int | None = typer.Option(None, min=-1, help="released finished jobs whose metadb rows "
                                             "the scheduler keeps (default 100; -1: all)"),
+       as_json: bool = typer.Option(False, "--json", help="print what was started as JSON (the token "
+                                    "only with --show-token)"),
        ) -> None:
     """Start a local cluster (scheduler + N executors) in the background; print its URL.
 
@@ -167,10 +209,15 @@ def up(executors: int = typer.Option(2, min=0, max=64, help="executor processes 
         cfg = ClusterConfig(executors=executors, etcd=etcd or None, db=db or None, memory=memory,
                             port=port, ready_timeout_s=timeout,
                             scheduler_args=[] if keep_jobs is None else ["--keep-jobs", str(keep_jobs)])
-        info = launch(cfg, home)
+        with err_console.status(f"starting a scheduler and {executors} executors ..."):
+            info = launch(cfg, home)
     except (LaunchError, ValueError) as e:
         console.print(f"[red]triplane up failed:[/red] {e}")
         raise typer.Exit(1) from None
+    if as_json:
+        typer.echo(json.dumps(info if show_token else {k: v for k, v in info.items() if k != "token"},
+                              indent=2, sort_keys=True, default=str))
+        return
     console.print(f"triplane cluster up: [bold]{info['url']}[/bold] ({len(info['executors'])} executors, "
                   f"registry {info['registry']})")
     if show_token:
@@ -229,97 +276,20 @@ def _print_status(st: dict[str, object]) -> None:
 
 
 @app.command()
-def cancel(job: str = typer.Argument(..., help="the job's id (`triplane status` lists them)"),
-           home: Path | None = HomeOption) -> None:
-    """Cancel a job of the local cluster (DELETE /v1/jobs/JOB with the run directory's token):
-    a running job stops and its tiles are released; a finished one's tiles are released."""
-    from triplane.launcher import RunDir
-    from triplane.launcher.cluster import live_cluster
-    from triplane.sdk.remote import RemoteError, RemoteSession
-
-    run = RunDir(home)
-    info = live_cluster(run)
-    if info is None:
-        console.print(f"no cluster is running from {run.path} (start one with `triplane up`)")
-        raise typer.Exit(1)
-    try:
-        with RemoteSession(info["url"], run.read_token(), lease=False, release=False) as session:
-            body = session.cancel(job)
-    except RemoteError as e:
-        console.print(f"[red]triplane cancel:[/red] {e}")
-        raise typer.Exit(1) from None
-    prog = body.get("progress") or {}
-    console.print(f"job {job}: {body.get('state')} ({prog.get('done', '?')}/{prog.get('total', '?')} tasks "
-                  "done); its tiles are released")
-
-
-@app.command()
 def down(home: Path | None = HomeOption,
-         grace: float = typer.Option(5.0, min=0.0, help="seconds between SIGTERM and SIGKILL")) -> None:
+         grace: float = typer.Option(5.0, min=0.0, help="seconds between SIGTERM and SIGKILL"),
+         as_json: bool = typer.Option(False, "--json", help='print {"stopped": URL or null}')) -> None:
     """Stop the local cluster that `triplane up` started (idempotent)."""
     from triplane.launcher import down as stop
 
-    info = stop(home, grace)
-    if info is None:
+    with err_console.status("stopping the cluster ..."):
+        info = stop(home, grace)
+    if as_json:
+        typer.echo(json.dumps({"stopped": None if info is None else info["url"]}))
+    elif info is None:
         console.print("no cluster was running")
     else:
         console.print(f"stopped the cluster at {info['url']}")
-
-
-tokens_app = typer.Typer(add_completion=False, no_args_is_help=True,
-                         help="Client tokens of the local cluster (admin, submit, read).")
-app.add_typer(tokens_app, name="tokens")
-
-
-@tokens_app.command("add")
-def tokens_add(name: str = typer.Argument(..., help="the token's name: the owner of the jobs it submits"),
-               role: str = typer.Option(..., help="admin, submit or read"),
-               home: Path | None = HomeOption) -> None:
-    """Make a token with ROLE and print it (once: only its hash is kept, in tokens.json).
-
-    A running scheduler of the run directory accepts it at once."""
-    from triplane.launcher.rundir import RunDir
-    from triplane.scheduler.api.tokens import add_token
-
-    run = RunDir(home)
-    try:
-        with run.locked():
-            token = add_token(run.tokens_file, name, role)
-    except ValueError as e:
-        console.print(f"[red]triplane tokens add:[/red] {e}")
-        raise typer.Exit(2) from None
-    typer.echo(token)
-
-
-@tokens_app.command("list")
-def tokens_list(home: Path | None = HomeOption) -> None:
-    """Name and role of each token in tokens.json (the admin token of `up` is the `token` file)."""
-    from triplane.launcher.rundir import RunDir
-    from triplane.scheduler.api.tokens import read_tokens
-
-    try:
-        entries = read_tokens(RunDir(home).tokens_file)
-    except ValueError as e:
-        console.print(f"[red]triplane tokens list:[/red] {e}")
-        raise typer.Exit(1) from None
-    for e in entries:
-        typer.echo(f"{e.name}\t{e.role}")
-
-
-@tokens_app.command("remove")
-def tokens_remove(name: str = typer.Argument(..., help="the token's name"),
-                  home: Path | None = HomeOption) -> None:
-    """Remove a token; a running scheduler refuses it from its next request."""
-    from triplane.launcher.rundir import RunDir
-    from triplane.scheduler.api.tokens import remove_token
-
-    run = RunDir(home)
-    with run.locked():
-        removed = remove_token(run.tokens_file, name)
-    if not removed:
-        console.print(f"no token named {name!r}")
-        raise typer.Exit(1)
-    console.print(f"removed token {name!r}")
 
 
 def _mount_process_commands() -> None:
@@ -344,6 +314,8 @@ def _mount_process_commands() -> None:
 
 
 _mount_process_commands()
+for _module in (cli_jobs, cli_submit, cli_admin, cli_events):
+    _module.register(app)
 
 
 def main() -> None:

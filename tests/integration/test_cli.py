@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import re
 import subprocess
@@ -63,3 +64,72 @@ def test_version_and_bad_usage() -> None:
     assert r.returncode == 0 and triplane.__version__ in r.stdout
     bad = _run("demo", "--steps", "0")
     assert bad.returncode != 0 and "steps" in (bad.stderr + bad.stdout)
+
+
+def _commands() -> list[list[str]]:
+    """Every command path of the app: ["jobs"], ["tokens", "add"], ..."""
+    from typer.main import get_command
+
+    from triplane.cli import app
+
+    group = get_command(app)
+    paths: list[list[str]] = []
+
+    def walk(cmd: object, path: list[str]) -> None:
+        subs = getattr(cmd, "commands", None)
+        if subs:
+            for name, sub in subs.items():
+                walk(sub, [*path, name])
+        else:
+            paths.append(path)
+
+    walk(group, [])
+    return paths
+
+
+def test_every_command_answers_h_and_shows_flags_as_flags() -> None:
+    from typer.testing import CliRunner
+
+    from triplane.cli import app
+
+    runner = CliRunner()
+    paths = _commands()
+    names = {" ".join(p) for p in paths}
+    assert {"jobs", "job", "tasks", "cancel", "retry", "logs", "nodes", "drain", "undrain", "events",
+            "submit", "tokens add", "tokens list", "tokens remove"} <= names, names
+    for path in [[], *paths]:
+        for flag in ("-h", "--help"):
+            r = runner.invoke(app, [*path, flag], env={"COLUMNS": "200", "NO_COLOR": "1"})
+            assert r.exit_code == 0, (path, flag, r.output)
+            assert "Usage:" in r.output and "<bool>" not in r.output, (path, r.output)
+            assert "--help" in r.output and "-h" in r.output, (path, r.output)
+
+
+def test_json_on_every_command_that_prints_data() -> None:
+    from typer.testing import CliRunner
+
+    from triplane.cli import app
+
+    runner = CliRunner()
+    quiet = {"executor", "scheduler"}  # long-running servers: they print logs, not data
+    for path in _commands():
+        if " ".join(path) in quiet:
+            continue
+        r = runner.invoke(app, [*path, "--help"], env={"COLUMNS": "200", "NO_COLOR": "1"})
+        assert "--json" in r.output, (path, r.output)
+
+
+def test_version_flag_at_the_top() -> None:
+    for flag in ("--version", "-V"):
+        r = _run(flag)
+        assert r.returncode == 0 and r.stdout.strip() == f"triplane {triplane.__version__}", r
+    r = _run("version", "--json")
+    assert json.loads(r.stdout) == {"version": triplane.__version__}
+
+
+def test_demo_json_is_the_only_stdout() -> None:
+    r = _run("demo", "--embedded", "--steps", "3", "--json")
+    assert r.returncode == 0, r.stderr
+    body = json.loads(r.stdout)  # nothing else on stdout: the narrative went to stderr
+    assert len(body["losses"]) == 3 and body["compiled_steps"]["compiled"] >= 1
+    assert "step    1  loss" in r.stderr
