@@ -28,9 +28,9 @@ from typing import Any
 import numpy as np
 
 from triplane._version import __version__
-from triplane.engines import get_memory_engine, get_op_engine
 from triplane.executor.dataport import EngineTiles
 from triplane.executor.intake import Intake
+from triplane.executor.plugins import make_memory_engine, make_op_engines
 from triplane.executor.server import PacketServer
 from triplane.executor.tasks import TaskRunner
 from triplane.net.dataport import DataClient, DataPortError, DataServer
@@ -107,10 +107,12 @@ class Executor:
         self.benchmark_size = benchmark_size
         if not engines:
             raise ValueError("at least one op engine is needed")
-        self.op_engines = [get_op_engine(e) for e in engines]
+        # Plugins are isolated (executor/plugins.py): a bad one is left out, its problem kept here.
+        self.plugin_problems: list[Any] = []
+        self.op_engines = make_op_engines(engines, self.plugin_problems)
         # Tiles live in the memory engine named (built-in ``host``, or a plugin): the executor
         # uses only what the MemoryEngine protocol names.
-        self.store = get_memory_engine(memory_engine, capacity=memory_bytes)
+        self.store = make_memory_engine(memory_engine, memory_bytes, self.plugin_problems)
         self.client = DataClient(secret)
         self.data = DataServer(EngineTiles(self.store), secret, host=host, limits=limits)
         self.intake = Intake(secret, self.name)
@@ -181,13 +183,15 @@ class Executor:
     def stats(self) -> dict[str, Any]:
         """Counters: packet drops by reason, tasks, data-port requests, memory, the upload
         cache (the scheduler reads ``cache.evictions``, ``refused``, ``dropped`` and the
-        ``lost`` keys to forget what this node no longer keeps)."""
+        ``lost`` keys to forget what this node no longer keeps), and the plugins isolated
+        (``plugins``: kind, name, message)."""
         store, runs = self.store, self.runner.stats
         return {"node": self.name, **self.packets.stats(), "data_port": self.data.all_stats(),
                 "memory": {"capacity": store.capacity(), "used": store.used(), "tiles": len(store),
                            "cached": store.cached(), "free": store.free()},
                 "cache": {"entries": len(store.cache_keys()), "bytes": store.cached(),
-                          "hits": runs["upload_hits"], "pulls": runs["upload_pulls"], **store.cache_report()}}
+                          "hits": runs["upload_hits"], "pulls": runs["upload_pulls"], **store.cache_report()},
+                "plugins": [p.as_dict() for p in self.plugin_problems]}
 
     # --- registry records ------------------------------------------------------------------
 
@@ -209,7 +213,9 @@ class Executor:
 
     def _op_info(self, engine: Any, figures: dict[str, float]) -> OpEngineInfo:
         ops = tuple(op for op in optable.names() if engine.supports(op))
-        dtypes = tuple(sorted(dt.BY_NAME))
+        declared = getattr(engine, "ops", None)  # a plugin listing {op: dtypes} declares its dtypes
+        dtypes = (tuple(sorted(set().union(*declared.values()))) if isinstance(declared, dict)
+                  else tuple(sorted(dt.BY_NAME)))
         return OpEngineInfo(self.name, engine.name, engine.name, getattr(engine, "device", "cpu"), ops,
                             dtypes, float(figures.get("matmul_gflops", 0.0)),
                             float(figures.get("elementwise_gbps", 0.0)))
