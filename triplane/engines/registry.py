@@ -175,7 +175,7 @@ def installed_op_engines() -> tuple[list[str], list[PluginProblem]]:
         try:
             get_op_engine(name)
         except Exception as e:
-            problems.append(PluginProblem("op", name, f"{type(e).__name__}: {e}"))
+            problems.append(PluginProblem("op", name, f"cannot be made: {type(e).__name__}: {e}"))
             continue
         names.append(name)
     return names, problems
