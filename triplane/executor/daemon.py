@@ -37,6 +37,7 @@ from triplane.net.dataport import DataClient, DataPortError, DataServer
 from triplane.net.guard import DEFAULT_LIMITS, Limits
 from triplane.proto import dtypes as dt
 from triplane.proto import optable
+from triplane.proto.errors import KernelError
 from triplane.registry import (
     Binding,
     MemoryEngineInfo,
@@ -85,7 +86,9 @@ class _Engines:
 
     def run(self, op: str, inputs: Sequence[np.ndarray], attrs: Any, out: Any) -> np.ndarray:
         dtypes = [dt.dtype(a.dtype).name for a in inputs]
-        engine = next(e for e in self.engines if e.supports(op, dtypes))
+        engine = next((e for e in self.engines if e.supports(op, dtypes)), None)
+        if engine is None:  # e.g. the plugin that ran it was isolated since (executor/plugins.py)
+            raise KernelError(f"no engine of this node runs {op} on {dtypes}", op=op, kind="infra")
         return engine.run(op, inputs, attrs, out)
 
 

@@ -45,7 +45,9 @@ def _isolate(problems: list[PluginProblem], problem: PluginProblem) -> None:
 
 
 class CheckedEngine:
-    """A plugin op engine whose every result is checked against the node's shape and dtype."""
+    """A plugin op engine whose every result is checked against the node's shape and dtype.
+    After its first wrong result it is isolated: it supports nothing (the node's other
+    engines take its ops) and a task still sent to it fails as an infrastructure error."""
 
     def __init__(self, engine: Any, problems: list[PluginProblem]) -> None:
         self.engine, self.problems = engine, problems
@@ -54,12 +56,15 @@ class CheckedEngine:
         self.reported = False
 
     def supports(self, op: str, dtypes: Sequence[str] = ()) -> bool:
-        return self.engine.supports(op, dtypes)
+        return not self.reported and self.engine.supports(op, dtypes)
 
     def benchmark(self, *args: Any, **kwargs: Any) -> Mapping[str, float]:
         return self.engine.benchmark(*args, **kwargs)
 
     def run(self, op: str, inputs: Sequence[Any], attrs: Mapping[str, Any], out: TensorType) -> Any:
+        if self.reported:
+            raise KernelError(f"engine {self.name!r} is isolated: {self.problems[-1].message}", op=op,
+                              kind="infra")
         result = self.engine.run(op, inputs, attrs, out)
         shape, dtype = tuple(getattr(result, "shape", ())), str(getattr(result, "dtype", "?"))
         if shape != tuple(out.shape) or dtype != out.dtype.name:
