@@ -76,6 +76,43 @@ def install_vendor(dest: Path) -> Path:
     return site
 
 
+PY_OPS = textwrap.dedent('''
+    """A user op in Python: py_cube(x) = x ** 3, its definition and the engine that runs it."""
+    import numpy as np
+
+    from triplane.proto.opdef import OpDef
+
+    OPS = [OpDef("py_cube", "user", 1, lambda ins, attrs: ins[0], dtypes=frozenset({"float32", "float64"}))]
+
+
+    class CubeEngine:
+        name, device = "pyops", "cpu"
+        ops = {"py_cube": ["float32", "float64"]}
+
+        def supports(self, op, dtypes=()):
+            return op in self.ops and all(d in self.ops[op] for d in dtypes)
+
+        def run(self, op, inputs, attrs, out):
+            return (inputs[0] ** 3).astype(out.dtype.np)
+
+        def benchmark(self):
+            return {"matmul_gflops": 0.0, "elementwise_gbps": 1.0}
+''')
+
+
+def write_python_ops(dest: Path) -> Path:
+    """A distribution ``py-ops`` under ``dest``: the user op ``py_cube`` (entry point
+    ``triplane.ops``) and the op engine ``pyops`` that runs it (``triplane.engines.op``)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / "py_ops.py").write_text(PY_OPS)
+    info = dest / "py_ops-0.1.dist-info"
+    info.mkdir(exist_ok=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: py-ops\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[triplane.ops]\ncube = py_ops:OPS\n\n"
+                                           "[triplane.engines.op]\npyops = py_ops:CubeEngine\n")
+    return dest
+
+
 def write_bad_plugins(dest: Path, entry_points: dict[str, dict[str, str]] | None = None) -> Path:
     """A distribution ``bad-plugins`` under ``dest``: an op engine that raises on import
     (``explodes``), one with wrong shapes, dtypes and values (``broken``) and a memory

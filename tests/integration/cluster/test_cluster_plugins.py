@@ -1,8 +1,8 @@
 """Engines as plugins on a real cluster: the example vendor package (a C library found
-only through entry points) on one executor of two, a user op of its C library run on the
-cluster, placement sending the vendor executor only the ops it declares, a job whose op
-no executor runs refused at submit naming the op, and bad plugins isolated on a serving
-executor (its log, its registry record, ``triplane status``)."""
+only through entry points) on one executor of two, user ops of its C library and of a
+Python package run on the cluster, placement sending the vendor executor only the ops
+it declares, a job whose op no executor runs refused at submit naming the op, and bad
+plugins isolated on a serving executor (its log, its registry record, ``triplane status``)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 from cluster_rows import task_rows
 from cluster_run import running_cluster
-from plugin_sites import ROOT, install_vendor, write_bad_plugins
+from plugin_sites import ROOT, install_vendor, write_bad_plugins, write_python_ops
 
 from triplane.launcher import LocalCluster
 from triplane.registry import connect_registry
@@ -33,7 +33,8 @@ DECLARED = {"add", "mul", "relu", "matmul", "vendor_softplus"}
 @pytest.fixture(scope="module")
 def sites(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     return [install_vendor(tmp_path_factory.mktemp("vendor")),
-            write_bad_plugins(tmp_path_factory.mktemp("bad"))]
+            write_bad_plugins(tmp_path_factory.mktemp("bad")),
+            write_python_ops(tmp_path_factory.mktemp("py"))]
 
 
 @pytest.fixture(scope="module")
@@ -88,29 +89,32 @@ def run_job(h: httpx.Client, nodes: dict[str, Any], names: list[str]) -> tuple[s
 
 def test_a_c_user_op_runs_on_the_vendor_executor_and_placement_keeps_to_its_ops(
         installed: None, tmp_path: Path) -> None:
-    with running_cluster(tmp_path / "home", bound_s=240.0, executors=1) as c:  # executor-0: numpy
-        c.add_executor(extra_args=["--engines", "vendor_c"])  # executor-1: the vendor's C engine only
+    # executor-0: numpy and the Python user op's engine; executor-1: the vendor's C engine only
+    with running_cluster(tmp_path / "home", bound_s=240.0, executors=1, engines="numpy,pyops") as c:
+        c.add_executor(extra_args=["--engines", "vendor_c"])
         h = api(c)
         records = {(e["node"], e["engine"]): e for e in h.get("/v1/engines").json()}
         vendor = records["executor-1", "vendor_c"]
         assert set(vendor["ops"]) == DECLARED and vendor["dtypes"] == ["float32"]
-        assert set(records) == {("executor-0", "numpy"), ("executor-1", "vendor_c")}
+        assert set(records) == {("executor-0", "numpy"), ("executor-0", "pyops"), ("executor-1", "vendor_c")}
 
         rng = np.random.default_rng(1)
         x = rng.uniform(-4, 4, (64, 64)).astype(np.float32)
         w = rng.uniform(-1, 1, (64, 64)).astype(np.float32)
         nodes = {"x": inp(upload(h, x), [64, 64]), "w": inp(upload(h, w), [64, 64]),
                  "s": op("vendor_softplus", ["x"], [64, 64]), "m": op("matmul", ["x", "w"], [64, 64]),
-                 "r": op("relu", ["m"], [64, 64]), "e": op("exp", ["s"], [64, 64])}
-        job, got = run_job(h, nodes, ["s", "r", "e"])
+                 "r": op("relu", ["m"], [64, 64]), "e": op("exp", ["s"], [64, 64]),
+                 "c": op("py_cube", ["x"], [64, 64])}
+        job, got = run_job(h, nodes, ["s", "r", "e", "c"])
         np.testing.assert_allclose(got["s"], np.logaddexp(0, x.astype(np.float64)), rtol=1e-6, atol=1e-6)
         np.testing.assert_allclose(got["r"], np.maximum(x @ w, 0), rtol=1e-4, atol=1e-4)
         np.testing.assert_allclose(got["e"], np.exp(np.logaddexp(0, x)), rtol=1e-5)
+        np.testing.assert_allclose(got["c"], x**3, rtol=1e-6)
         rows = task_rows(c.db, job)
         assert rows and all(r.state == "done" for r in rows)
         on = {r.op: {x.node for x in rows if x.op == r.op} for r in rows}
         assert on["vendor_softplus"] == {"executor-1"}  # only the vendor engine has its kernel
-        assert on["exp"] == {"executor-0"}
+        assert on["exp"] == on["py_cube"] == {"executor-0"}
         assert {r.op for r in rows if r.node == "executor-1"} <= DECLARED, [(r.op, r.node) for r in rows]
 
         # Without the vendor executor no node runs vendor_softplus: refused at submit, naming it.
@@ -150,7 +154,7 @@ def test_bad_plugins_leave_the_executor_serving_with_the_message_in_log_registry
                          executor_args=["--memory-engine", "liar"]) as c:
         h = api(c)
         engines = sorted(e["engine"] for e in h.get("/v1/engines").json())
-        assert engines == ["numpy", "vendor_c"]  # 'explodes' and 'broken' left out
+        assert engines == ["numpy", "pyops", "vendor_c"]  # 'explodes' and 'broken' left out
         x = np.arange(12, dtype=np.float32).reshape(3, 4) / 4
         _, got = run_job(h, {"x": inp(upload(h, x), [3, 4]), "y": op("mul", ["x", "x"], [3, 4]),
                              "z": op("exp", ["y"], [3, 4])}, ["z"])
