@@ -87,8 +87,25 @@ def run_job(h: httpx.Client, nodes: dict[str, Any], names: list[str]) -> tuple[s
     return job, {n: fetch(h, job, n) for n in names}
 
 
+@pytest.fixture
+def sdk_ops(sites: list[Path], monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The installed packages on this process's path too (the SDK records their ops); the
+    op table and discovery state as they were afterwards."""
+    from triplane.engines import registry
+    from triplane.proto import optable
+
+    before = set(optable.names())
+    for site in sites:
+        monkeypatch.syspath_prepend(str(site))
+    monkeypatch.setattr(registry, "_op_plugins", None)
+    monkeypatch.setattr(registry, "_op_cache", {})
+    yield
+    for name in set(optable.names()) - before:
+        optable.unregister(name)
+
+
 def test_a_c_user_op_runs_on_the_vendor_executor_and_placement_keeps_to_its_ops(
-        installed: None, tmp_path: Path) -> None:
+        installed: None, sdk_ops: None, tmp_path: Path) -> None:
     # executor-0: numpy and the Python user op's engine; executor-1: the vendor's C engine only
     with running_cluster(tmp_path / "home", bound_s=240.0, executors=1, engines="numpy,pyops") as c:
         c.add_executor(extra_args=["--engines", "vendor_c"])
@@ -117,12 +134,26 @@ def test_a_c_user_op_runs_on_the_vendor_executor_and_placement_keeps_to_its_ops(
         assert on["exp"] == on["py_cube"] == {"executor-0"}
         assert {r.op for r in rows if r.node == "executor-1"} <= DECLARED, [(r.op, r.node) for r in rows]
 
+        # The SDK records the installed op like a built-in and the cluster runs it.
+        import triplane as tp
+        from triplane.sdk.custom import installed_op
+
+        softplus = installed_op("vendor_softplus")
+        session = tp.connect(c.url, c.token, poll_s=1.0)
+        try:
+            y = softplus(tp.Tensor.from_array(x) * 2.0).numpy()
+        finally:
+            tp.disconnect()
+            session.close()
+        np.testing.assert_allclose(y, np.logaddexp(0, 2.0 * x.astype(np.float64)), rtol=1e-6, atol=1e-6)
+
         # Without the vendor executor no node runs vendor_softplus: refused at submit, naming it.
         c.kill_executor(1, sig=signal.SIGTERM)
         deadline = time.monotonic() + 20
         while any(e["engine"] == "vendor_c" for e in h.get("/v1/engines").json()):
             assert time.monotonic() < deadline, "the stopped executor stayed in the registry"
             time.sleep(0.2)
+        time.sleep(1.5)  # the scheduler's figures are read from the registry at most once a second
         r = submit(h, {"x": nodes["x"], "s": nodes["s"]}, ["s"])
         assert r.status_code == 400, r.text
         assert "vendor_softplus" in r.json()["error"]["message"], r.text
