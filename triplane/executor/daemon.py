@@ -130,6 +130,7 @@ class Executor:
         self._peers: dict[str, tuple[str, int, float]] = {}
         self._background: asyncio.Task[None] | None = None
         self._published: tuple[int, str] = (-1, "")
+        self._withdrawn: set[str] = set()  # op engines isolated while serving, their ops withdrawn
 
     # --- lifecycle -----------------------------------------------------------------------
 
@@ -258,6 +259,10 @@ class Executor:
                 if stats != self._published[1]:
                     await self.registry.put(f"stats/{self.name}", stats.encode(), lease=reg.lease)
                 self._published = (free, stats)
+                for e in self.op_engines:  # a plugin isolated while serving: placement stops sending
+                    if getattr(e, "reported", False) and e.name not in self._withdrawn:
+                        await reg.put(self._op_info(e, {}))  # it supports nothing now: no ops
+                        self._withdrawn.add(e.name)
             except RegistryError as e:  # lease being renewed or registry down: next round
                 log.debug("stats publish failed: %s", e)
             if any(self.intake.counters.as_dict().values()):
