@@ -12,6 +12,10 @@ disagreement. A vendor's test suite can reuse the pytest mixin::
         def op_engine(self):
             return MyEngine()
 
+From a shell, ``python -m triplane.engines.testing --engine NAME`` runs the kit on an
+installed engine and prints a table per op and dtype (pass or fail, the largest error
+against numpy); it exits 1 when a case fails.
+
 An engine may convert inputs to its own array type and return its own array type; the
 kit converts results with ``numpy.asarray`` (cupy: ``.get()``) before comparing.
 """
@@ -29,7 +33,8 @@ from triplane.proto import dtypes as dt
 from triplane.proto import optable
 from triplane.proto.ir import Attrs, TensorType
 
-__all__ = ["CASES", "Case", "Mismatch", "OpEngineConformance", "check_op_engine"]
+__all__ = ["CASES", "Case", "Mismatch", "OpEngineConformance", "Result", "check_op_engine", "format_table",
+           "main", "run_cases"]
 
 # An input spec: (kind, shape[, high]); kind f = float in [-2, 2), p = positive float in
 # [0.5, 2), i = integer in [0, high), b = bool. Float inputs take the case's float dtype.
@@ -167,17 +172,29 @@ def _to_host(x: Any) -> np.ndarray:
     return np.asarray(get() if callable(get) else x)
 
 
-def check_op_engine(engine: Any, *, cases: Iterable[Case] = CASES,
-                    float_dtypes: Sequence[str] = ("float32", "float64"),
-                    rng: np.random.Generator | None = None,
-                    to_engine: Callable[[np.ndarray], Any] = lambda a: a) -> list[Mismatch]:
-    """Run every case ``engine`` supports and return the disagreements with numpy (empty
-    when the engine conforms). ``to_engine`` converts inputs to the engine's arrays."""
+@dataclass(frozen=True)
+class Result:
+    """One case on one float dtype: ``ok``, the largest absolute error against numpy
+    (None when there are no values to compare) and what went wrong."""
+
+    case: Case
+    dtype: str
+    ok: bool
+    max_error: float | None = None
+    message: str = ""
+
+
+def run_cases(engine: Any, *, cases: Iterable[Case] = CASES,
+              float_dtypes: Sequence[str] = ("float32", "float64"),
+              rng: np.random.Generator | None = None,
+              to_engine: Callable[[np.ndarray], Any] = lambda a: a) -> list[Result]:
+    """Every case ``engine`` supports, on fresh random inputs, against numpy: one Result
+    per case and float dtype it ran (cases it does not support are left out)."""
     from triplane.engines.registry import get_op_engine
 
     reference = get_op_engine("numpy")
     rng = rng or np.random.default_rng()
-    problems: list[Mismatch] = []
+    results: list[Result] = []
     for case in cases:
         opdef = optable.get(case.op)
         for fd in float_dtypes:
@@ -189,24 +206,45 @@ def check_op_engine(engine: Any, *, cases: Iterable[Case] = CASES,
             out = opdef.check([TensorType(x.shape, dt.dtype(x.dtype)) for x in xs], a)
             if not engine.supports(case.op, [x.dtype.name for x in xs]):
                 continue
+            name = _dtype_label(xs, out)
+            if any(r.case is case and r.dtype == name for r in results):
+                continue  # a case without float inputs or results runs once
             want = reference.run(case.op, xs, Attrs(a), out)
             try:
                 got = _to_host(engine.run(case.op, [to_engine(x) for x in xs], Attrs(a), out))
             except Exception as e:  # the kit reports, it does not stop at the first failure
-                problems.append(Mismatch(case, fd, f"raised {type(e).__name__}: {e}"))
+                results.append(Result(case, name, False, None, f"raised {type(e).__name__}: {e}"))
                 continue
             if got.shape != want.shape or got.dtype != want.dtype:
-                problems.append(Mismatch(case, fd, f"gave {got.dtype}{list(got.shape)}, numpy gives "
-                                                   f"{want.dtype}{list(want.shape)}"))
+                results.append(Result(case, name, False, None, f"gave {got.dtype}{list(got.shape)}, numpy "
+                                                               f"gives {want.dtype}{list(want.shape)}"))
                 continue
+            err = (float(np.max(np.abs(got.astype(np.float64) - want.astype(np.float64)), initial=0.0))
+                   if want.dtype.kind in "fcbiu" else None)
             if want.dtype.kind in "fc":
-                ok = np.allclose(got, want, rtol=case.rtol, atol=case.atol, equal_nan=True)
+                ok = bool(np.allclose(got, want, rtol=case.rtol, atol=case.atol, equal_nan=True))
             else:
-                ok = np.array_equal(got, want)
-            if not ok:
-                err = np.max(np.abs(got.astype(np.float64) - want.astype(np.float64)))
-                problems.append(Mismatch(case, fd, f"values differ from numpy (max abs error {err:g})"))
-    return problems
+                ok = bool(np.array_equal(got, want))
+            results.append(Result(case, name, ok, err,
+                                  "" if ok else f"values differ from numpy (max abs error {err:g})"))
+    return results
+
+
+def _dtype_label(xs: Sequence[np.ndarray], out: TensorType) -> str:
+    names = {x.dtype.name for x in xs} | {out.dtype.name}
+    floats = sorted(names & set(dt.FLOATS))
+    return ",".join(floats or sorted(names))
+
+
+def check_op_engine(engine: Any, *, cases: Iterable[Case] = CASES,
+                    float_dtypes: Sequence[str] = ("float32", "float64"),
+                    rng: np.random.Generator | None = None,
+                    to_engine: Callable[[np.ndarray], Any] = lambda a: a) -> list[Mismatch]:
+    """Run every case ``engine`` supports and return the disagreements with numpy (empty
+    when the engine conforms). ``to_engine`` converts inputs to the engine's arrays."""
+    return [Mismatch(r.case, r.dtype, r.message)
+            for r in run_cases(engine, cases=cases, float_dtypes=float_dtypes, rng=rng, to_engine=to_engine)
+            if not r.ok]
 
 
 class OpEngineConformance:
@@ -228,3 +266,54 @@ class OpEngineConformance:
 def covered_ops() -> set[str]:
     return {c.op for c in CASES}
 
+
+
+def uncovered(engine: Any) -> list[str]:
+    """Ops the engine declares (``engine.ops``, where it lists them) that no case covers."""
+    declared = getattr(engine, "ops", None)
+    return sorted(set(declared or ()) - covered_ops())
+
+
+def format_table(engine_name: str, results: Sequence[Result], missing: Sequence[str] = ()) -> str:
+    """The kit's report: one row per op and dtype, then a summary line."""
+    rows = [("op", "dtype", "result", "max error", "detail")]
+    for r in results:
+        err = "-" if r.max_error is None else f"{r.max_error:.3g}"
+        rows.append((r.case.op, r.dtype, "pass" if r.ok else "FAIL", err, r.message))
+    rows += [(op, "-", "no case", "-", "the kit has no case for this op (bring one)") for op in missing]
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    lines = [f"conformance of op engine {engine_name!r} against numpy"]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(row[:4], widths)) + ("  " + row[4] if row[4] else "")
+              for row in rows]
+    failed = sum(not r.ok for r in results)
+    lines.append(f"{len(results)} cases, {len(results) - failed} passed, {failed} failed")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m triplane.engines.testing --engine NAME [--dtypes float32,float64]``."""
+    import argparse
+
+    from triplane.engines.errors import UnknownEngineError
+    from triplane.engines.registry import get_op_engine, load_op_plugins
+
+    parser = argparse.ArgumentParser(prog="python -m triplane.engines.testing",
+                                     description="Run the op-engine conformance kit against numpy.")
+    parser.add_argument("--engine", required=True, help="an op engine's name (built-in or installed)")
+    parser.add_argument("--dtypes", default="float32,float64", help="float dtypes to run the cases in")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    args = parser.parse_args(argv)
+    load_op_plugins()
+    try:
+        engine = get_op_engine(args.engine)
+    except UnknownEngineError as e:
+        print(f"error: {e}")
+        return 2
+    dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
+    results = run_cases(engine, float_dtypes=dtypes, rng=np.random.default_rng(args.seed))
+    print(format_table(args.engine, results, uncovered(engine)))
+    return 0 if results and all(r.ok for r in results) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

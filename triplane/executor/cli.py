@@ -74,7 +74,8 @@ async def _serve(registry: str, engines: list[str], memory_bytes: int,
 
 def executor_command(
     registry: Annotated[str, typer.Option(help="registry URL: etcd://HOST:PORT or http://SCHEDULER")],
-    engines: Annotated[str, typer.Option(help="op engines, comma-separated")] = "numpy",
+    engines: Annotated[str, typer.Option(help="op engines, comma-separated; auto: numpy and every "
+                                               "installed plugin")] = "auto",
     memory: Annotated[str, typer.Option(help="host memory for tiles, e.g. 768MiB, 8GiB, 1.5G")] = "8GiB",
     memory_engine: Annotated[str, typer.Option(
         help="memory engine for tiles: host, file:DIR, redis://HOST:PORT, a plugin's name, or "
@@ -103,7 +104,7 @@ def executor_command(
         raise SystemExit(code)
 
 
-def run_executor(registry: str, *, engines: str = "numpy", memory: str = "8GiB", memory_engine: str = "host",
+def run_executor(registry: str, *, engines: str = "auto", memory: str = "8GiB", memory_engine: str = "host",
                  persist_to: str | None = None,
                  host: str = "127.0.0.1", name: str | None = None, secret_file: Path | None = None,
                  drop_udp: float = 0.0, fault_seed: int = 0, log_level: str = "info",
@@ -127,22 +128,18 @@ def run_executor(registry: str, *, engines: str = "numpy", memory: str = "8GiB",
         engine_names = [e.strip() for e in engines.split(",") if e.strip()]
         if not engine_names:
             raise _Usage("--engines names no engine (e.g. --engines numpy)")
-        from triplane.engines.errors import UnknownEngineError
-        from triplane.engines.registry import engine_factory, get_op_engine
+        from triplane.engines.memory.persist import persist_targets
+        from triplane.engines.registry import engine_names as known
         from triplane.executor.config import parse_memory_engine
 
         mem_name, memory_bytes, mem_options = parse_memory_engine(memory_engine, memory_bytes)
-        from triplane.engines.memory.persist import persist_targets
-
         persist_targets(persist_to)  # a bad spec exits 2 here
-
-        try:
-            for e in engine_names:
-                get_op_engine(e)
-            engine_factory("memory", mem_name)
-            engine_factory("memory", mem_options.get("primary", "host"))
-        except UnknownEngineError as err:
-            raise _Usage(str(err)) from None
+        # Names only: a plugin that fails to load is isolated by the executor, not fatal here.
+        memories = [mem_name, mem_options.get("primary", "host")]
+        for kind, names in (("op", [e for e in engine_names if e != "auto"]), ("memory", memories)):
+            unknown = [e for e in names if e not in known(kind)]
+            if unknown:
+                raise _Usage(f"unknown {kind} engine {unknown[0]!r} (known: {known(kind)})")
     except (ValueError, _Usage) as e:
         print(f"triplane executor: {e}", file=sys.stderr)
         return 2

@@ -30,7 +30,6 @@ from typing import Any
 import numpy as np
 
 from triplane._version import __version__
-from triplane.engines import get_memory_engine, get_op_engine
 from triplane.engines.errors import MissingTileError
 from triplane.engines.memory.persist import PERSIST_ENV, STORE_PREFIX, persist_targets
 from triplane.engines.network.base import NetworkEngine
@@ -41,12 +40,14 @@ from triplane.engines.registry import get_network_engine
 from triplane.executor.dataport import EngineTiles
 from triplane.executor.intake import Intake
 from triplane.executor.links import LinkProber
+from triplane.executor.plugins import make_memory_engine, make_op_engines
 from triplane.executor.server import PacketServer
 from triplane.executor.tasks import TaskRunner
 from triplane.net.dataport import DataClient, DataPortError, DataServer
 from triplane.net.guard import DEFAULT_LIMITS, Limits
 from triplane.proto import dtypes as dt
 from triplane.proto import optable
+from triplane.proto.errors import KernelError
 from triplane.registry import (
     Binding,
     MemoryEngineInfo,
@@ -95,7 +96,9 @@ class _Engines:
 
     def run(self, op: str, inputs: Sequence[np.ndarray], attrs: Any, out: Any) -> np.ndarray:
         dtypes = [dt.dtype(a.dtype).name for a in inputs]
-        engine = next(e for e in self.engines if e.supports(op, dtypes))
+        engine = next((e for e in self.engines if e.supports(op, dtypes)), None)
+        if engine is None:  # e.g. the plugin that ran it was isolated since (executor/plugins.py)
+            raise KernelError(f"no engine of this node runs {op} on {dtypes}", op=op, kind="infra")
         return engine.run(op, inputs, attrs, out)
 
 
@@ -129,10 +132,12 @@ class Executor:
         self.benchmark_size = benchmark_size
         if not engines:
             raise ValueError("at least one op engine is needed")
-        self.op_engines = [get_op_engine(e) for e in engines]
+        # Plugins are isolated (executor/plugins.py): a bad one is left out, its problem kept here.
+        self.plugin_problems: list[Any] = []
+        self.op_engines = make_op_engines(engines, self.plugin_problems)
         # Tiles live in the memory engine named (built-in ``host``, or a plugin): the executor
         # uses only what the MemoryEngine protocol names.
-        self.store = get_memory_engine(memory_engine, capacity=memory_bytes, **(memory_options or {}))
+        self.store = make_memory_engine(memory_engine, memory_bytes, self.plugin_problems, memory_options)
         self.client = DataClient(secret)
         # Persistence targets (file:DIR, redis://...): where a persisted job's tiles are kept too.
         persisted = persist_targets(persist if persist is not None else os.environ.get(PERSIST_ENV))
@@ -158,6 +163,7 @@ class Executor:
         self._peers: dict[str, tuple[str, int, float]] = {}
         self._background: asyncio.Task[None] | None = None
         self._published: tuple[int, str] = (-1, "")
+        self._withdrawn: set[str] = set()  # op engines isolated while serving, their ops withdrawn
 
     # --- lifecycle -----------------------------------------------------------------------
 
@@ -223,13 +229,15 @@ class Executor:
     def stats(self) -> dict[str, Any]:
         """Counters: packet drops by reason, tasks, data-port requests, memory, the upload
         cache (the scheduler reads ``cache.evictions``, ``refused``, ``dropped`` and the
-        ``lost`` keys to forget what this node no longer keeps)."""
+        ``lost`` keys to forget what this node no longer keeps), and the plugins isolated
+        (``plugins``: kind, name, message)."""
         store, runs = self.store, self.runner.stats
         return {"node": self.name, **self.packets.stats(), "data_port": self.data.all_stats(),
                 "memory": {"capacity": store.capacity(), "used": store.used(), "tiles": len(store),
                            "cached": store.cached(), "free": store.free()},
                 "cache": {"entries": len(store.cache_keys()), "bytes": store.cached(),
                           "hits": runs["upload_hits"], "pulls": runs["upload_pulls"], **store.cache_report()},
+                "plugins": [p.as_dict() for p in self.plugin_problems],
                 **({"spill": store.spill_report()} if hasattr(store, "spill_report") else {})}
 
     # --- registry records ------------------------------------------------------------------
@@ -252,7 +260,9 @@ class Executor:
 
     def _op_info(self, engine: Any, figures: dict[str, float]) -> OpEngineInfo:
         ops = tuple(op for op in optable.names() if engine.supports(op))
-        dtypes = tuple(sorted(dt.BY_NAME))
+        declared = getattr(engine, "ops", None)  # a plugin listing {op: dtypes} declares its dtypes
+        dtypes = (tuple(sorted(set().union(*declared.values()))) if isinstance(declared, dict)
+                  else tuple(sorted(dt.BY_NAME)))
         return OpEngineInfo(self.name, engine.name, engine.name, getattr(engine, "device", "cpu"), ops,
                             dtypes, float(figures.get("matmul_gflops", 0.0)),
                             float(figures.get("elementwise_gbps", 0.0)))
@@ -292,6 +302,10 @@ class Executor:
                 if stats != self._published[1]:
                     await self.registry.put(f"stats/{self.name}", stats.encode(), lease=reg.lease)
                 self._published = (free, stats)
+                for e in self.op_engines:  # a plugin isolated while serving: placement stops sending
+                    if getattr(e, "reported", False) and e.name not in self._withdrawn:
+                        await reg.put(self._op_info(e, {}))  # it supports nothing now: no ops
+                        self._withdrawn.add(e.name)
             except RegistryError as e:  # lease being renewed or registry down: next round
                 log.debug("stats publish failed: %s", e)
             if any(self.intake.counters.as_dict().values()):

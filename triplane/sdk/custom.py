@@ -39,7 +39,7 @@ from triplane.proto.errors import KernelError
 from triplane.proto.ir import Attrs, TensorType
 from triplane.proto.opdef import Attr, GradRule, OpDef
 
-__all__ = ["load_kernel_library", "register_op", "unregister_op"]
+__all__ = ["installed_op", "load_kernel_library", "register_op", "unregister_op"]
 
 Kernel = Callable[[Sequence[np.ndarray], Mapping[str, Any], TensorType], np.ndarray]
 UserInfer = Callable[[Sequence[TensorType], Attrs], Any]
@@ -115,6 +115,27 @@ def register_op(name: str, *, infer: UserInfer, kernel: Kernel, arity: int | Non
     optable.register(opdef)
     KERNELS[name] = kernel
     _USER_OPS.add(name)
+
+    def fn(*inputs: Any, **attrs: Any) -> Any:
+        from triplane.sdk.tensor import apply, as_tensor
+
+        return apply(name, [as_tensor(x) for x in inputs], **attrs)
+
+    fn.__name__ = fn.__qualname__ = name
+    fn.__doc__ = opdef.doc
+    return fn
+
+
+def installed_op(name: str) -> Callable[..., Any]:
+    """The SDK function ``fn(*inputs, **attrs) -> Tensor`` of an op that an installed
+    package brings (entry point ``triplane.ops``; docs/plugins.md), its definitions loaded
+    into this process's op table first. Its kernel runs on the executors that have the
+    package's engine. UnknownOpError naming the op if no installed package (and no
+    built-in) defines it."""
+    from triplane.engines.registry import load_op_plugins
+
+    load_op_plugins()
+    opdef = optable.get(name)  # raises UnknownOpError, listing close names
 
     def fn(*inputs: Any, **attrs: Any) -> Any:
         from triplane.sdk.tensor import apply, as_tensor

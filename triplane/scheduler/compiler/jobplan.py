@@ -205,7 +205,7 @@ def plan_job(
         # Fusion made a program too big for one packet: run the chain unfused instead.
         planned = _plan_job(job, cgraph, args, fetch, back, cache, dataclasses.replace(options, fuse=False),
                             lay)
-    if not group or explicit:
+    if not group or explicit or not _runs_anywhere(planned.templates.values(), figures):
         return planned
     lay_ = planned.layout
     g = grouped(job, planned.plan, planned.uploads, planned.specs, planned.templates,
@@ -215,6 +215,17 @@ def plan_job(
     template = TaskTemplate(g.spec.op, g.inputs, g.pulled, g.attrs, g.out, g.tiles)
     return dataclasses.replace(planned, specs=(g.spec,), templates={GROUP_TASK: template},
                                group=dict.fromkeys(g.tiles, GROUP_TASK))
+
+
+def _runs_anywhere(templates: Any, figures: Sequence[NodeFigures] | None) -> bool:
+    """Whether every node can run every op of the plan (a ``fused`` task's program steps
+    too): a grouped task may go to any executor, so a job using an op only some executors
+    have (a plugin's, docs/plugins.md) keeps one task per node, placed where it runs."""
+    if not figures:
+        return True
+    ops = {t.op for t in templates}
+    ops |= {step[0] for t in templates if t.op == "fused" for step in t.attrs.get("program", ())}
+    return all(f.supports_op(op) for f in figures for op in ops)
 
 
 class _PacketTooSmall(GraphError):
