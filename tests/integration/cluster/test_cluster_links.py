@@ -41,7 +41,9 @@ def test_pairs_are_published_shown_and_a_slowed_peer_gets_no_tasks(start_cluster
         assert {(r["from"], r["to"]) for r in links} == {(a, b) for a in names for b in names if a != b}
         for r in links:
             assert r["engine"] == "tcp" and r["bandwidth_gbps"] > 0
-            assert (r["latency_us"] >= DELAY_MS * 1e3) == (SLOW in (r["from"], r["to"])), r
+            # a delayed frame may be let go up to a timer tick early: 0.9 of the delay tells the
+            # slowed pairs (>= 30 ms) from the rest (well under 1 ms on loopback)
+            assert (r["latency_us"] >= 0.9 * DELAY_MS * 1e3) == (SLOW in (r["from"], r["to"])), r
 
         shown = subprocess.run([sys.executable, "-m", "triplane", "status"], capture_output=True, text=True,
                                timeout=60, env={**os.environ, "TRIPLANE_HOME": str(home), "COLUMNS": "200"})

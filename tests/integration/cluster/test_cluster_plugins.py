@@ -110,7 +110,7 @@ def test_a_c_user_op_runs_on_the_vendor_executor_and_placement_keeps_to_its_ops(
     with running_cluster(tmp_path / "home", bound_s=240.0, executors=1, engines="numpy,pyops") as c:
         c.add_executor(extra_args=["--engines", "vendor_c"])
         h = api(c)
-        records = {(e["node"], e["engine"]): e for e in h.get("/v1/engines").json()}
+        records = {(e["node"], e["engine"]): e for e in _engines(h)}
         vendor = records["executor-1", "vendor_c"]
         assert set(vendor["ops"]) == DECLARED and vendor["dtypes"] == ["float32"]
         assert set(records) == {("executor-0", "numpy"), ("executor-0", "pyops"), ("executor-1", "vendor_c")}
@@ -150,7 +150,7 @@ def test_a_c_user_op_runs_on_the_vendor_executor_and_placement_keeps_to_its_ops(
         # Without the vendor executor no node runs vendor_softplus: refused at submit, naming it.
         c.kill_executor(1, sig=signal.SIGTERM)
         deadline = time.monotonic() + 20
-        while any(e["engine"] == "vendor_c" for e in h.get("/v1/engines").json()):
+        while any(e["engine"] == "vendor_c" for e in _engines(h)):
             assert time.monotonic() < deadline, "the stopped executor stayed in the registry"
             time.sleep(0.2)
         time.sleep(1.5)  # the scheduler's figures are read from the registry at most once a second
@@ -184,7 +184,7 @@ def test_bad_plugins_leave_the_executor_serving_with_the_message_in_log_registry
     with running_cluster(home, bound_s=240.0, executors=1, engines="auto",
                          executor_args=["--memory-engine", "liar"]) as c:
         h = api(c)
-        engines = sorted(e["engine"] for e in h.get("/v1/engines").json())
+        engines = sorted(e["engine"] for e in _engines(h))
         assert engines == ["numpy", "pyops", "vendor_c"]  # 'explodes' and 'broken' left out
         x = np.arange(12, dtype=np.float32).reshape(3, 4) / 4
         _, got = run_job(h, {"x": inp(upload(h, x), [3, 4]), "y": op("mul", ["x", "x"], [3, 4]),
@@ -210,3 +210,8 @@ def test_bad_plugins_leave_the_executor_serving_with_the_message_in_log_registry
         shown = subprocess.run([sys.executable, "-m", "triplane", "status"], capture_output=True, text=True,
                                env={**env, "COLUMNS": "200"}, timeout=60).stdout
         assert "executor-0: plugin isolated: op plugin 'explodes'" in shown, shown
+
+
+def _engines(h: httpx.Client) -> list[dict[str, Any]]:
+    """Every registered op engine (``GET /v1/engines``, one page of up to 1000)."""
+    return list(h.get("/v1/engines", params={"limit": 1000}).json()["items"])
