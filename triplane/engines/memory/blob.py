@@ -1,12 +1,16 @@
-"""The common part of the memory engines that keep tiles outside this process's heap.
+"""The common part of the memory engines: tiles and cache entries in a store of blobs.
 
-:class:`BlobMemoryEngine` does the accounting the ``MemoryEngine`` protocol asks for
-(capacity, tiles, reservations, cache entries evicted least recently used first, the
-cache counters) over four storage hooks a subclass implements: ``_write(key, array,
-cache)``, ``_read(key, cache)`` (None if absent), ``_erase(key, cache)`` and ``_scan()``
-(the tiles already stored when the engine starts: that is how a persistent engine, the
-file and redis ones, finds what an earlier process of it left). Tiles and cache entries
-are two namespaces of the store; a stored tile is read back as a new read-only array.
+:class:`BlobMemoryEngine` is the ``MemoryEngine`` protocol over the accounting of
+:mod:`triplane.engines.memory.accounting` (capacity, tiles, reservations, cache entries
+evicted least recently used first, the cache counters) and four storage hooks:
+``_write(key, array, cache)``, ``_read(key, cache)`` (None if absent), ``_erase(key,
+cache)`` and ``_scan()`` (the tiles already stored when the engine starts: that is how a
+persistent engine, the file and redis ones, finds what an earlier process of it left).
+Tiles and cache entries are two namespaces of the store. The default store is a dict in
+this process (the host and device engines); the file and redis engines override the
+hooks, and read a stored tile back as a new read-only array. A persistent store may also
+hold tiles another engine stored there: ``get`` reads them (uncounted) and
+``_stored(key)`` says whether one is there.
 
 The bytes of a tile are counted as its ``nbytes``, whatever the store adds around them.
 Thread-safe: a lock guards the accounting and the writes; reads go to the store unlocked.
@@ -14,17 +18,14 @@ Thread-safe: a lock guards the accounting and the writes; reads go to the store 
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict, deque
 from typing import Any
 
 import numpy as np
 
-from triplane.engines.errors import MemoryFullError, MissingTileError
+from triplane.engines.errors import MissingTileError
+from triplane.engines.memory.accounting import LOST_KEPT, CacheAccounts
 
 __all__ = ["BlobMemoryEngine", "LOST_KEPT"]
-
-LOST_KEPT = 128
 
 
 def host_array(value: Any) -> np.ndarray:
@@ -37,26 +38,14 @@ def host_array(value: Any) -> np.ndarray:
     return arr if arr.flags.c_contiguous else np.ascontiguousarray(arr).reshape(arr.shape)
 
 
-class BlobMemoryEngine:
+class BlobMemoryEngine(CacheAccounts):
     """Tiles (and reclaimable cache entries) in a store of blobs, bounded by ``capacity`` bytes."""
 
     kind = "blob"
 
     def __init__(self, capacity: int, name: str) -> None:
-        if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity <= 0:
-            raise ValueError(f"capacity must be a positive number of bytes, got {capacity!r}")
-        self.name = name
-        self._capacity = capacity
-        self._tiles: dict[str, int] = {}  # key -> nbytes
-        self._used = 0
-        self._reserved = 0
-        self._cache: OrderedDict[str, int] = OrderedDict()  # least recently used first
-        self._cached = 0
-        self._in_use: dict[str, int] = {}
-        self._in_use_bytes = 0
-        self.cache_stats = {"stored": 0, "evictions": 0, "evicted_bytes": 0, "refused": 0, "dropped": 0}
-        self._lost: deque[str] = deque(maxlen=LOST_KEPT)
-        self._lock = threading.RLock()
+        super().__init__(capacity, name)
+        self._arrays: dict[tuple[str, bool], Any] = {}  # the default store: (key, cache) -> array
 
     def _load_existing(self) -> None:
         """Count the tiles the store already holds (call at the end of a subclass's init)."""
@@ -64,42 +53,44 @@ class BlobMemoryEngine:
             self._tiles[key] = nbytes
             self._used += nbytes
 
-    # --- storage hooks -------------------------------------------------------------------
-
-    def _write(self, key: str, arr: np.ndarray, cache: bool) -> None:
-        raise NotImplementedError
-
-    def _read(self, key: str, cache: bool) -> np.ndarray | None:
-        raise NotImplementedError
-
-    def _erase(self, key: str, cache: bool) -> None:
-        raise NotImplementedError
-
-    def _scan(self) -> dict[str, int]:
-        return {}
-
-    # --- tiles ---------------------------------------------------------------------------
+    # --- storage hooks (by default, a dict in this process) ------------------------------
 
     def _prepare(self, value: Any) -> Any:
         """What ``put`` stores of ``value`` (here: a C-contiguous host array)."""
         return host_array(value)
 
+    def _write(self, key: str, arr: Any, cache: bool) -> None:
+        self._arrays[(key, cache)] = arr
+
+    def _read(self, key: str, cache: bool) -> Any:
+        return self._arrays.get((key, cache))
+
+    def _erase(self, key: str, cache: bool) -> None:
+        self._arrays.pop((key, cache), None)
+
+    def _scan(self) -> dict[str, int]:
+        return {}
+
+    def _stored(self, key: str) -> bool:
+        """Whether the store holds tile ``key`` though this engine did not count it (stored
+        by another engine on a shared store)."""
+        return False
+
+    # --- tiles ---------------------------------------------------------------------------
+
     def put(self, key: str, value: np.ndarray, *, reserved: int = 0) -> None:
+        """Store ``value`` under ``key``. ``reserved`` bytes previously claimed with
+        :meth:`reserve` are consumed by this put (and released even if it fails)."""
         arr = self._prepare(value)
         with self._lock:
-            self._reserved -= reserved
-            delta = arr.nbytes - self._tiles.get(key, 0)
-            if not self._make_room_locked(delta):
-                raise MemoryFullError(
-                    f"memory full: tile {key!r} needs {arr.nbytes} bytes, {self._free_locked()} of "
-                    f"{self._capacity} free in memory engine {self.name!r} ({self.kind})")
+            delta = self._admit_locked(key, arr.nbytes, reserved)
             self._write(key, arr, False)
-            self._drop_cached_locked(key)
+            self._drop_cached_locked(key)  # a tile of that id wins over a cache entry
             self._tiles[key] = arr.nbytes
             self._used += delta
 
     def get(self, key: str) -> np.ndarray:
-        if key in self._tiles:
+        if key in self._tiles or key not in self._cache:  # a tile, or one another engine stored
             arr = self._read(key, False)
             if arr is not None:
                 return arr
@@ -119,26 +110,8 @@ class BlobMemoryEngine:
                 self._erase(key, False)
             self._drop_cached_locked(key)
 
-    def reserve(self, nbytes: int, key: str | None = None) -> None:
-        with self._lock:
-            held = self._tiles.get(key, 0) if key is not None else 0
-            if not self._make_room_locked(nbytes - held):
-                raise MemoryFullError(f"memory full: {nbytes} bytes asked, {self._free_locked()} of "
-                                      f"{self._capacity} free in memory engine {self.name!r} ({self.kind})")
-            self._reserved += nbytes
-
-    def release(self, nbytes: int) -> None:
-        with self._lock:
-            self._reserved -= nbytes
-
     def __contains__(self, key: object) -> bool:
-        return key in self._tiles or key in self._cache
-
-    def __len__(self) -> int:
-        return len(self._tiles)
-
-    def keys(self) -> list[str]:
-        return list(self._tiles)
+        return super().__contains__(key) or (isinstance(key, str) and self._stored(key))
 
     def nbytes(self, key: str) -> int:
         """The bytes of tile ``key`` (MissingTileError if not held)."""
@@ -146,116 +119,3 @@ class BlobMemoryEngine:
             return self._tiles[key]
         except KeyError:
             raise MissingTileError(f"no such tile: {key} (memory engine {self.name!r})") from None
-
-    # --- accounting ----------------------------------------------------------------------
-
-    def capacity(self) -> int:
-        return self._capacity
-
-    def used(self) -> int:
-        return self._used
-
-    def cached(self) -> int:
-        return self._cached
-
-    def free(self) -> int:
-        with self._lock:
-            return self._free_locked()
-
-    def _free_locked(self) -> int:
-        return self._capacity - self._used - self._reserved - self._in_use_bytes
-
-    # --- cache entries -------------------------------------------------------------------
-
-    def cache_put(self, key: str, value: np.ndarray) -> bool:
-        arr = self._prepare(value)
-        with self._lock:
-            if key in self._tiles:
-                return False
-            if key in self._cache:
-                self._cache.move_to_end(key)
-                return True
-            if not self._make_room_locked(arr.nbytes):
-                self.cache_stats["refused"] += 1
-                self._lost.append(key)
-                return False
-            self._write(key, arr, True)
-            self._cache[key] = arr.nbytes
-            self._cached += arr.nbytes
-            self.cache_stats["stored"] += 1
-            return True
-
-    def cache_take(self, key: str) -> np.ndarray | None:
-        with self._lock:
-            n = self._cache.get(key)
-            if n is None:
-                return None
-            arr = self._read(key, True)
-            if arr is None:  # gone from the store (a TTL ran out): forget it
-                self._drop_cached_locked(key)
-                self._lost.append(key)
-                return None
-            self._cache.move_to_end(key)
-            users = self._in_use.get(key, 0)
-            if users == 0:
-                self._in_use_bytes += n
-            self._in_use[key] = users + 1
-            return arr
-
-    def cache_done(self, key: str) -> None:
-        with self._lock:
-            users = self._in_use.get(key, 0)
-            if users <= 0:
-                return
-            if users > 1:
-                self._in_use[key] = users - 1
-                return
-            del self._in_use[key]
-            n = self._cache.get(key)
-            if n is not None:
-                self._in_use_bytes -= n
-
-    def cache_drop(self, key: str) -> None:
-        with self._lock:
-            if key in self._cache:
-                self.cache_stats["dropped"] += 1
-                self._lost.append(key)
-            self._drop_cached_locked(key)
-
-    def cache_keys(self) -> list[str]:
-        with self._lock:
-            return list(self._cache)
-
-    def cache_report(self) -> dict[str, Any]:
-        with self._lock:
-            return {**self.cache_stats, "lost": list(self._lost)}
-
-    def _drop_cached_locked(self, key: str) -> None:
-        n = self._cache.pop(key, None)
-        if n is None:
-            return
-        self._cached -= n
-        self._erase(key, True)
-        if self._in_use.pop(key, 0):
-            self._in_use_bytes -= n
-
-    def _make_room_locked(self, need: int) -> bool:
-        if self._used + self._reserved + self._in_use_bytes + need > self._capacity:
-            return False
-        excess = self._used + self._reserved + self._cached + need - self._capacity
-        victims = []
-        for key, n in self._cache.items():
-            if excess <= 0:
-                break
-            if key in self._in_use:
-                continue
-            victims.append(key)
-            excess -= n
-        for key in victims:
-            n = self._cache.pop(key)
-            self._cached -= n
-            self._erase(key, True)
-            self.cache_stats["evictions"] += 1
-            self.cache_stats["evicted_bytes"] += n
-            self._lost.append(key)
-        return True

@@ -50,7 +50,6 @@ class DeviceMemoryEngine(BlobMemoryEngine):
         super().__init__(capacity, name)
         self.cp = cp
         self.device = int(device)
-        self._arrays: dict[tuple[str, bool], Any] = {}
         self.copies = {"h2d": 0, "h2d_bytes": 0, "d2h": 0, "d2h_bytes": 0}
 
     def to_device(self, value: Any) -> Any:
@@ -76,12 +75,3 @@ class DeviceMemoryEngine(BlobMemoryEngine):
 
     def _prepare(self, value: Any) -> Any:
         return self.to_device(value)
-
-    def _write(self, key: str, arr: Any, cache: bool) -> None:
-        self._arrays[(key, cache)] = arr
-
-    def _read(self, key: str, cache: bool) -> Any:
-        return self._arrays.get((key, cache))
-
-    def _erase(self, key: str, cache: bool) -> None:
-        self._arrays.pop((key, cache), None)

@@ -116,12 +116,5 @@ class FileMemoryEngine(BlobMemoryEngine):
                 found[key] = n
         return found
 
-    def get(self, key: str) -> np.ndarray:
-        if key not in self._tiles and key not in self._cache:
-            arr = self._read(key, False)  # stored by another process on this directory
-            if arr is not None:
-                return arr
-        return super().get(key)
-
-    def __contains__(self, key: object) -> bool:
-        return super().__contains__(key) or (isinstance(key, str) and self.where(key).exists())
+    def _stored(self, key: str) -> bool:  # stored by another process on this directory
+        return self.where(key).exists()

@@ -85,17 +85,8 @@ class RedisMemoryEngine(BlobMemoryEngine):
                 found[name.decode()[start:]] = n
         return found
 
-    def get(self, key: str) -> np.ndarray:
-        if key not in self._tiles and key not in self._cache:
-            arr = self._read(key, False)  # stored by another engine on this prefix
-            if arr is not None:
-                return arr
-        return super().get(key)
-
-    def __contains__(self, key: object) -> bool:
-        if super().__contains__(key):
-            return True
-        return isinstance(key, str) and bool(self.client.exists(self._name(key, False)))
+    def _stored(self, key: str) -> bool:  # stored by another engine on this prefix
+        return bool(self.client.exists(self._name(key, False)))
 
     # --- several tiles per round trip ------------------------------------------------------
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-import threading
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any
@@ -34,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from triplane.engines.errors import MemoryFullError
+from triplane.engines.memory.accounting import TileAccounts
 from triplane.engines.memory.blob import host_array
 from triplane.engines.memory.file import FileMemoryEngine
 
@@ -54,15 +54,17 @@ def _remove_stale(root: Path) -> None:
             continue
 
 
-class SpillingMemoryEngine:
-    """``capacity`` bytes of tiles: the fast tier's ``memory`` bytes, the rest spilled to ``path``."""
+class SpillingMemoryEngine(TileAccounts):
+    """``capacity`` bytes of tiles: the fast tier's ``memory`` bytes, the rest spilled to ``path``.
+
+    The accounting (tiles of both tiers, reservations) is :class:`TileAccounts`'s; the cache
+    entries are the fast tier's."""
 
     def __init__(self, capacity: int, memory: int | None = None, path: str | None = None,
                  primary: str | Any = "host", name: str = "spill") -> None:
         from triplane.engines.registry import get_memory_engine
 
-        if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity <= 0:
-            raise ValueError(f"capacity must be a positive number of bytes, got {capacity!r}")
+        super().__init__(capacity, name)
         memory = capacity if memory is None else int(memory)
         if not 0 < memory <= capacity:
             raise ValueError(f"the fast tier's memory ({memory}) must be in (0, capacity={capacity}]")
@@ -71,28 +73,16 @@ class SpillingMemoryEngine:
         _remove_stale(root)
         self.file = FileMemoryEngine(capacity, path=root / f"spill-{os.getpid()}", name=f"{name}-file",
                                      fsync=False)
-        self.name = name
         self.kind = f"{self.primary.kind}+file"
-        self._capacity = capacity
-        self._tiles: dict[str, int] = {}  # both tiers: key -> nbytes
         self._fast: OrderedDict[str, None] = OrderedDict()  # tiles in the fast tier, LRU first
-        self._used = 0
-        self._reserved = 0
         self.counters = {"spills": 0, "spilled_bytes": 0, "reads": 0, "read_bytes": 0}
-        self._lock = threading.RLock()
 
     # --- tiles ---------------------------------------------------------------------------
 
     def put(self, key: str, value: np.ndarray, *, reserved: int = 0) -> None:
         arr = value if type(value).__module__.startswith("cupy") else host_array(value)
         with self._lock:
-            self._reserved -= reserved
-            delta = arr.nbytes - self._tiles.get(key, 0)
-            if self._used + self._reserved + self._in_use() + delta > self._capacity:
-                raise MemoryFullError(
-                    f"memory full: tile {key!r} needs {arr.nbytes} bytes, {self._free_locked()} of "
-                    f"{self._capacity} free in memory engine {self.name!r} ({self.kind}, fast tier "
-                    f"{self.primary.capacity()} bytes, spill directory {self.file.path})")
+            self._admit_locked(key, arr.nbytes, reserved)
             self._forget_locked(key)
             self._place_locked(key, arr)
             self._tiles[key] = arr.nbytes
@@ -161,49 +151,23 @@ class SpillingMemoryEngine:
         else:
             self.file.delete(key)
 
-    def reserve(self, nbytes: int, key: str | None = None) -> None:
-        with self._lock:
-            held = self._tiles.get(key, 0) if key is not None else 0
-            if self._used + self._reserved + self._in_use() + nbytes - held > self._capacity:
-                raise MemoryFullError(f"memory full: {nbytes} bytes asked, {self._free_locked()} of "
-                                      f"{self._capacity} free in memory engine {self.name!r} ({self.kind})")
-            self._reserved += nbytes
-
-    def release(self, nbytes: int) -> None:
-        with self._lock:
-            self._reserved -= nbytes
-
     def __contains__(self, key: object) -> bool:
         return key in self._tiles or key in self.primary
 
-    def __len__(self) -> int:
-        return len(self._tiles)
-
-    def keys(self) -> list[str]:
-        return list(self._tiles)
-
-    # --- accounting ----------------------------------------------------------------------
-
-    def capacity(self) -> int:
-        return self._capacity
-
-    def used(self) -> int:
-        return self._used
+    # --- accounting (reserve, release, free: TileAccounts's) ------------------------------
 
     def cached(self) -> int:
         return self.primary.cached()
 
-    def _in_use(self) -> int:
+    def _full_detail_locked(self, tile: bool = False) -> str:
+        if not tile:
+            return f" ({self.kind})"
+        return f" ({self.kind}, fast tier {self.primary.capacity()} bytes, spill directory {self.file.path})"
+
+    def _pinned_locked(self) -> int:
         """Bytes of the fast tier's cache entries in use (we never reserve there)."""
         p = self.primary
         return max(p.capacity() - p.used() - p.free(), 0)
-
-    def free(self) -> int:
-        with self._lock:
-            return self._free_locked()
-
-    def _free_locked(self) -> int:
-        return self._capacity - self._used - self._reserved - self._in_use()
 
     def spill_report(self) -> dict[str, Any]:
         """The spill counters and where the tiles' bytes are now."""
