@@ -131,8 +131,8 @@ def test_a_finished_jobs_persisted_result_is_fetchable_after_its_holder_died(
                                    np.exp(np.full(big, 1.5, np.float32)), rtol=1e-6)
         r = h.get(f"/v1/jobs/{plain}/tensors/n1")  # the control: not persisted, gone with its holder
         assert r.status_code in (404, 503) and "executor-" in r.text, r.text
-        deadline = time.monotonic() + 20
-        while holders & {n["node"] for n in h.get("/v1/nodes").json()["items"]}:  # forgotten within the lease TTL
+        deadline = time.monotonic() + 20  # the holders are forgotten within the lease TTL
+        while holders & {n["node"] for n in h.get("/v1/nodes").json()["items"]}:
             assert time.monotonic() < deadline
             time.sleep(0.3)
         r = h.get(f"/v1/jobs/{kept}/tensors/n1")
