@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import time
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -21,14 +20,12 @@ import typer
 from triplane.cli_client import NotServed
 from triplane.cli_kit import (
     App,
-    AsJson,
     CliError,
-    Home,
-    Token,
-    Url,
+    Common,
     client_of,
     console,
     emit_json,
+    emit_page,
     err_console,
     table,
 )
@@ -74,17 +71,17 @@ def _memory(n: dict[str, Any]) -> str:
     return f"{free / 2**20:.0f}/{cap / 2**20:.0f} MiB free"
 
 
-def nodes(as_json: AsJson = False, home: Home = None, url: Url = None, token: Token = None) -> None:
+def nodes(*, common: Common) -> None:
     """The executors the registry holds: id, address, health, drained, engines, memory."""
-    with client_of(home, url, token) as client:
+    with client_of(common) as client:
         items = list(client.pages("/v1/nodes", [("limit", 1000)]))
         engines = client.get("/v1/engines")  # op engines are records of their own: joined by node
     for e in engines.get("items", []) if isinstance(engines, dict) else engines:
         for n in items:
             if isinstance(e, dict) and e.get("node") == node_id(n) and not n.get("engines"):
                 n.setdefault("op_engines", []).append(e.get("engine"))
-    if as_json:
-        emit_json({"items": items, "next": None})
+    if common.as_json:
+        emit_page(items)
         return
     table(None, ("id", "address", "health", "drained", "running", "engines", "memory"),
           [(node_id(n), n.get("address", ""), n.get("health") or n.get("state") or "",
@@ -99,19 +96,19 @@ def drain(node: NodeArg,
                                              "progress line on stderr)")] = False,
           timeout: Annotated[float | None, typer.Option("--timeout", min=0.0, help="with --wait: give up "
                                                         "after this many seconds")] = None,
-          as_json: AsJson = False, home: Home = None, url: Url = None, token: Token = None) -> None:
+          *, common: Common) -> None:
     """Drain a node: it gets no new tasks (running ones finish) until `triplane undrain`.
 
     With --wait, return once none of its tasks runs any more (safe to stop it then)."""
-    with client_of(home, url, token) as client:
+    with client_of(common) as client:
         body = client.post(f"/v1/nodes/{node}/drain", what=f"node {node!r}")
-        if not as_json:
+        if not common.as_json:
             console.print(f"node {node}: drained (running tasks finish; no new ones)")
         if wait:
             body = _wait_idle(client, node, timeout)
-            if not as_json:
+            if not common.as_json:
                 console.print(f"node {node}: no task runs there")
-    if as_json:
+    if common.as_json:
         emit_json(body)
 
 
@@ -130,12 +127,11 @@ def _wait_idle(client: Any, node: str, timeout_s: float | None) -> dict[str, Any
             time.sleep(0.5)
 
 
-def undrain(node: NodeArg, as_json: AsJson = False, home: Home = None, url: Url = None,
-            token: Token = None) -> None:
+def undrain(node: NodeArg, *, common: Common) -> None:
     """Undrain a node: it gets new tasks again."""
-    with client_of(home, url, token) as client:
+    with client_of(common) as client:
         body = client.post(f"/v1/nodes/{node}/undrain", what=f"node {node!r}")
-    if as_json:
+    if common.as_json:
         emit_json(body)
     else:
         console.print(f"node {node}: undrained")
@@ -143,30 +139,29 @@ def undrain(node: NodeArg, as_json: AsJson = False, home: Home = None, url: Url 
 
 # --- tokens --------------------------------------------------------------------------------
 
-def _over_rest(home: Path | None, url: str | None, file: bool) -> bool:
+def _over_rest(common: Common, file: bool) -> bool:
     if file:
         return False
-    if url or os.environ.get("TRIPLANE_URL"):
+    if common.url or os.environ.get("TRIPLANE_URL"):
         return True
     from triplane.launcher import RunDir
     from triplane.launcher.cluster import live_cluster
 
-    return live_cluster(RunDir(home)) is not None
+    return live_cluster(RunDir(common.home)) is not None
 
 
-def _rest(home: Path | None, url: str | None, token: str | None, file: bool, method: str, path: str,
-          **kw: Any) -> Any:
+def _rest(common: Common, file: bool, method: str, path: str, **kw: Any) -> Any:
     """The REST answer, or None where the file is the place: no cluster runs, ``--file``, or
     the run directory's scheduler does not serve ``/v1/tokens``."""
-    if not _over_rest(home, url, file):
+    if not _over_rest(common, file):
         return None
-    with client_of(home, url, token) as client:
+    with client_of(common) as client:
         try:
             if method == "GET":
                 return list(client.pages(path, [("limit", 1000)]))
             return client.request(method, path, **kw)
         except NotServed:
-            if url or os.environ.get("TRIPLANE_URL"):
+            if common.url or os.environ.get("TRIPLANE_URL"):
                 raise
             return None
 
@@ -174,64 +169,61 @@ def _rest(home: Path | None, url: str | None, token: str | None, file: bool, met
 def tokens_add(name: Annotated[str, typer.Argument(metavar="NAME", help="the token's name: the owner of "
                                                    "the jobs it submits")],
                role: Annotated[str, typer.Option("--role", help="admin, submit or read")],
-               file: File = False, as_json: AsJson = False, home: Home = None, url: Url = None,
-               token: Token = None) -> None:
+               file: File = False, *, common: Common) -> None:
     """Make a token with ROLE and print it (once: only its hash is kept).
 
     A running scheduler accepts it at once."""
-    body = _rest(home, url, token, file, "POST", "/v1/tokens", body={"name": name, "role": role})
+    body = _rest(common, file, "POST", "/v1/tokens", body={"name": name, "role": role})
     if body is None:
         from triplane.launcher.rundir import RunDir
         from triplane.scheduler.api.tokens import add_token
 
-        run = RunDir(home)
+        run = RunDir(common.home)
         try:
             with run.locked():
                 secret = add_token(run.tokens_file, name, role)
         except ValueError as e:
             raise CliError(str(e), code=2) from None
         body = {"name": name, "role": role, "token": secret}
-    if as_json:
+    if common.as_json:
         emit_json(body)
     else:
         typer.echo(str(body.get("token")))
 
 
-def tokens_list(file: File = False, as_json: AsJson = False, home: Home = None, url: Url = None,
-                token: Token = None) -> None:
+def tokens_list(file: File = False, *, common: Common) -> None:
     """Name and role of each client token (the admin token of `up` is the run directory's
     token file, not listed)."""
-    entries = _rest(home, url, token, file, "GET", "/v1/tokens")
+    entries = _rest(common, file, "GET", "/v1/tokens")
     if entries is None:
         from triplane.launcher.rundir import RunDir
         from triplane.scheduler.api.tokens import read_tokens
 
         try:
-            entries = [{"name": e.name, "role": e.role} for e in read_tokens(RunDir(home).tokens_file)]
+            entries = [{"name": e.name, "role": e.role} for e in read_tokens(RunDir(common.home).tokens_file)]
         except ValueError as e:
             raise CliError(str(e)) from None
-    if as_json:
-        emit_json({"items": entries, "next": None})
+    if common.as_json:
+        emit_page(entries)
         return
     for e in entries:
         typer.echo(f"{e.get('name')}\t{e.get('role')}")
 
 
 def tokens_remove(name: Annotated[str, typer.Argument(metavar="NAME", help="the token's name")],
-                  file: File = False, as_json: AsJson = False, home: Home = None, url: Url = None,
-                  token: Token = None) -> None:
+                  file: File = False, *, common: Common) -> None:
     """Remove a token; a running scheduler refuses it from its next request."""
-    body = _rest(home, url, token, file, "DELETE", f"/v1/tokens/{name}", what=f"token {name!r}")
+    body = _rest(common, file, "DELETE", f"/v1/tokens/{name}", what=f"token {name!r}")
     if body is None:
         from triplane.launcher.rundir import RunDir
         from triplane.scheduler.api.tokens import remove_token
 
-        run = RunDir(home)
+        run = RunDir(common.home)
         with run.locked():
             if not remove_token(run.tokens_file, name):
                 raise CliError(f"no token named {name!r}")
         body = {"name": name, "removed": True}
-    if as_json:
+    if common.as_json:
         emit_json(body)
     else:
         console.print(f"removed token {name!r}", markup=False)

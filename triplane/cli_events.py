@@ -20,20 +20,7 @@ from typing import Annotated, Any
 import typer
 
 from triplane.cli_client import AdminClient
-from triplane.cli_kit import (
-    App,
-    AsJson,
-    CliError,
-    Home,
-    Token,
-    Url,
-    client_of,
-    console,
-    emit_json,
-    err_console,
-    table,
-    when,
-)
+from triplane.cli_kit import App, CliError, Common, client_of, console, emit_page, err_console, table, when
 
 __all__ = ["register"]
 
@@ -59,22 +46,21 @@ def events(job: Annotated[str | None, typer.Option("--job", metavar="JOB", help=
            after: Annotated[int | None, typer.Option("--after", min=0, help="only events after this "
                                                      "id")] = None,
            limit: Annotated[int, typer.Option("--limit", min=1, max=1000, help="events per page")] = 100,
-           follow: Follow = False, as_json: AsJson = False, home: Home = None, url: Url = None,
-           token: Token = None) -> None:
+           follow: Follow = False, *, common: Common) -> None:
     """The scheduler's events (job, task and node changes), oldest first.
 
     Without --follow: one page of --limit events after --after; the last id is printed
     for the next page. With --follow: then every new one, as it happens (--json: one JSON
     object a line)."""
     params: list[tuple[str, Any]] = [("job", job), *(("kind", k) for k in kind or [])]
-    with client_of(home, url, token) as client:
+    with client_of(common) as client:
         if follow:
-            _follow(client, params, after, job, as_json)
+            _follow(client, params, after, job, common.as_json)
             return
         page = client.page("/v1/events", [*params, ("after", after), ("limit", limit)])
     items = page.items
-    if as_json:
-        emit_json({"items": items, "next": page.next})
+    if common.as_json:
+        emit_page(items, page.next)
         return
     _table(items)
     if items:
@@ -146,23 +132,21 @@ def logs(process: Process = None,
          job: Annotated[str | None, typer.Option("--job", metavar="JOB", help="a job's events instead of "
                                                  "a process's log")] = None,
          tail: Annotated[int, typer.Option("--tail", "-n", min=0, help="the last N lines (0: all)")] = 200,
-         follow: Follow = False, as_json: AsJson = False, home: Home = None, url: Url = None,
-         token: Token = None) -> None:
+         follow: Follow = False, *, common: Common) -> None:
     """A process's log from the run directory (`triplane up` writes one per process), or
     with --job a job's events (the same as `triplane events --job JOB`)."""
     if job is not None:
         if process is not None:
             raise CliError("give a process or --job, not both", code=2)
-        events(job=job, kind=None, after=None, limit=1000, follow=follow, as_json=as_json,
-               home=home, url=url, token=token)
+        events(job=job, kind=None, after=None, limit=1000, follow=follow, common=common)
         return
     from triplane.launcher import RunDir
 
-    run = RunDir(home)
+    run = RunDir(common.home)
     found = sorted(p.stem for p in run.logs.glob("*.log")) if run.logs.is_dir() else []
     if process is None:
-        if as_json:
-            emit_json({"items": [{"process": n, "path": str(run.log(n))} for n in found], "next": None})
+        if common.as_json:
+            emit_page([{"process": n, "path": str(run.log(n))} for n in found])
         elif not found:
             console.print(f"no logs in {run.logs} (`triplane up` writes them)", markup=False)
         else:

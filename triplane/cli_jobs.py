@@ -3,20 +3,19 @@ REST API (docs/cli.md). Registered on the ``triplane`` app by :func:`register`."
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Any
 
 import typer
 
 from triplane.cli_kit import (
     App,
-    AsJson,
     CliError,
-    Home,
-    Token,
-    Url,
+    Common,
     client_of,
     console,
     emit_json,
+    emit_page,
     error_text,
     parse_when,
     seconds,
@@ -58,8 +57,7 @@ def jobs(state: States = None, owner: Owner = None, name: Name = None, tag: Tags
          since: Annotated[str | None, typer.Option("--since", help="created at or after: unix seconds, "
                                                    "ISO date/time or an age (10m, 2h, 7d)")] = None,
          until: Annotated[str | None, typer.Option("--until", help="created before (same forms)")] = None,
-         limit: Limit = 50, cursor: Cursor = None, every: All = False, as_json: AsJson = False,
-         home: Home = None, url: Url = None, token: Token = None) -> None:
+         limit: Limit = 50, cursor: Cursor = None, every: All = False, *, common: Common) -> None:
     """List jobs, newest first: id, name, state, progress, owner, created, error.
 
     One page of --limit rows; the next page's cursor is printed under the table (or is
@@ -68,14 +66,9 @@ def jobs(state: States = None, owner: Owner = None, name: Name = None, tag: Tags
     params += [("state", s) for s in state or []]
     params += [("owner", owner), ("name", name), ("since", parse_when(since)), ("until", parse_when(until))]
     params += [("tag", t) for t in tag or []]
-    with client_of(home, url, token) as client:
-        if every:
-            items, nxt = list(client.pages("/v1/jobs", params)), None
-        else:
-            page = client.page("/v1/jobs", [*params, ("cursor", cursor)])
-            items, nxt = page.items, page.next
-    if as_json:
-        emit_json({"items": items, "next": nxt})
+    items, nxt = _listing(common, "/v1/jobs", params, cursor, every)
+    if common.as_json:
+        emit_page(items, nxt)
         return
     table(None, ("id", "name", "state", "progress", "owner", "created", "tags", "error"),
           [(j.get("id"), j.get("name") or "", j.get("state"), progress_text(j), j.get("owner") or "",
@@ -87,12 +80,22 @@ def jobs(state: States = None, owner: Owner = None, name: Name = None, tag: Tags
         console.print(f"next page: triplane jobs --cursor {nxt}", soft_wrap=True)
 
 
-def job(job: JobArg, as_json: AsJson = False, home: Home = None, url: Url = None,
-        token: Token = None) -> None:
+def _listing(common: Common, path: str, params: list[tuple[str, Any]], cursor: str | None, every: bool,
+             what: str | None = None) -> tuple[list[dict[str, Any]], str | None]:
+    """The rows of a listing and the next page's cursor: one page from ``cursor``, or with
+    ``--all`` every page (no next then)."""
+    with client_of(common) as client:
+        if every:
+            return list(client.pages(path, params, what=what)), None
+        page = client.page(path, [*params, ("cursor", cursor)], what=what)
+        return page.items, page.next
+
+
+def job(job: JobArg, *, common: Common) -> None:
     """One job: state, progress, name, tags, owner, times and error."""
-    with client_of(home, url, token) as client:
+    with client_of(common) as client:
         body = client.get(f"/v1/jobs/{job}", what=f"job {job!r}")
-    if as_json:
+    if common.as_json:
         emit_json(body)
         return
     rows = [("id", body.get("id")), ("state", body.get("state")),
@@ -107,48 +110,36 @@ def job(job: JobArg, as_json: AsJson = False, home: Home = None, url: Url = None
     table(None, ("field", "value"), rows)
 
 
-def tasks(job: JobArg, limit: Limit = 50, cursor: Cursor = None, every: All = False,
-          as_json: AsJson = False, home: Home = None, url: Url = None, token: Token = None) -> None:
+def tasks(job: JobArg, limit: Limit = 50, cursor: Cursor = None, every: All = False, *,
+          common: Common) -> None:
     """A job's tasks: op, state, attempt, node, predicted and actual seconds, error, drifts."""
-    params: list[tuple[str, Any]] = [("limit", limit)]
-    path = f"/v1/jobs/{job}/tasks"
-    with client_of(home, url, token) as client:
-        if every:
-            items, nxt = list(client.pages(path, params, what=f"job {job!r}")), None
-        else:
-            page = client.page(path, [*params, ("cursor", cursor)], what=f"job {job!r}")
-            items, nxt = page.items, page.next
-    if as_json:
-        emit_json({"items": items, "next": nxt})
-        return
-    table(f"tasks of {job}",
-          ("id", "op", "state", "attempt", "node", "predicted s", "actual s", "drifts", "error"),
-          [(t.get("id"), t.get("op"), t.get("state"), t.get("attempt"), t.get("node") or "",
-            seconds(t.get("predicted_s")), seconds(t.get("actual_s")), _drifts(t.get("drifts")),
-            error_text(t.get("error"))) for t in items])
-    if nxt:
-        console.print(f"next page: triplane tasks {job} --cursor {nxt}", soft_wrap=True)
+    _of_job("tasks", job, limit, cursor, every, common,
+            ("id", "op", "state", "attempt", "node", "predicted s", "actual s", "drifts", "error"),
+            lambda t: (t.get("id"), t.get("op"), t.get("state"), t.get("attempt"), t.get("node") or "",
+                       seconds(t.get("predicted_s")), seconds(t.get("actual_s")), _drifts(t.get("drifts")),
+                       error_text(t.get("error"))))
 
 
-def tiles(job: JobArg, limit: Limit = 50, cursor: Cursor = None, every: All = False,
-          as_json: AsJson = False, home: Home = None, url: Url = None, token: Token = None) -> None:
+def tiles(job: JobArg, limit: Limit = 50, cursor: Cursor = None, every: All = False, *,
+          common: Common) -> None:
     """Where a job's results live: tensor, tile index, shape, dtype, node, memory engine, bytes."""
-    params: list[tuple[str, Any]] = [("limit", limit)]
-    path = f"/v1/jobs/{job}/tiles"
-    with client_of(home, url, token) as client:
-        if every:
-            items, nxt = list(client.pages(path, params, what=f"job {job!r}")), None
-        else:
-            page = client.page(path, [*params, ("cursor", cursor)], what=f"job {job!r}")
-            items, nxt = page.items, page.next
-    if as_json:
-        emit_json({"items": items, "next": nxt})
+    _of_job("tiles", job, limit, cursor, every, common,
+            ("tensor", "index", "shape", "dtype", "node", "memory engine", "bytes", "state"),
+            lambda t: (t.get("tensor"), t.get("index"), t.get("shape"), t.get("dtype"), t.get("node") or "",
+                       t.get("memory_engine") or "", t.get("nbytes"), t.get("state")))
+
+
+def _of_job(kind: str, job: str, limit: int, cursor: str | None, every: bool, common: Common,
+            columns: tuple[str, ...], row: Callable[[dict[str, Any]], tuple[Any, ...]]) -> None:
+    """``triplane tasks|tiles JOB``: the listing ``/v1/jobs/JOB/<kind>`` as JSON, or a table
+    of ``columns`` (``row`` of each item) and the next page's command."""
+    items, nxt = _listing(common, f"/v1/jobs/{job}/{kind}", [("limit", limit)], cursor, every, f"job {job!r}")
+    if common.as_json:
+        emit_page(items, nxt)
         return
-    table(f"tiles of {job}", ("tensor", "index", "shape", "dtype", "node", "memory engine", "bytes", "state"),
-          [(t.get("tensor"), t.get("index"), t.get("shape"), t.get("dtype"), t.get("node") or "",
-            t.get("memory_engine") or "", t.get("nbytes"), t.get("state")) for t in items])
+    table(f"{kind} of {job}", columns, [row(t) for t in items])
     if nxt:
-        console.print(f"next page: triplane tiles {job} --cursor {nxt}", soft_wrap=True)
+        console.print(f"next page: triplane {kind} {job} --cursor {nxt}", soft_wrap=True)
 
 
 def _drifts(drifts: Any) -> str:
@@ -157,13 +148,12 @@ def _drifts(drifts: Any) -> str:
     return "; ".join(f"{d.get('from')}->{d.get('to')} ({d.get('reason')})" for d in drifts)
 
 
-def cancel(job: JobArg, as_json: AsJson = False, home: Home = None, url: Url = None,
-           token: Token = None) -> None:
+def cancel(job: JobArg, *, common: Common) -> None:
     """Cancel a job (DELETE /v1/jobs/JOB): a running job stops and its tiles are released; a
     finished one's tiles are released."""
-    with client_of(home, url, token) as client:
+    with client_of(common) as client:
         body = client.delete(f"/v1/jobs/{job}", what=f"job {job!r}")
-    if as_json:
+    if common.as_json:
         emit_json(body)
         return
     console.print(f"job {job}: {body.get('state')} ({progress_text(body)} tasks done); "
@@ -173,10 +163,10 @@ def cancel(job: JobArg, as_json: AsJson = False, home: Home = None, url: Url = N
 def retry(job: JobArg,
           wait: Annotated[bool, typer.Option("--wait", help="wait for the new job to end, with a progress "
                                              "bar; exit 1 unless it is done")] = False,
-          as_json: AsJson = False, home: Home = None, url: Url = None, token: Token = None) -> None:
+          *, common: Common) -> None:
     """Run a failed or cancelled job again: a new job with the same graph, fetch list and
     inputs (POST /v1/jobs/JOB/retry). Prints the new job's id."""
-    with client_of(home, url, token) as client:
+    with client_of(common) as client:
         body = client.post(f"/v1/jobs/{job}/retry", what=f"job {job!r}")
         new = str(body.get("id"))
         if wait:
@@ -185,7 +175,7 @@ def retry(job: JobArg,
             except KeyboardInterrupt:
                 raise CliError(f"stopped waiting; job {new} goes on (`triplane cancel {new}` cancels it)",
                                code=130) from None
-    if as_json:
+    if common.as_json:
         emit_json(body)
     else:
         state = f" ({body.get('state')})" if wait else ""

@@ -9,17 +9,25 @@ flags included, so ``--json`` read ``--json <bool>`` and ``--help`` ``--help <bo
 type of a flag). :class:`Command` and :class:`Group` give each flag an empty metavar before the help
 is drawn, which the panel shows as no type at all.
 
+**Options every cluster command shares.** A command whose last parameter is
+``common: Common`` says only its own options: :meth:`App.command` puts ``--json``,
+``--home``, ``--url`` and ``--token`` in that parameter's place (last in its help) and hands
+the command their values as one :class:`Common`; :func:`client_of` makes its client.
+
 **Errors.** A command raises :class:`~triplane.cli_client.CliError`; :class:`Command` prints
 ``triplane <command>: <message>`` on stderr (no traceback) and exits with its code (1).
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
 import math
 import re
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
@@ -33,8 +41,9 @@ from typer.core import TyperCommand, TyperGroup, TyperOption
 from triplane.cli_client import TERMINAL, AdminClient, CliError, connect_admin
 
 __all__ = [
-    "App", "AsJson", "CliError", "Command", "Group", "Home", "Token", "Url", "client_of", "console",
-    "emit_json", "err_console", "error_text", "parse_when", "seconds", "table", "wait_job", "when",
+    "App", "AsJson", "CliError", "Command", "Common", "Group", "Home", "Token", "Url", "client_of",
+    "console", "emit_json", "emit_page", "err_console", "error_text", "parse_when", "seconds", "table",
+    "wait_job", "when",
 ]
 
 console = Console()
@@ -84,7 +93,8 @@ class App(typer.Typer):
 
     def command(self, name: str | None = None, *, cls: type[TyperCommand] | None = None,
                 **kw: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-        return super().command(name, cls=cls or Command, **kw)
+        register = super().command(name, cls=cls or Command, **kw)
+        return lambda fn: register(with_common(fn))
 
 
 def command_name(ctx: typer.Context) -> str:
@@ -108,10 +118,44 @@ Token = Annotated[str | None, typer.Option("--token", help="bearer token (defaul
 AsJson = Annotated[bool, typer.Option("--json", help="print JSON (for scripts) instead of a table")]
 
 
-def client_of(home: Path | None, url: str | None, token: str | None) -> AdminClient:
+_COMMON = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=kind)
+           for name, kind, default in (("as_json", AsJson, False), ("home", Home, None), ("url", Url, None),
+                                       ("token", Token, None))]
+
+
+@dataclass(frozen=True)
+class Common:
+    """What a cluster command's ``--json``, ``--home``, ``--url`` and ``--token`` say."""
+
+    as_json: bool = False
+    home: Path | None = None
+    url: str | None = None
+    token: str | None = None
+
+
+def with_common(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` as Typer should see it: its ``common: Common`` parameter (if it has one) turned
+    into the options ``--json``, ``--home``, ``--url`` and ``--token``, after its own."""
+    sig = inspect.signature(fn, eval_str=True)
+    if "common" not in sig.parameters or sig.parameters["common"].annotation is not Common:
+        return fn
+    own = [p for p in sig.parameters.values() if p.name != "common"]
+
+    @functools.wraps(fn)
+    def command(**kw: Any) -> Any:
+        common = Common(**{p.name: kw.pop(p.name) for p in _COMMON})
+        return fn(**kw, common=common)
+
+    params = [*own, *_COMMON]
+    command.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
+    command.__annotations__ = {p.name: p.annotation for p in params}
+    return command
+
+
+def client_of(common: Common) -> AdminClient:
     """The client of the cluster a command's ``--home``/``--url``/``--token`` name (the
     one seam the commands get their client through)."""
-    return connect_admin(home, url, token)
+    return connect_admin(common.home, common.url, common.token)
 
 
 # --- output --------------------------------------------------------------------------------
@@ -119,6 +163,11 @@ def client_of(home: Path | None, url: str | None, token: str | None) -> AdminCli
 def emit_json(data: Any) -> None:
     """``data`` as indented JSON on stdout (sorted keys: stable for scripts and diffs)."""
     typer.echo(json.dumps(data, indent=2, sort_keys=True, default=str))
+
+
+def emit_page(items: Sequence[Any], next_cursor: str | None = None) -> None:
+    """A listing as JSON: ``{"items": [...], "next": cursor}`` (the REST API's page)."""
+    emit_json({"items": list(items), "next": next_cursor})
 
 
 def table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:

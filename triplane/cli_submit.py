@@ -24,11 +24,8 @@ import typer
 
 from triplane.cli_kit import (
     App,
-    AsJson,
     CliError,
-    Home,
-    Token,
-    Url,
+    Common,
     client_of,
     console,
     emit_json,
@@ -105,7 +102,7 @@ def submit(file: Annotated[Path, typer.Argument(metavar="FILE", help="a graph do
                                                      "fetched value to DIR/<node>.npy")] = None,
            keep: Annotated[bool, typer.Option("--keep", help="with --wait: keep the job's tiles on the "
                                               "cluster (by default they are released once fetched)")] = False,
-           as_json: AsJson = False, home: Home = None, url: Url = None, token: Token = None) -> None:
+           *, common: Common) -> None:
     """Submit a graph as a job; print its id (with --wait: its end state and fetched values).
 
     Exit status: 0 when submitted (with --wait: when done), 1 when the job failed or was
@@ -119,11 +116,11 @@ def submit(file: Annotated[Path, typer.Argument(metavar="FILE", help="a graph do
         body["tags"] = list(tag)
     if deadline is not None:
         body["deadline_s"] = deadline
-    with client_of(home, url, token) as client:
+    with client_of(common) as client:
         answer = client.post("/v1/jobs", body)
         job = str(answer.get("id"))
         if not wait:
-            if as_json:
+            if common.as_json:
                 emit_json(answer)
             else:
                 console.print(f"job {job} submitted ({answer.get('state')}); `triplane job {job}` shows it")
@@ -140,7 +137,7 @@ def submit(file: Annotated[Path, typer.Argument(metavar="FILE", help="a graph do
             client.delete(f"/v1/jobs/{job}", what=f"job {job!r}")
     if save is not None:
         _save(save, values)
-    _report(status, values, as_json)
+    _report(status, values, common.as_json)
     if status.get("state") != "done":
         raise typer.Exit(1)
 

@@ -23,13 +23,16 @@ entry-point group ``triplane.engines.network``).
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import zlib
-from collections.abc import Awaitable, Callable
-from typing import Protocol, runtime_checkable
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, Protocol, runtime_checkable
 
 from triplane.engines.errors import EngineError
 
-__all__ = ["MAX_FRAME", "Handler", "NetworkEngine", "NetworkEngineError", "Tap", "checksum", "send_now"]
+__all__ = ["MAX_FRAME", "FrameEngine", "Handler", "NetworkEngine", "NetworkEngineError", "Tap", "checksum",
+           "send_now"]
 
 MAX_FRAME = 16 << 20
 """The largest frame an engine carries by default (bytes)."""
@@ -69,6 +72,42 @@ def send_now(data: bytes, send: Callable[[bytes], None]) -> None:
 def checksum(data: bytes | memoryview) -> int:
     """CRC-32 of a frame (what both engines check a frame against)."""
     return zlib.crc32(data) & 0xFFFFFFFF
+
+
+class FrameEngine:
+    """What the built-in engines (udp, tcp) share: their name and ``max_frame``, the wire tap
+    of ``set_wire``, request ids, and the handler tasks in flight (cancelled by ``close``)."""
+
+    name: str
+    max_frame: int
+
+    def __init__(self, *, name: str, max_frame: int) -> None:
+        self.name = name
+        self.max_frame = max_frame
+        self._tap: Tap = send_now
+        self._ids = itertools.count(1)
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def set_wire(self, tap: Tap | None) -> None:
+        self._tap = tap or send_now
+
+    def _check_not_serving(self, server: object) -> None:
+        if server is not None:
+            raise RuntimeError(f"network engine {self.name!r} is already serving")
+
+    def _check_frame(self, frame: bytes) -> None:
+        if len(frame) > self.max_frame:
+            raise NetworkEngineError(f"frame of {len(frame)} bytes exceeds {self.name}'s {self.max_frame}")
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run ``work`` (a handler's answer) as a task that ``close`` cancels."""
+        task = asyncio.get_running_loop().create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _cancel_tasks(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
 
 
 REQUEST, REPLY = 1, 2

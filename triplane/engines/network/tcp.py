@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import struct
 from collections.abc import Callable
 
@@ -19,11 +18,10 @@ from triplane.engines.network.base import (
     MAX_FRAME,
     REPLY,
     REQUEST,
+    FrameEngine,
     Handler,
     NetworkEngineError,
-    Tap,
     checksum,
-    send_now,
 )
 
 __all__ = ["TcpEngine"]
@@ -84,39 +82,29 @@ class _Conn:
         return not self.task.done() and not self.writer.is_closing()
 
 
-class TcpEngine:
+class TcpEngine(FrameEngine):
     """Frames over TCP (see the module doc). ``TcpEngine(max_frame=16 MiB)``."""
 
     protocol = "tcp"
 
     def __init__(self, *, max_frame: int = MAX_FRAME, name: str = "tcp") -> None:
-        self.name = name
-        self.max_frame = max_frame
-        self._tap: Tap = send_now
+        super().__init__(name=name, max_frame=max_frame)
         self._server: asyncio.Server | None = None
         self._served: set[asyncio.StreamWriter] = set()
         self._conns: dict[tuple[str, int], _Conn] = {}
         self._opening: dict[tuple[str, int], asyncio.Lock] = {}
-        self._ids = itertools.count(1)
-        self._tasks: set[asyncio.Task[None]] = set()
-
-    def set_wire(self, tap: Tap | None) -> None:
-        self._tap = tap or send_now
 
     # --- serving -------------------------------------------------------------------------
 
     async def serve(self, host: str, handler: Handler, port: int = 0) -> int:
-        if self._server is not None:
-            raise RuntimeError(f"network engine {self.name!r} is already serving")
+        self._check_not_serving(self._server)
 
         async def client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             self._served.add(writer)
 
             def on_frame(kind: int, rid: int, payload: bytes) -> None:
                 if kind == REQUEST:
-                    task = asyncio.get_running_loop().create_task(self._answer(handler, writer, rid, payload))
-                    self._tasks.add(task)
-                    task.add_done_callback(self._tasks.discard)
+                    self._spawn(self._answer(handler, writer, rid, payload))
             try:
                 await _read_frames(reader, self.max_frame, on_frame)
             except (ValueError, ConnectionError, asyncio.CancelledError):
@@ -157,8 +145,7 @@ class TcpEngine:
             return conn
 
     async def request(self, address: str, port: int, frame: bytes, *, timeout_s: float = 2.0) -> bytes:
-        if len(frame) > self.max_frame:
-            raise NetworkEngineError(f"frame of {len(frame)} bytes exceeds {self.name}'s {self.max_frame}")
+        self._check_frame(frame)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         rid = next(self._ids)
@@ -191,8 +178,7 @@ class TcpEngine:
         raise NetworkEngineError(f"tcp {address}:{port}: {last} within {timeout_s:g} s")
 
     async def close(self) -> None:
-        for task in list(self._tasks):
-            task.cancel()
+        self._cancel_tasks()
         for conn in self._conns.values():
             conn.writer.close()
             conn.task.cancel()

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import socket
 import struct
 import time
@@ -25,11 +24,10 @@ from triplane.engines.network.base import (
     MAX_FRAME,
     REPLY,
     REQUEST,
+    FrameEngine,
     Handler,
     NetworkEngineError,
-    Tap,
     checksum,
-    send_now,
 )
 
 __all__ = ["UdpEngine"]
@@ -153,9 +151,7 @@ class _Endpoint(asyncio.DatagramProtocol):
         frame = self._assemble((addr, rid, REQUEST), index, count, length, crc, data)
         if frame is not None:
             self.running.add(key)
-            task = asyncio.get_running_loop().create_task(self._answer(addr, rid, frame))
-            self.engine._tasks.add(task)
-            task.add_done_callback(self.engine._tasks.discard)
+            self.engine._spawn(self._answer(addr, rid, frame))
 
     async def _answer(self, addr: Any, rid: int, frame: bytes) -> None:
         try:
@@ -173,7 +169,7 @@ class _Endpoint(asyncio.DatagramProtocol):
         self.send(datagrams, addr)
 
 
-class UdpEngine:
+class UdpEngine(FrameEngine):
     """Frames over UDP datagrams (see the module doc). ``UdpEngine(max_frame=16 MiB, chunk=32 KiB)``."""
 
     protocol = "udp"
@@ -181,21 +177,13 @@ class UdpEngine:
     def __init__(self, *, max_frame: int = MAX_FRAME, chunk: int = _CHUNK, name: str = "udp") -> None:
         if not 512 <= chunk <= 60_000:
             raise ValueError(f"udp chunk must be 512..60000 bytes, got {chunk}")
-        self.name = name
-        self.max_frame = max_frame
+        super().__init__(name=name, max_frame=max_frame)
         self.chunk = chunk
-        self._tap: Tap = send_now
         self._server: _Endpoint | None = None
         self._client: _Endpoint | None = None
-        self._ids = itertools.count(1)
-        self._tasks: set[asyncio.Task[None]] = set()
-
-    def set_wire(self, tap: Tap | None) -> None:
-        self._tap = tap or send_now
 
     async def serve(self, host: str, handler: Handler, port: int = 0) -> int:
-        if self._server is not None:
-            raise RuntimeError(f"network engine {self.name!r} is already serving")
+        self._check_not_serving(self._server)
         loop = asyncio.get_running_loop()
         _, ep = await loop.create_datagram_endpoint(lambda: _Endpoint(self, handler), local_addr=(host, port))
         self._server = ep
@@ -203,8 +191,7 @@ class UdpEngine:
         return int(ep.transport.get_extra_info("sockname")[1])
 
     async def request(self, address: str, port: int, frame: bytes, *, timeout_s: float = 2.0) -> bytes:
-        if len(frame) > self.max_frame:
-            raise NetworkEngineError(f"frame of {len(frame)} bytes exceeds {self.name}'s {self.max_frame}")
+        self._check_frame(frame)
         loop = asyncio.get_running_loop()
         if self._client is None:
             family = socket.AF_INET6 if ":" in address else socket.AF_INET
@@ -234,8 +221,7 @@ class UdpEngine:
         raise NetworkEngineError(f"udp {address}:{port}: no whole reply within {timeout_s:g} s")
 
     async def close(self) -> None:
-        for task in list(self._tasks):
-            task.cancel()
+        self._cancel_tasks()
         for ep in (self._server, self._client):
             if ep is not None and ep.transport is not None:
                 ep.transport.close()

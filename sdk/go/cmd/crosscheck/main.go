@@ -12,23 +12,17 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"path/filepath"
 	"time"
 
 	"triplane"
+	"triplane/internal/specdir"
 )
 
-type input struct {
-	Shape []int  `json:"shape"`
-	DType string `json:"dtype"`
-	File  string `json:"file"`
-}
-
-type spec struct {
-	Inputs map[string]input `json:"inputs"`
-	LR     float64          `json:"lr"`
-	Betas  [2]float64       `json:"betas"`
-	Eps    float64          `json:"eps"`
+// adam is what spec.json holds besides the inputs: Adam's hyper-parameters.
+type adam struct {
+	LR    float64    `json:"lr"`
+	Betas [2]float64 `json:"betas"`
+	Eps   float64    `json:"eps"`
 }
 
 func main() {
@@ -43,13 +37,10 @@ func main() {
 }
 
 func run(dir string) error {
-	raw, err := os.ReadFile(filepath.Join(dir, "spec.json"))
+	var s adam
+	arrays, err := specdir.Read(dir, &s, "x", "y", "w1", "b1", "w2", "b2")
 	if err != nil {
 		return err
-	}
-	var s spec
-	if err := json.Unmarshal(raw, &s); err != nil {
-		return fmt.Errorf("spec.json: %w", err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
@@ -59,15 +50,7 @@ func run(dir string) error {
 	}
 	t := map[string]*triplane.Tensor{}
 	for _, name := range []string{"x", "y", "w1", "b1", "w2", "b2"} {
-		in, ok := s.Inputs[name]
-		if !ok {
-			return fmt.Errorf("spec.json has no input %q", name)
-		}
-		data, err := os.ReadFile(filepath.Join(dir, in.File))
-		if err != nil {
-			return err
-		}
-		if t[name], err = c.Upload(ctx, &triplane.Array{Shape: in.Shape, DType: triplane.DType(in.DType), Data: data}); err != nil {
+		if t[name], err = c.Upload(ctx, arrays[name]); err != nil {
 			return fmt.Errorf("upload %s: %w", name, err)
 		}
 	}

@@ -10,23 +10,16 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"math"
 	"math/rand"
 	"os"
-	"path/filepath"
 	"time"
 
 	"triplane"
+	"triplane/internal/specdir"
 )
-
-type input struct {
-	Shape []int  `json:"shape"`
-	DType string `json:"dtype"`
-	File  string `json:"file"`
-}
 
 func main() {
 	data := flag.String("data", "", "directory with spec.json, x.bin and y.bin")
@@ -44,32 +37,6 @@ func main() {
 	}
 }
 
-func load(dir string) (map[string]*triplane.Array, error) {
-	raw, err := os.ReadFile(filepath.Join(dir, "spec.json"))
-	if err != nil {
-		return nil, err
-	}
-	var spec struct {
-		Inputs map[string]input `json:"inputs"`
-	}
-	if err := json.Unmarshal(raw, &spec); err != nil {
-		return nil, err
-	}
-	out := map[string]*triplane.Array{}
-	for _, name := range []string{"x", "y"} {
-		in, ok := spec.Inputs[name]
-		if !ok {
-			return nil, fmt.Errorf("spec.json has no %q", name)
-		}
-		b, err := os.ReadFile(filepath.Join(dir, in.File))
-		if err != nil {
-			return nil, err
-		}
-		out[name] = &triplane.Array{Shape: in.Shape, DType: triplane.DType(in.DType), Data: b}
-	}
-	return out, nil
-}
-
 // glorot is a (fanIn, fanOut) matrix of uniform values in +-sqrt(6 / (fanIn + fanOut)).
 func glorot(r *rand.Rand, fanIn, fanOut int) *triplane.Array {
 	limit := math.Sqrt(6 / float64(fanIn+fanOut))
@@ -82,7 +49,7 @@ func glorot(r *rand.Rand, fanIn, fanOut int) *triplane.Array {
 }
 
 func train(dir string, steps, hidden int, lr float64) error {
-	arrays, err := load(dir)
+	arrays, err := specdir.Read(dir, nil, "x", "y")
 	if err != nil {
 		return err
 	}
