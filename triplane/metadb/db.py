@@ -58,6 +58,9 @@ def normalise_url(url: str | URL) -> URL:
         f"unknown database URL scheme {parsed.drivername!r} (known schemes: {list(KNOWN_SCHEMES)})")
 
 
+WAL_LIMIT_BYTES = 1 << 20  # SQLite's WAL is cut back to this after a checkpoint
+
+
 def _sqlite_engine(url: URL) -> Engine:
     # A file database is shared by the scheduler's threads; an in-memory one would be private
     # to each pooled connection, which silently loses data, so it is refused.
@@ -75,6 +78,11 @@ def _sqlite_engine(url: URL) -> Engine:
         cur.execute("PRAGMA synchronous=NORMAL")    # durable at checkpoints; safe with WAL
         cur.execute("PRAGMA foreign_keys=ON")
         cur.execute("PRAGMA busy_timeout=30000")
+        # The WAL is checkpointed every 256 pages (1 MiB) and cut back to 1 MiB after: left at
+        # its high-water mark, one 100,000-task insert would keep hundreds of MiB of WAL on
+        # disk for good (the run directory stays flat over a long run: docs/metadb.md).
+        cur.execute("PRAGMA wal_autocheckpoint=256")
+        cur.execute(f"PRAGMA journal_size_limit={WAL_LIMIT_BYTES}")
         cur.close()
 
     @sa.event.listens_for(engine, "begin")
