@@ -227,7 +227,8 @@ def test_jobs_pages_and_filters_by_name_tags_and_state(home: Path, tmp_path: Pat
 
 
 def test_tasks_and_retry_of_a_cancelled_job(home: Path, tmp_path: Path) -> None:
-    job = _submit(home, tmp_path, slow_graph(steps=60), "--name", "again")  # seconds: cancelled running
+    # 200 matmuls of 1024 x 1024: several seconds, so the cancel (a process start away) finds it running
+    job = _submit(home, tmp_path, slow_graph(steps=200), "--name", "again")
     ok(home, "cancel", job)
     tasks = json.loads(ok(home, "tasks", job, "--all", "--json"))["items"]
     assert tasks and all({"id", "op", "state", "attempt", "node", "drifts"} <= set(t) for t in tasks)

@@ -26,11 +26,19 @@ from triplane.sdk.remote import RemoteSession
 from triplane.sdk.session import use_session
 
 
-def _events(db_url: str, job: str) -> list[Any]:
+def _events(db_url: str, job: str, timeout_s: float = 15.0) -> list[Any]:
+    """The job's events, once its end is written: the journal writes them in batches, after
+    the job's answer."""
     db = mdb.open_db(db_url)
+    deadline = time.monotonic() + timeout_s
     try:
-        with db.read() as s:
-            return list(mdb.list_events(s, job))
+        while True:
+            with db.read() as s:
+                events = list(mdb.list_events(s, job))
+            ended = any(e.kind in ("job.done", "job.failed", "job.cancelled") for e in events)
+            if ended or time.monotonic() > deadline:
+                return events
+            time.sleep(0.2)
     finally:
         db.close()
 
