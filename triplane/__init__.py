@@ -163,6 +163,16 @@ for _name, _mod in (("nn", nn), ("nn.functional", nn.functional), ("optim", opti
     _sys.modules[f"{__name__}.{_name}"] = _mod
 del _sys, _name, _mod
 
+
+def serve(model, **options):  # type: ignore[no-untyped-def]
+    """Serve a model file over HTTP/gRPC with dynamic batching (docs/serving.md); the
+    arguments are :func:`triplane.cli_serve.serve`'s. Imported on first use: the server's
+    packages (FastAPI, gRPC) stay out of ``import triplane``."""
+    from triplane.cli_serve import serve as _serve
+
+    return _serve(model, **options)
+
+
 __all__ = [
     "DType", "DTypeError", "GraphError", "KernelError", "NotDifferentiableError", "ShapeError",
     "Tensor", "TensorIndexError", "TriplaneError", "__version__", "abs", "add", "arange", "argmax",
@@ -174,7 +184,7 @@ __all__ = [
     "lt", "manual_seed", "matmul", "max", "maximum", "mean", "min", "minimum", "mul", "ne", "neg", "nn",
     "no_grad", "normal", "ones", "ones_like", "optim", "pad", "permute", "pow", "prod", "rand", "randn",
     "realize", "reciprocal", "register_op", "relu", "remainder", "reshape", "rsqrt", "save",
-    "set_progress", "sigmoid", "sign", "silu", "sin", "slice", "split", "sqrt", "square", "squeeze",
+    "serve", "set_progress", "sigmoid", "sign", "silu", "sin", "slice", "split", "sqrt", "square", "squeeze",
     "stack", "sub", "sum", "tan", "tanh", "tensor", "transpose", "uint8", "uniform", "unsqueeze", "var",
     "where", "zeros", "zeros_like"
 ]

@@ -16,6 +16,7 @@ the module that registers it here:
     cli_submit.py   submit FILE (a graph document or job request, JSON or YAML; --wait)
     cli_admin.py    nodes, drain NODE, undrain NODE, tokens add/list/remove
     cli_events.py   events [--job J] [--follow], logs [PROCESS | --job J]
+    cli_serve.py    serve MODEL (the model server, docs/serving.md; also tp.serve)
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from typing import TYPE_CHECKING
 import typer
 from rich.table import Table
 
-from triplane import cli_admin, cli_events, cli_jobs, cli_submit
+from triplane import cli_admin, cli_events, cli_jobs, cli_serve, cli_submit
 from triplane.cli_kit import App, console, err_console
 
 app = App(help="triplane: run deep-learning compute graphs on a cluster (or in this process).")
@@ -335,7 +336,7 @@ def _mount_process_commands() -> None:
 
 
 _mount_process_commands()
-for _module in (cli_jobs, cli_submit, cli_admin, cli_events):
+for _module in (cli_jobs, cli_submit, cli_admin, cli_events, cli_serve):
     _module.register(app)
 
 

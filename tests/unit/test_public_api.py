@@ -98,6 +98,7 @@ PUBLIC = [
     "reshape",
     "rsqrt",
     "save",
+    "serve",
     "set_progress",
     "sigmoid",
     "sign",
