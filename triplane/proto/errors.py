@@ -8,6 +8,8 @@
     │   ├── AttrError             an attribute is missing, unknown or of the wrong type
     │   └── LimitError            a size bound (nodes, elements, bytes) is exceeded
     ├── NotDifferentiableError    a gradient was asked through an op that has none
+    ├── ModelFileError            a model file is refused; ``kind`` says why (corrupted,
+    │                             truncated, tampered, unsupported_version, ...)
     └── KernelError               a kernel raised while running (a user error: not retried)
 
 Every GraphError names the node and op it is about, when it is about one, so that a
@@ -95,3 +97,22 @@ class KernelError(TriplaneError):
         self.node, self.op, self.kind = node, op, kind
         where = f"node {node!r} ({op}): " if node else (f"{op}: " if op else "")
         super().__init__(where + message)
+
+
+class ModelFileError(TriplaneError, ValueError):
+    """A model file (``triplane/proto/modelfile.py``) was refused. ``kind`` is one word
+    saying why; the message says the same in a sentence and names the file:
+
+    ``not_a_model``         the file does not start with the model file's magic bytes
+    ``truncated``           the file ends before the length its header records
+    ``corrupted``           bytes differ from their recorded SHA-256 (or cannot be parsed)
+    ``unsupported_version`` written in a newer format than this triplane reads
+    ``unsigned``            a key was given but the file carries no signature
+    ``bad_signature``       the signature is malformed, of another algorithm than the
+                            key, or made with another key
+    ``tampered``            the signature does not verify: the file changed after signing
+    """
+
+    def __init__(self, kind: str, message: str) -> None:
+        self.kind = kind
+        super().__init__(message)
