@@ -90,7 +90,7 @@ def pin_params(model: Any, session: Any) -> list[np.ndarray]:
         return []
     from triplane.sdk.remote_values import RemoteValue
 
-    inputs = {s.name for s in model.signature.inputs}
+    inputs = {f"input:{s.name}" for s in model.signature.inputs}  # as Model.__call__ binds them
     kept = []
     for node in model.graph.nodes.values():
         name = node.attrs.get("tensor") if node.op == "input" else None
