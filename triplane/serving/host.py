@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from triplane.proto import dtypes as dt
-from triplane.proto.errors import TriplaneError
+from triplane.proto.errors import ModelFileError, TriplaneError
 from triplane.scheduler.errors import Conflict, SchedulerError, Unavailable
 from triplane.sdk.session import use_session
 from triplane.sdk.tensor import Tensor, realize
@@ -191,13 +191,17 @@ class ModelHost:
 
     def reload(self, path: str | Path | None = None) -> Version:
         """Load ``path`` (default: the file served, re-read) and put it in service without
-        dropping a request; the new :class:`Version`. Conflict if its signature differs;
-        the loader's error if it does not load (the old version stays)."""
+        dropping a request; the new :class:`Version`. Conflict (409) if it does not load
+        (missing, corrupted, tampered...: the old version stays) or its signature differs."""
         with self._reloading:
             old = self.current
             assert old is not None, "start() first"
             new_path = Path(path) if path is not None else old.path
-            v = self._load(new_path)
+            try:
+                v = self._load(new_path)
+            except (ModelFileError, OSError) as e:
+                raise Conflict(f"cannot load {new_path} ({getattr(e, 'kind', type(e).__name__)}: {e}); "
+                               f"version {old.version} stays in service") from None
             if (v.inputs, v.outputs) != (old.inputs, old.outputs):
                 def shown(v: Version) -> str:
                     return f"{[s.describe() for s in v.inputs]} -> {[s.describe() for s in v.outputs]}"

@@ -20,8 +20,9 @@ import asyncio
 import time
 from typing import Any
 
+import orjson
 from fastapi import Depends, FastAPI
-from fastapi.responses import ORJSONResponse, Response
+from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from triplane.proto.errors import TriplaneError
@@ -103,7 +104,8 @@ def make_app(host: ModelHost, auth: Authenticator) -> FastAPI:
     async def predict(body: PredictRequest, _: Principal = anyone) -> Any:  # type: ignore[valid-type]
         started = time.perf_counter()
         try:
-            given = {name: getattr(body.inputs, name) for name in body.inputs.model_fields}  # type: ignore[attr-defined]
+            inputs = body.inputs  # type: ignore[attr-defined]
+        given = {name: getattr(inputs, name) for name in type(inputs).model_fields}
             future = host.predict(given)
             outs = await asyncio.wrap_future(future)
         except TriplaneError as e:
@@ -112,8 +114,9 @@ def make_app(host: ModelHost, auth: Authenticator) -> FastAPI:
         cur = host.current
         names = [s.name for s in cur.outputs] if cur else []
         metrics.answered("http", "ok", time.perf_counter() - started)
-        return ORJSONResponse({"outputs": {n: o.tolist() for n, o in zip(names, outs)},
-                               "model_version": cur.version if cur else ""})
+        body = {"outputs": {n: o.tolist() for n, o in zip(names, outs)},
+                "model_version": cur.version if cur else ""}
+        return Response(orjson.dumps(body), media_type="application/json")
 
     predict.__annotations__["body"] = PredictRequest
     app.post("/v1/predict", response_model=PredictResponse,

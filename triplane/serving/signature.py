@@ -88,13 +88,16 @@ def _from_json(spec: Spec, value: Any) -> np.ndarray:
     if isinstance(value, dict):
         return decode_tensor(spec.name, value["dtype"], value["shape"], value["data"])
     try:
-        arr = np.asarray(value, dtype=dt.dtype(spec.dtype).np)
-    except (TypeError, ValueError) as e:
+        arr = np.asarray(value)
+    except (TypeError, ValueError) as e:  # ragged lists (numpy >= 1.24)
         raise BadRequest(f"input {spec.name!r}: not a {spec.describe()} array of nested lists "
                          f"({e})") from None
-    if arr.dtype == object:
-        raise BadRequest(f"input {spec.name!r}: ragged nested lists")
-    return arr
+    if arr.dtype == object or arr.dtype.kind not in "biuf":
+        raise BadRequest(f"input {spec.name!r}: not a {spec.describe()} array of nested lists of numbers")
+    want = dt.dtype(spec.dtype).np
+    if arr.size and not np.can_cast(arr.dtype, want, "same_kind"):  # 1.5 for an int, 2 for a bool
+        raise DTypeError(f"input {spec.name!r}: {arr.dtype.name} values for an input of {spec.describe()}")
+    return arr.astype(want, copy=False)
 
 
 def check_inputs(specs: Sequence[Spec], given: Mapping[str, Any], max_rows: int | None) -> list[np.ndarray]:
