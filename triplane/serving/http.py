@@ -105,7 +105,7 @@ def make_app(host: ModelHost, auth: Authenticator) -> FastAPI:
         started = time.perf_counter()
         try:
             inputs = body.inputs  # type: ignore[attr-defined]
-        given = {name: getattr(inputs, name) for name in type(inputs).model_fields}
+            given = {name: getattr(inputs, name) for name in type(inputs).model_fields}
             future = host.predict(given)
             outs = await asyncio.wrap_future(future)
         except TriplaneError as e:

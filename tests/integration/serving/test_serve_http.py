@@ -62,7 +62,8 @@ def test_predict_matches_the_model_and_refuses_bad_inputs_by_name(served) -> Non
 
     bad = {
         "shape": ({"x": [[1.0, 2.0, 3.0]]}, 400, "x"),
-        "dtype": ({"x": {"shape": [1, 4], "dtype": "float64", "data": "A" * 43 + "="}}, 400, "input 'x' has dtype float64"),
+        "dtype": ({"x": {"shape": [1, 4], "dtype": "float64", "data": "A" * 43 + "="}}, 400,
+                  "input 'x' has dtype float64"),
         "type": ({"x": [["a", 1, 2, 3]]}, 400, "inputs.x"),
         "missing": ({}, 400, "inputs.x"),
         "rows": ({"x": np.zeros((9, 4)).tolist()}, 413, "input 'x' has 9 rows"),
@@ -77,7 +78,8 @@ def test_tokens_and_roles_are_the_schedulers(served) -> None:  # type: ignore[no
     server, _, tokens = served
     x = {"inputs": {"x": [[0.0, 1.0, 2.0, 3.0]]}}
     assert httpx.post(f"{server.url}/v1/predict", json=x).status_code == 401
-    assert httpx.post(f"{server.url}/v1/predict", json=x, headers={"Authorization": "Bearer nope"}).status_code == 401
+    wrong = {"Authorization": "Bearer nope"}
+    assert httpx.post(f"{server.url}/v1/predict", json=x, headers=wrong).status_code == 401
     assert httpx.get(f"{server.url}/v1/health").status_code == 200
     for role in ("admin", "submit", "read"):
         assert _client(server, role, tokens).post("/v1/predict", json=x).status_code == 200, role
@@ -148,8 +150,8 @@ def test_concurrent_requests_are_batched_and_a_reload_drops_none(served, tmp_pat
     versions = {r[1] for r in results}
     assert reloaded.is_set() and new.digest[:12] in versions
     after = admin.get("/metrics").text
-    batches = _metric(after, "triplane_serve_batch_rows_count") - _metric(before, "triplane_serve_batch_rows_count")
-    rows = _metric(after, "triplane_serve_batch_rows_sum") - _metric(before, "triplane_serve_batch_rows_sum")
+    batches, rows = (_metric(after, f"triplane_serve_batch_rows_{s}")
+                     - _metric(before, f"triplane_serve_batch_rows_{s}") for s in ("count", "sum"))
     assert rows >= 96 and batches < rows, f"{rows} rows in {batches} batches: no batching"
     assert _metric(after, 'triplane_serve_request_seconds_count{protocol="http"}') >= 96
     assert f'triplane_serve_model_info{{version="{new.digest[:12]}"}} 1.0' in after
