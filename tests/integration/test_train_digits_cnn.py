@@ -74,3 +74,15 @@ def test_cnn_on_a_cluster_survives_a_sigkilled_executor() -> None:
     assert accuracy >= 0.97, f"test accuracy {accuracy:.4f} after {elapsed:.0f}s, losses {losses}"
     _, in_process = ex.run(epochs=8, lr=0.02, seed=0)
     assert abs(accuracy - in_process) <= 2 / 360, (accuracy, in_process)  # BLAS may sum in another order
+
+
+def test_the_trained_cnn_served_over_http_scores_the_same(tmp_path: Path) -> None:
+    """Train briefly, save a model file, serve it and score the test set through
+    POST /v1/predict: the same accuracy as in this process (examples/train_digits_cnn.py --serve)."""
+    pytest.importorskip("sklearn", reason="the digits come from scikit-learn (pip install scikit-learn)")
+    ex = _example()
+    model, accuracy = ex.run(epochs=2, seed=0)
+    _, _, x_test, y_test = ex.load_data(0)
+    served = ex.serve_and_score(model, str(tmp_path / "cnn.tpm"), x_test, y_test)
+    assert served == accuracy and accuracy > 0.5, (served, accuracy)
+    assert tp.load_model(tmp_path / "cnn.tpm").signature.inputs[0].shape == (None, 1, 8, 8)
