@@ -32,3 +32,13 @@ def test_transformer_sorts_and_serves_the_same(tmp_path: Path) -> None:
     served = ex.serve_and_sort(model, str(tmp_path / "sort.tpm"), x)
     np.testing.assert_array_equal(served, ex.predict(model, x))
     assert (served == y).mean() >= 0.9
+
+
+def test_wide_and_deep_learns_clicks_and_serves_the_same(tmp_path: Path) -> None:
+    ex = _example("train_wide_deep")
+    assert ex.auc(np.array([0.1, 0.4, 0.4, 0.8]), np.array([0, 0, 1, 1])) == 0.875  # a tie counts half
+    model, test, _, model_auc, best = ex.run(n_train=4000, epochs=2, seed=0, log=None)
+    assert model_auc >= 0.7 and model_auc <= best + 0.02, (model_auc, best)
+    few = {k: v[:300] for k, v in test.items()}
+    served = ex.serve_and_score(model, str(tmp_path / "wd.tpm"), few, batch=100)
+    np.testing.assert_allclose(served, ex.probabilities(model, few), rtol=1e-5, atol=1e-6)
