@@ -66,6 +66,8 @@ SKIP: dict[tuple[str, ...], str] = {
                                      "runs it into a temporary directory and compares",
     ("python", "-m", "triplane.scheduler.cli"): "a scheduler in the foreground, running until "
                                                 "stopped: `triplane up` starts one in README.md",
+    ("triplane", "serve"): "a model server in the foreground, running until stopped: the python blocks "
+                           "of docs/serving.md start one with tp.serve(block=False)",
 }
 
 # (file, block number counting every fenced block of the file from 1) -> why it fails.
@@ -81,6 +83,7 @@ FILL_IN: dict[str, str] = {
 INTEGRATION_FILES: dict[str, str] = {
     "docs/executor.md": "its data-port block serves tiles on 127.0.0.1 (a socket: not a unit test)",
     "docs/network.md": "its blocks serve network engines on 127.0.0.1 (sockets: not a unit test)",
+    "docs/serving.md": "its blocks serve a model over HTTP and gRPC on 127.0.0.1 (sockets: not a unit test)",
 }
 
 # Parts of a shown console output line that stand for any value: (regex, what it matches).
