@@ -7,9 +7,9 @@ dynamic batching, and what a reload and a lost executor cost.
 A local cluster (``--executors`` executors) and ``triplane serve`` as its own process
 (``--replicas`` replicas) serving the LeNet-style CNN of examples/train_digits_cnn.py
 (untrained weights: the work per request is the same). Clients are asyncio tasks in this
-process (asyncio, one keep-alive connection each), each sending one image (1, 1, 8, 8) per
-``POST /v1/predict`` as JSON and waiting for its answer before the next; each row sends ``--requests`` requests (at most
-``--time-limit-s`` seconds) with 1, 8 and 64 clients, against a server that batches
+process, one keep-alive connection each, each sending one image (1, 1, 8, 8) per
+``POST /v1/predict`` as JSON and waiting for its answer before the next; each row sends
+``--requests`` requests (at most ``--time-limit-s`` seconds) with 1, 8 and 64 clients, against a server that batches
 (``--max-batch``, ``--max-wait-ms``) and one that does not (``--max-batch 1``).
 
 Then, with batching and 8 clients: a row during which the model is reloaded
