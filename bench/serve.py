@@ -9,8 +9,9 @@ A local cluster (``--executors`` executors) and ``triplane serve`` as its own pr
 (untrained weights: the work per request is the same). Clients are asyncio tasks in this
 process, one keep-alive connection each, each sending one image (1, 1, 8, 8) per
 ``POST /v1/predict`` as JSON and waiting for its answer before the next; each row sends
-``--requests`` requests (at most ``--time-limit-s`` seconds) with 1, 8 and 64 clients, against a server that batches
-(``--max-batch``, ``--max-wait-ms``) and one that does not (``--max-batch 1``).
+``--requests`` requests (at most ``--time-limit-s`` seconds) with 1, 8 and 64 clients,
+against a server that batches (``--max-batch``, ``--max-wait-ms``) and one that does not
+(``--max-batch 1``).
 
 Then, with batching and 8 clients: a row during which the model is reloaded
 (``POST /v1/reload`` with a second model file, a third of the way in; the row goes on until
