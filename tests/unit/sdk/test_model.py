@@ -127,7 +127,7 @@ def test_load_model_refuses_damaged_files_with_their_kind(tmp_path: Path) -> Non
 def test_save_model_refuses_what_is_not_a_model(tmp_path: Path) -> None:
     with pytest.raises(TypeError, match=r"output 0 .* is a int"):
         tp.save_model(lambda x: 3, np.ones((2, 2), np.float32), tmp_path / "n.tpm")
-    with pytest.raises(TypeError, match=r"a function or a tp\.nn\.Module"):
+    with pytest.raises(TypeError, match=r"a function, a tp\.nn\.Module or a tp\.Model"):
         tp.save_model(42, np.ones((2, 2), np.float32), tmp_path / "n.tpm")
     with pytest.raises(ValueError, match="names gives"):
         tp.save_model(lambda x: x, np.ones((2, 2), np.float32), tmp_path / "n.tpm", names=["a", "b"])
