@@ -53,5 +53,7 @@ def _sce(n: Node, scores: Tensor, labels: Tensor, weight: Tensor | None = None) 
 def _trilu(n: Node, x: Tensor, k: Tensor | None = None) -> Tensor:
     kk = 0 if k is None else int(value(k).reshape(-1)[0])
     rows, cols = x.shape[-2], x.shape[-1]
-    mask = np.triu(np.ones((rows, cols), bool), kk) if n.get("upper", 1) else np.tril(np.ones((rows, cols), bool), kk)
-    return E.where(Tensor.from_array(mask), x, E.mul(x, 0) if x.dtype.kind != "bool" else E.logical_and(x, False))
+    ones = np.ones((rows, cols), bool)
+    mask = np.triu(ones, kk) if n.get("upper", 1) else np.tril(ones, kk)
+    zero = E.logical_and(x, False) if x.dtype.kind == "bool" else E.mul(x, 0)
+    return E.where(Tensor.from_array(mask), x, zero)

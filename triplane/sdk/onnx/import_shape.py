@@ -210,7 +210,7 @@ def _constant(n: Node) -> Tensor:
 def _range(n: Node, start: Tensor, limit: Tensor, delta: Tensor) -> Tensor:
     d = start.dtype
     s, lim, st = (value(t).item() for t in (start, limit, delta))
-    count = max(int(math.ceil((lim - s) / st)), 0)
+    count = max(math.ceil((lim - s) / st), 0)
     return E.cast(E.add(E.mul(arange(count, dtype="float64" if d.is_float else "int64"), st), s), d)
 
 

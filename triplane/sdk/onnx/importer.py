@@ -56,7 +56,8 @@ def check_supported(model: Any) -> None:
             key = node.op_type if node.domain in DOMAINS else f"{node.domain}.{node.op_type}"
             missing.setdefault(key, []).append(node.name or node.output[0])
     if missing:
-        listed = "; ".join(f"{op} (node {', '.join(map(repr, nodes[:3]))})" for op, nodes in sorted(missing.items()))
+        listed = "; ".join(f"{op} (node {', '.join(map(repr, nodes[:3]))})"
+                           for op, nodes in sorted(missing.items()))
         raise Unsupported(f"ONNX operator(s) not supported by triplane: {listed}. triplane imports "
                           f"{len(OPS)} ONNX operators: triplane.sdk.onnx.supported_ops() lists them")
 
@@ -135,7 +136,8 @@ def from_onnx(model: Any, example_inputs: Sequence[Any] | None = None) -> Model:
         return tuple(interpret(g, dict(zip(names, xs)), opset, consts))
 
     params = {id(t): k for k, t in consts.items()}
-    return build_model(fn, list(example_inputs), names={"inputs": names, "outputs": [o.name for o in g.output]},
+    out_names = [o.name for o in g.output]
+    return build_model(fn, list(example_inputs), names={"inputs": names, "outputs": out_names},
                        param_names=params)
 
 
