@@ -330,7 +330,28 @@ def _check2d(n: Node, x: Tensor) -> None:
         raise n.refuse(f"a {x.ndim - 2}-d input (triplane's convolutions and pools are 2-d)")
 
 
+def _lift1d(n: Node) -> Node:
+    """A 1-d convolution or pool's node as the 2-d one over (N, C, 1, L)."""
+    a = dict(n.attrs)
+    for key, one in (("kernel_shape", 1), ("strides", 1), ("dilations", 1)):
+        if key in a:
+            a[key] = [one, *a[key]]
+    if "pads" in a:
+        a["pads"] = [0, a["pads"][0], 0, a["pads"][1]]
+    return Node(n.op_type, a, n.opset, n.name, n.outputs)
+
+
+def _one_d(fn: Callable[..., Tensor]) -> Callable[..., Tensor]:
+    def run(n: Node, x: Tensor, *rest: Tensor | None) -> Tensor:
+        if x.ndim != 3:
+            return fn(n, x, *rest)
+        lifted = [S.unsqueeze(t, 2) if t is not None and t.ndim == 3 else t for t in rest]
+        return S.squeeze(fn(_lift1d(n), S.unsqueeze(x, 2), *lifted), 2)
+    return run
+
+
 @op("Conv")
+@_one_d
 def _conv(n: Node, x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
     _check2d(n, x)
     k = list(n.get("kernel_shape", w.shape[2:]))
@@ -341,6 +362,7 @@ def _conv(n: Node, x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
 
 
 @op("MaxPool", "AveragePool")
+@_one_d
 def _pool(n: Node, x: Tensor) -> Tensor:
     _check2d(n, x)
     if n.get("ceil_mode", 0):
@@ -354,9 +376,12 @@ def _pool(n: Node, x: Tensor) -> Tensor:
     pads = _pads2d(n, x, k, strides)
     if n.op_type == "MaxPool":
         return F.max_pool2d(x, tuple(k), tuple(strides), pads)
+    y = F.avg_pool2d(x, tuple(k), tuple(strides), pads)
     if any(pads) and not n.get("count_include_pad", 0):
-        raise n.refuse("count_include_pad=0 with padding (triplane's average counts the padding)")
-    return F.avg_pool2d(x, tuple(k), tuple(strides), pads)
+        # triplane's average counts the padding: divide by the share of each window inside
+        inside = F.avg_pool2d(E.add(E.mul(x, 0), 1), tuple(k), tuple(strides), pads)
+        y = E.div(y, inside)
+    return y
 
 
 @op("GlobalAveragePool", "GlobalMaxPool")

@@ -219,7 +219,8 @@ def _one_hot(n: Node, idx: Tensor, depth: Tensor, values: Tensor) -> Tensor:
     k = int(value(depth).reshape(-1)[0])
     idx = E.cast(idx, "int64")
     idx = E.where(E.lt(idx, 0), E.add(idx, k), idx)  # ONNX counts negative indices from the end
-    hot = F.one_hot(idx, k, dtype="bool")
+    inside = E.logical_and(E.ge(idx, 0), E.lt(idx, k))  # an index out of range is a row of "off"
+    hot = E.logical_and(F.one_hot(E.where(inside, idx, 0), k, dtype="bool"), S.unsqueeze(inside, -1))
     axis = n.get("axis", -1)
     if axis != -1:
         hot = _move_last(hot, axis)

@@ -103,9 +103,11 @@ def interpret(graph: Any, feeds: Mapping[str, Tensor], opset: int,
         n = Node(node.op_type, {a.name: _attr(a) for a in node.attribute}, opset, node.name, len(node.output))
         out = fn(n, *ins)
         outs = out if isinstance(out, (list, tuple)) else [out]
-        for name, t in zip(node.output, outs):
+        for k, name in enumerate(node.output):
+            if name and k >= len(outs):
+                raise Unsupported(f"ONNX {node.op_type}: output {k} ({name!r}) is not supported")
             if name:
-                env[name] = t
+                env[name] = outs[k]
     return [env[o.name] for o in graph.output]
 
 
