@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from triplane.proto import dtypes as dt
 from triplane.proto.ir import Node
 from triplane.sdk.model import Model, build_model
 from triplane.sdk.onnx.import_ops import Unsupported
@@ -68,7 +69,7 @@ def _one(op: str) -> Rule:
     return lambda e, n, ins, out: e.node(op, ins, out)
 
 
-for _t, _o in {"abs": "Abs", "ceil": "Ceil", "cos": "Cos", "erf": "Erf", "exp": "Exp", "floor": "Floor",
+for _t, _o in {"abs": "Abs", "cos": "Cos", "erf": "Erf", "exp": "Exp",
                "log": "Log", "neg": "Neg", "reciprocal": "Reciprocal", "relu": "Relu", "sigmoid": "Sigmoid",
                "sign": "Sign", "sin": "Sin", "sqrt": "Sqrt", "tan": "Tan", "tanh": "Tanh",
                "logical_not": "Not", "add": "Add", "sub": "Sub", "mul": "Mul", "div": "Div", "pow": "Pow",
@@ -84,6 +85,13 @@ def rule(*ops: str) -> Callable[[Rule], Rule]:
             EXPORTS[o] = fn
         return fn
     return deco
+
+
+@rule("ceil", "floor")
+def _round(e: Emitter, n: Node, ins: list[str], out: str) -> str:
+    if not _is_float(n):  # of integers: themselves (ONNX's take floats only)
+        return e.node("Identity", ins, out)
+    return e.node("Ceil" if n.op == "ceil" else "Floor", ins, out)
 
 
 @rule("ne")
@@ -108,7 +116,7 @@ def _silu(e: Emitter, n: Node, ins: list[str], out: str) -> str:
 
 @rule("gelu")
 def _gelu(e: Emitter, n: Node, ins: list[str], out: str) -> str:
-    d = np.dtype(n.dtype)
+    d = _np_name(n.dtype)
     erf = e.node("Erf", [e.node("Mul", [ins[0], e.const(1 / np.sqrt(2), d)])])
     half = e.node("Mul", [ins[0], e.const(0.5, d)])
     return e.node("Mul", [half, e.node("Add", [erf, e.const(1.0, d)])], out)
@@ -116,7 +124,7 @@ def _gelu(e: Emitter, n: Node, ins: list[str], out: str) -> str:
 
 @rule("floor_divide")
 def _floor_divide(e: Emitter, n: Node, ins: list[str], out: str) -> str:
-    if np.dtype(n.dtype).kind == "f":
+    if _is_float(n):
         return e.node("Floor", [e.node("Div", ins)], out)
     # integers: ONNX's Div truncates; (a - a mod b) / b is exact and rounds down
     return e.node("Div", [e.node("Sub", [ins[0], e.node("Mod", ins)]), ins[1]], out)
@@ -124,7 +132,7 @@ def _floor_divide(e: Emitter, n: Node, ins: list[str], out: str) -> str:
 
 @rule("remainder")
 def _remainder(e: Emitter, n: Node, ins: list[str], out: str) -> str:
-    if np.dtype(n.dtype).kind != "f":
+    if not _is_float(n):
         return e.node("Mod", ins, out)
     q = e.node("Floor", [e.node("Div", ins)])
     return e.node("Sub", [ins[0], e.node("Mul", [q, ins[1]])], out)
@@ -138,14 +146,20 @@ def _cast(e: Emitter, n: Node, ins: list[str], out: str) -> str:
 
 
 def _np_name(d: str) -> Any:
-    from triplane.proto import dtypes as dt
-
     return dt.BY_NAME[d].np
+
+
+def _is_float(n: Node) -> bool:
+    return dt.BY_NAME[n.dtype].is_float
 
 
 @rule("softmax", "log_softmax")
 def _softmax(e: Emitter, n: Node, ins: list[str], out: str) -> str:
-    return e.node("Softmax" if n.op == "softmax" else "LogSoftmax", ins, out, axis=n.attrs["axis"])
+    op = "Softmax" if n.op == "softmax" else "LogSoftmax"
+    if not n.shape:  # ONNX's need a dimension: over a 1-element vector
+        y = e.node(op, [e.node("Reshape", [ins[0], e.const([1])])], axis=0)
+        return e.node("Reshape", [y, e.const([], np.int64)], out)
+    return e.node(op, ins, out, axis=n.attrs["axis"])
 
 
 _REDUCE = {"sum": "ReduceSum", "mean": "ReduceMean", "max": "ReduceMax", "min": "ReduceMin",
@@ -171,7 +185,7 @@ def _var(e: Emitter, n: Node, ins: list[str], out: str) -> str:
     d = e.node("Sub", [ins[0], mean])
     m = _reduce(e, "ReduceMean", e.node("Mul", [d, d]), axes, n.attrs["keepdims"])
     scale = count / max(count - n.attrs["ddof"], 1)
-    return e.node("Mul", [m, e.const(scale, np.dtype(_np_name(n.dtype)))], out)
+    return e.node("Mul", [m, e.const(scale, _np_name(n.dtype))], out)
 
 
 @rule("argmax", "argmin")
@@ -185,7 +199,9 @@ def _argmax(e: Emitter, n: Node, ins: list[str], out: str) -> str:
 
 @rule("reshape")
 def _reshape(e: Emitter, n: Node, ins: list[str], out: str) -> str:
-    return e.node("Reshape", [ins[0], e.const(list(n.attrs["shape"]))], out)
+    shape = list(n.attrs["shape"])
+    # ONNX reads a 0 in the shape as "keep this dimension" unless allowzero is set
+    return e.node("Reshape", [ins[0], e.const(shape)], out, **({"allowzero": 1} if 0 in shape else {}))
 
 
 @rule("transpose")
@@ -226,7 +242,7 @@ def _slice(e: Emitter, n: Node, ins: list[str], out: str) -> str:
 
 @rule("flip")
 def _flip(e: Emitter, n: Node, ins: list[str], out: str) -> str:
-    axes = list(n.attrs["axes"])
+    axes = list(range(len(n.shape))) if n.attrs["axes"] is None else list(n.attrs["axes"])
     return e.node("Slice", [ins[0], e.const([-1] * len(axes)), e.const([-END] * len(axes)),
                             e.const(axes), e.const([-1] * len(axes))], out)
 
