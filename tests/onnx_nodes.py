@@ -100,10 +100,19 @@ def run_case(case) -> tuple[bool, str]:
     return True, ""
 
 
-def run_all() -> list[Result]:
+def run_all(deadline_s: float | None = None) -> list[Result]:
+    """Every node test's result; after ``deadline_s`` seconds the rest are not run (each
+    counted as failed: "not run: past the time bound")."""
     all_cases = cases()
     singles = {c.name: c.model.graph.node[0].op_type for c in all_cases if len(c.model.graph.node) == 1}
-    return [Result(c.name, _op_of(c, singles), *run_case(c)) for c in all_cases]
+    end = None if deadline_s is None else time.monotonic() + deadline_s
+    out = []
+    for c in all_cases:
+        if end is not None and time.monotonic() > end:
+            out.append(Result(c.name, _op_of(c, singles), False, "not run: past the time bound"))
+        else:
+            out.append(Result(c.name, _op_of(c, singles), *run_case(c)))
+    return out
 
 
 def table(results: list[Result]) -> str:
