@@ -28,7 +28,7 @@ import numpy as np
 from triplane._version import __version__
 from triplane.proto import dtypes as dt
 from triplane.proto import modelfile
-from triplane.proto.errors import DTypeError, GraphError, ModelFileError, ShapeError
+from triplane.proto.errors import DTypeError, GraphError, ModelFileError, ShapeError, UnknownOpError
 from triplane.proto.ir import Graph
 from triplane.proto.validate import validate
 from triplane.sdk.model_trace import BatchRule, apply_rules, batch_rules, trace, with_batch
@@ -290,6 +290,10 @@ def load_model(path: str | os.PathLike[str], *, key: Any = None) -> Model:
         if missing:
             raise GraphError(f"its graph reads {missing[:5]}, which the file does not hold")
         model = Model(manifest, graph, params, hashlib.sha256(mbytes).hexdigest())
+    except UnknownOpError as e:
+        raise ModelFileError("unknown_op", f"{where} holds a graph with an op this triplane does not "
+                             f"know (a custom op is registered with tp.register_op before loading): "
+                             f"{e}") from None
     except GraphError as e:
         raise ModelFileError("corrupted", f"{where} holds a graph triplane cannot run: {e}") from None
     except (KeyError, TypeError, ValueError) as e:
