@@ -105,6 +105,12 @@ def test_onnx_helper_model_imported_matches_onnxruntime(tmp_path: Path) -> None:
     np.testing.assert_allclose(model(feeds["x"]).numpy(), want, rtol=RTOL, atol=ATOL)
     (got,) = TriplaneBackend.run_model(proto, [feeds["x"]])
     np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
+    # back out to ONNX: onnxruntime runs triplane's export of it the same, at another batch too
+    again = ort.InferenceSession(to_onnx(model).SerializeToString(), providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(again.run(None, feeds)[0], want, rtol=RTOL, atol=ATOL)
+    three = feeds["x"][:3]
+    np.testing.assert_allclose(again.run(None, {"x": three})[0], session.run(None, {"x": three})[0],
+                               rtol=RTOL, atol=ATOL)
     # and on through a model file: the same outputs
     model.save(tmp_path / "imported.tpm")
     np.testing.assert_array_equal(tp.load_model(tmp_path / "imported.tpm")(feeds["x"]).numpy(),
