@@ -181,18 +181,19 @@ def serve(model, **options):  # type: ignore[no-untyped-def]
 
 
 __all__ = [
-    "DType", "DTypeError", "GraphError", "KernelError", "Model", "ModelFileError",
-    "NotDifferentiableError", "ShapeError", "Tensor", "TensorIndexError", "TensorSpec", "TriplaneError",
-    "__version__", "abs", "add", "arange", "argmax", "argmin", "backward", "bfloat16", "bool_",
-    "broadcast_to", "cast", "ceil", "compile", "concat", "concatenate", "connect", "cos", "data",
-    "disconnect", "div", "eq", "erf", "exp", "expand_dims", "eye", "flip", "float16", "float32",
-    "float64", "floor", "floor_divide", "full", "full_like", "gather", "ge", "gelu", "getitem", "grad",
-    "gt", "index_select", "int16", "int32", "int64", "int8", "is_grad_enabled", "le", "load",
-    "load_model", "log", "logical_and", "logical_not", "logical_or", "logsumexp", "lt", "manual_seed",
-    "matmul", "max", "maximum", "mean", "min", "minimum", "mul", "ne", "neg", "nn", "no_grad", "normal",
-    "ones", "ones_like", "optim", "pad", "permute", "pow", "prod", "rand", "randn", "realize",
-    "reciprocal", "register_op", "relu", "remainder", "reshape", "rsqrt", "save", "save_model",
-    "serve", "set_progress", "sigmoid", "sign", "silu", "sin", "slice", "split", "sqrt", "square", "squeeze",
+    "Model", "ModelFileError", "TensorSpec", "load_model", "save_model",  # model files (sdk/model.py)
+    "serve",  # the model server (triplane/serving, docs/serving.md)
+    "DType", "DTypeError", "GraphError", "KernelError", "NotDifferentiableError", "ShapeError",
+    "Tensor", "TensorIndexError", "TriplaneError", "__version__", "abs", "add", "arange", "argmax",
+    "argmin", "backward", "bfloat16", "bool_", "broadcast_to", "cast", "ceil", "compile", "concat",
+    "concatenate", "connect", "cos", "data", "disconnect", "div", "eq", "erf", "exp", "expand_dims",
+    "eye", "flip", "float16", "float32", "float64", "floor", "floor_divide", "full", "full_like",
+    "gather", "ge", "gelu", "getitem", "grad", "gt", "index_select", "int16", "int32", "int64", "int8",
+    "is_grad_enabled", "le", "load", "log", "logical_and", "logical_not", "logical_or", "logsumexp",
+    "lt", "manual_seed", "matmul", "max", "maximum", "mean", "min", "minimum", "mul", "ne", "neg", "nn",
+    "no_grad", "normal", "ones", "ones_like", "optim", "pad", "permute", "pow", "prod", "rand", "randn",
+    "realize", "reciprocal", "register_op", "relu", "remainder", "reshape", "rsqrt", "save",
+    "set_progress", "sigmoid", "sign", "silu", "sin", "slice", "split", "sqrt", "square", "squeeze",
     "stack", "sub", "sum", "tan", "tanh", "tensor", "transpose", "uint8", "uniform", "unsqueeze", "var",
     "where", "zeros", "zeros_like"
 ]

@@ -111,6 +111,8 @@ class ModelFileError(TriplaneError, ValueError):
     ``bad_signature``       the signature is malformed, of another algorithm than the
                             key, or made with another key
     ``tampered``            the signature does not verify: the file changed after signing
+    ``unknown_op``          the graph uses an op this process does not know (a custom op
+                            not registered)
     """
 
     def __init__(self, kind: str, message: str) -> None:

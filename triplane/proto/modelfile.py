@@ -23,6 +23,7 @@ read out of the file is a valid ``.safetensors`` file). ``params.tensors`` lists
 tensor's dtype, shape and SHA-256; ``data_bytes`` is the length of the data area, so a
 short file is known to be truncated. The manifest's other fields belong to the writer
 (the SDK records ``triplane_version``, ``inputs``, ``outputs`` and ``batch``).
+``CONTAINER_KEYS`` are the fields :func:`pack` adds.
 
 The signature covers the manifest bytes, and the manifest holds the SHA-256 of every
 section and tensor, so it covers the whole file. ``alg`` is ``hmac-sha256`` (a shared
@@ -52,12 +53,13 @@ from triplane.proto import dtypes as dt
 from triplane.proto.canonjson import canonical_json
 from triplane.proto.errors import ModelFileError
 
-__all__ = ["FORMAT_VERSION", "MAGIC", "decode_params", "encode_params", "key_id", "read", "write"]
+__all__ = ["FORMAT_VERSION", "MAGIC", "decode_params", "encode_params", "key_id", "pack", "read", "write"]
 
 MAGIC = b"TPMODEL\x00"
 FORMAT_VERSION = 1
 _HEADER = struct.Struct("<8sIIQQ32s")  # 64 bytes
 MAX_MANIFEST_BYTES = 64 * 1024 * 1024
+CONTAINER_KEYS = frozenset({"format", "format_version", "graph", "params", "data_bytes"})
 
 # safetensors' dtype names <-> triplane's
 _ST_DTYPES = {"float32": "F32", "float64": "F64", "float16": "F16", "bfloat16": "BF16",
@@ -227,14 +229,11 @@ def _verify(manifest: bytes, sig: bytes, key: Any, where: str) -> None:
 # --- the container ------------------------------------------------------------------------
 
 
-def write(path: str | os.PathLike[str], manifest: Mapping[str, Any], graph_json: bytes,
-          params: Mapping[str, np.ndarray], *, key: Any = None) -> tuple[dict[str, Any], bytes]:
-    """Write a model file (to a temporary name, then renamed: an interrupted write leaves
-    the previous file whole). ``manifest`` holds the writer's fields; the sections, their
-    checksums and the format fields are added here. Returns the manifest as written and
-    its bytes."""
-    if key is not None:
-        _alg(key)  # a bad key fails before anything is written
+def pack(manifest: Mapping[str, Any], graph_json: bytes, params: Mapping[str, np.ndarray]
+         ) -> tuple[dict[str, Any], bytes, bytes]:
+    """The manifest as a file holding this graph and these parameters records it (the
+    writer's fields plus the format fields, sections and checksums), its bytes, and the
+    params section's bytes. Equal inputs give equal bytes."""
     pbytes, listing = encode_params(params)
     doc = dict(manifest)
     doc.update({
@@ -245,6 +244,17 @@ def write(path: str | os.PathLike[str], manifest: Mapping[str, Any], graph_json:
         "data_bytes": len(graph_json) + len(pbytes),
     })
     mbytes = canonical_json(doc)
+    return json.loads(mbytes), mbytes, pbytes
+
+
+def write(path: str | os.PathLike[str], manifest: Mapping[str, Any], graph_json: bytes,
+          params: Mapping[str, np.ndarray], *, key: Any = None) -> tuple[dict[str, Any], bytes]:
+    """Write a model file (to a temporary name, then renamed: an interrupted write leaves
+    the previous file whole). ``manifest`` holds the writer's fields; :func:`pack` adds
+    the rest. Returns the manifest as written and its bytes."""
+    if key is not None:
+        _alg(key)  # a bad key fails before anything is written
+    doc, mbytes, pbytes = pack(manifest, graph_json, params)
     sig = _sign(mbytes, key) if key is not None else b""
     head = _HEADER.pack(MAGIC, FORMAT_VERSION, 0, len(mbytes), len(sig), hashlib.sha256(mbytes).digest())
     p = os.fspath(path)
@@ -258,7 +268,7 @@ def write(path: str | os.PathLike[str], manifest: Mapping[str, Any], graph_json:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
-    return json.loads(mbytes), mbytes
+    return doc, mbytes
 
 
 def read(path: str | os.PathLike[str], *, key: Any = None

@@ -28,7 +28,7 @@ import numpy as np
 from triplane._version import __version__
 from triplane.proto import dtypes as dt
 from triplane.proto import modelfile
-from triplane.proto.errors import DTypeError, GraphError, ModelFileError, ShapeError
+from triplane.proto.errors import DTypeError, GraphError, ModelFileError, ShapeError, UnknownOpError
 from triplane.proto.ir import Graph
 from triplane.proto.validate import validate
 from triplane.sdk.model_trace import BatchRule, apply_rules, batch_rules, trace, with_batch
@@ -79,6 +79,13 @@ class Model:
         self._batch: int | None = batch["size"]
         self._rules: list[BatchRule] | None = batch["rules"] if batch["dynamic"] else None
         self._values: dict[str, Tensor] = {}
+
+    def save(self, path: str | os.PathLike[str], *, key: Any = None) -> Model:
+        """Write this model to ``path`` (signed with ``key``, as :func:`save_model` says);
+        returns the model as written (the same digest)."""
+        fields = {k: v for k, v in self.manifest.items() if k not in modelfile.CONTAINER_KEYS}
+        written, mbytes = modelfile.write(path, fields, self.graph.to_json(), self.params, key=key)
+        return Model(written, self.graph, self.params, hashlib.sha256(mbytes).hexdigest())
 
     def __repr__(self) -> str:
         ins = ", ".join(f"{s.name}: {s.dtype}{list(s.shape)}" for s in self.signature.inputs)
@@ -179,6 +186,8 @@ def save_model(fn_or_module: Any, example_inputs: Any, path: str | os.PathLike[s
                key: Any = None, names: Any = None) -> Model:
     """Trace ``fn_or_module(*example_inputs)`` and write it to ``path`` as a model file.
 
+    ``fn_or_module``: a function of Tensors, a ``tp.nn.Module`` (traced in eval mode, its
+    parameters and buffers named as in its state dict) or a ``tp.Model``.
     ``example_inputs``: one array/Tensor or a sequence of them (dimension 0 is the batch).
     ``key`` signs the file: ``bytes``/``str`` (HMAC-SHA256) or a ``cryptography``
     ``Ed25519PrivateKey``. ``names``: the inputs' names (a list), or a mapping with
@@ -186,44 +195,58 @@ def save_model(fn_or_module: Any, example_inputs: Any, path: str | os.PathLike[s
     ``output`` (``output0, output1, ...`` for several). Returns the model as written."""
     from triplane.sdk.nn.modules import Module
 
+    params: dict[int, str] = {}
+    modes: list[tuple[Any, bool]] = []
+    sig_fn: Callable[..., Any] | None = None
+    if isinstance(fn_or_module, Model):
+        model = fn_or_module
+        params = {id(model._value(f"param:{k}")): k for k in model.params if not k.startswith("const:")}
+        if names is None:
+            names = {"inputs": [s.name for s in model.signature.inputs],
+                     "outputs": [s.name for s in model.signature.outputs]}
+    elif isinstance(fn_or_module, Module):
+        sig_fn = fn_or_module.forward
+        params = {id(t): n for n, t in [*fn_or_module.named_parameters(), *fn_or_module.named_buffers()]}
+        modes = [(m, m.training) for m in fn_or_module.modules()]
+        fn_or_module.eval()
+    elif not callable(fn_or_module):
+        raise TypeError(f"tp.save_model: expected a function, a tp.nn.Module or a tp.Model, got "
+                        f"{type(fn_or_module).__name__}")
+    try:
+        model = build_model(fn_or_module, example_inputs, names=names, param_names=params, sig_fn=sig_fn)
+    finally:
+        for m, mode in modes:
+            m.training = mode
+    return model.save(path, key=key)
+
+
+def build_model(fn: Callable[..., Any], example_inputs: Any, *, names: Any = None,
+                param_names: Mapping[int, str] | None = None,
+                sig_fn: Callable[..., Any] | None = None) -> Model:
+    """The model :func:`save_model` would write, in memory: ``fn`` traced on
+    ``example_inputs``, the tensors of ``param_names`` (id -> name) stored under their names."""
     if isinstance(example_inputs, (Tensor, np.ndarray)) or not isinstance(example_inputs, (list, tuple)):
         example_inputs = (example_inputs,)
     arrays = [np.asarray(x.numpy() if isinstance(x, Tensor) else x) for x in example_inputs]
     arrays = [a.astype(np.float32) if a.dtype == np.float64 and not isinstance(x, (np.ndarray, Tensor)) else a
               for a, x in zip(arrays, example_inputs)]
-    params: dict[int, str] = {}
-    modes: list[tuple[Any, bool]] = []
-    if isinstance(fn_or_module, Module):
-        fn: Callable[..., Any] = fn_or_module
-        sig_fn: Callable[..., Any] = fn_or_module.forward
-        params = {id(t): n for n, t in [*fn_or_module.named_parameters(), *fn_or_module.named_buffers()]}
-        modes = [(m, m.training) for m in fn_or_module.modules()]
-        fn_or_module.eval()
-    elif callable(fn_or_module):
-        fn = sig_fn = fn_or_module
-    else:
-        raise TypeError(f"tp.save_model: expected a function or a tp.nn.Module, got "
-                        f"{type(fn_or_module).__name__}")
-    in_names, out_names = _input_names(sig_fn, len(arrays), names)
-    try:
-        graph, values, n_out = trace(fn, arrays, in_names, params)
-        more: list[Graph] = []
-        batch = {"size": None, "dynamic": False, "rules": [], "reason": "an input has no dimension 0"}
-        sizes = {a.shape[0] for a in arrays if a.ndim}
-        if arrays and all(a.ndim for a in arrays) and len(sizes) == 1 and min(sizes) >= 1:
-            b = sizes.pop()
-            batch.update(size=b, reason="")
-            try:
-                more = [trace(fn, with_batch(arrays, k), in_names, params)[0] for k in (1, 2)]
-                rules, reason = batch_rules([graph, *more], b)
-            except (GraphError, ValueError, TypeError) as e:
-                rules, reason = None, f"tracing it at batch {b + 1} failed: {e}"
-            batch.update(dynamic=rules is not None, rules=rules or [], reason=reason)
-        elif len(sizes) > 1:
-            batch["reason"] = f"its inputs' first dimensions differ ({sorted(sizes)})"
-    finally:
-        for m, mode in modes:
-            m.training = mode
+    params = dict(param_names or {})
+    in_names, out_names = _input_names(sig_fn or fn, len(arrays), names)
+    graph, values, n_out = trace(fn, arrays, in_names, params)
+    more: list[Graph] = []
+    batch = {"size": None, "dynamic": False, "rules": [], "reason": "an input has no dimension 0"}
+    sizes = {a.shape[0] for a in arrays if a.ndim}
+    if arrays and all(a.ndim for a in arrays) and len(sizes) == 1 and min(sizes) >= 1:
+        b = sizes.pop()
+        batch.update(size=b, reason="")
+        try:
+            more = [trace(fn, with_batch(arrays, k), in_names, params)[0] for k in (1, 2)]
+            rules, reason = batch_rules([graph, *more], b)
+        except (GraphError, ValueError, TypeError) as e:
+            rules, reason = None, f"tracing it at batch {b + 1} failed: {e}"
+        batch.update(dynamic=rules is not None, rules=rules or [], reason=reason)
+    elif len(sizes) > 1:
+        batch["reason"] = f"its inputs' first dimensions differ ({sorted(sizes)})"
     if out_names is None:
         out_names = ["output"] if n_out == 1 else [f"output{i}" for i in range(n_out)]
     if len(out_names) != n_out:
@@ -247,8 +270,8 @@ def save_model(fn_or_module: Any, example_inputs: Any, path: str | os.PathLike[s
         "outputs": [out_spec(n, o) for n, o in zip(out_names, graph.outputs)],
         "batch": batch,
     }
-    written, mbytes = modelfile.write(path, manifest, graph.to_json(), values, key=key)
-    return Model(written, graph, values, hashlib.sha256(mbytes).hexdigest())
+    doc, mbytes, _ = modelfile.pack(manifest, graph.to_json(), values)
+    return Model(doc, graph, values, hashlib.sha256(mbytes).hexdigest())
 
 
 def load_model(path: str | os.PathLike[str], *, key: Any = None) -> Model:
@@ -267,6 +290,10 @@ def load_model(path: str | os.PathLike[str], *, key: Any = None) -> Model:
         if missing:
             raise GraphError(f"its graph reads {missing[:5]}, which the file does not hold")
         model = Model(manifest, graph, params, hashlib.sha256(mbytes).hexdigest())
+    except UnknownOpError as e:
+        raise ModelFileError("unknown_op", f"{where} holds a graph with an op this triplane does not "
+                             f"know (a custom op is registered with tp.register_op before loading): "
+                             f"{e}") from None
     except GraphError as e:
         raise ModelFileError("corrupted", f"{where} holds a graph triplane cannot run: {e}") from None
     except (KeyError, TypeError, ValueError) as e:

@@ -55,6 +55,22 @@ def test_params_section_is_the_safetensors_layout(tmp_path: Path) -> None:
     assert n % 8 == 0 and set(listing) == set(PARAMS)
 
 
+def test_params_section_opens_with_the_safetensors_package(tmp_path: Path) -> None:
+    st = pytest.importorskip("safetensors.numpy")
+    plain = {k: v for k, v in PARAMS.items() if k != "h"}  # its numpy reader has no bfloat16
+    p = tmp_path / "plain.tpm"
+    modelfile.write(p, {}, GRAPH, plain)
+    manifest, _, _, _ = modelfile.read(p)
+    whole = p.read_bytes()
+    mlen, slen = struct.unpack_from("<QQ", whole, 16)
+    start = 64 + mlen + slen + manifest["params"]["offset"]
+    arrays = st.load(whole[start:start + manifest["params"]["length"]])
+    assert sorted(arrays) == sorted(plain)
+    for k, v in plain.items():
+        assert arrays[k].dtype == v.dtype
+        np.testing.assert_array_equal(arrays[k], v)
+
+
 def test_truncated_files_are_named_truncated(tmp_path: Path) -> None:
     p = _write(tmp_path)
     whole = p.read_bytes()

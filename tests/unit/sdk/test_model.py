@@ -127,7 +127,20 @@ def test_load_model_refuses_damaged_files_with_their_kind(tmp_path: Path) -> Non
 def test_save_model_refuses_what_is_not_a_model(tmp_path: Path) -> None:
     with pytest.raises(TypeError, match=r"output 0 .* is a int"):
         tp.save_model(lambda x: 3, np.ones((2, 2), np.float32), tmp_path / "n.tpm")
-    with pytest.raises(TypeError, match=r"a function or a tp\.nn\.Module"):
+    with pytest.raises(TypeError, match=r"a function, a tp\.nn\.Module or a tp\.Model"):
         tp.save_model(42, np.ones((2, 2), np.float32), tmp_path / "n.tpm")
     with pytest.raises(ValueError, match="names gives"):
         tp.save_model(lambda x: x, np.ones((2, 2), np.float32), tmp_path / "n.tpm", names=["a", "b"])
+
+
+def test_a_graph_with_an_op_this_process_lacks_is_named(tmp_path: Path) -> None:
+    from triplane.proto import modelfile
+
+    p = tmp_path / "m.tpm"
+    m = tp.save_model(lambda x: tp.relu(x), np.ones((2, 3), np.float32), p)
+    graph = m.graph.to_json().replace(b'"op":"relu"', b'"op":"my_custom_relu"')
+    fields = {k: v for k, v in m.manifest.items() if k not in modelfile.CONTAINER_KEYS}
+    modelfile.write(p, fields, graph, m.params)
+    with pytest.raises(tp.ModelFileError, match="my_custom_relu") as ei:
+        tp.load_model(p)
+    assert ei.value.kind == "unknown_op" and "tp.register_op" in str(ei.value)
