@@ -55,8 +55,15 @@ def test_served_on_a_cluster_one_request_per_batch_and_an_executor_lost(cluster:
                       max_wait_ms=10, block=False)
     try:
         sent: Counter[str] = Counter()
+        inline: list[int] = []  # per compiled-step request: its arguments sent inline
+
+        def seen(r: httpx.Request) -> None:
+            sent.update([f"{r.method} {r.url.path}"])
+            if r.method == "POST" and r.url.path == "/v1/jobs":
+                inline.append(sum(isinstance(a, dict) for a in json.loads(r.content).get("args", [])))
+
         for s in server.host.sessions:  # what the replicas send the scheduler from here on
-            s._client.event_hooks["request"].append(lambda r: sent.update([f"{r.method} {r.url.path}"]))
+            s._client.event_hooks["request"].append(seen)
         misses = sum(s.counters()["trace_misses"] for s in server.host.sessions)
         auth = {"Authorization": f"Bearer {cluster.token}"}
         c = httpx.Client(base_url=server.url, headers=auth, timeout=60)
@@ -79,6 +86,8 @@ def test_served_on_a_cluster_one_request_per_batch_and_an_executor_lost(cluster:
         assert sum(s.counters()["trace_misses"] for s in server.host.sessions) == misses
         assert sent["POST /v1/tensors"] == 0, sent
         assert sent["POST /v1/jobs"] == batches, (sent, batches)
+        # the batch travels inline; the parameters are bound by their upload ids
+        assert inline == [1] * batches, inline
 
         killer = threading.Timer(0.5, cluster.kill_executor, args=(0, signal.SIGKILL))
         killer.start()
