@@ -132,7 +132,7 @@ async def load(url: str, token: str, clients: int, requests: int, time_limit_s: 
     """``requests`` predicts from ``clients`` concurrent clients (one connection each);
     latencies and errors. ``events``: request index -> a coroutine function run (once)
     when that request is sent; the clients go on past ``requests`` until every event is
-    over."""
+    over, and a little after."""
     rng = np.random.default_rng(0)
     bodies = [json.dumps({"inputs": {"image": rng.random((1, 1, 8, 8)).round(4).tolist()}}).encode()
               for _ in range(64)]
@@ -142,14 +142,29 @@ async def load(url: str, token: str, clients: int, requests: int, time_limit_s: 
     sent = 0
     pending_events: list[asyncio.Task[Any]] = []
     deadline = time.monotonic() + time_limit_s
+    events_over_at: int | None = None  # requests sent when the last event ended
+
+    def more() -> bool:
+        """Go on to ``requests``, and past it while an event runs and for two requests per
+        client after it ended (so answers after a reload come from the new version)."""
+        nonlocal events_over_at
+        if time.monotonic() >= deadline:
+            return False
+        if sent < requests:
+            return True
+        if not pending_events:
+            return False
+        if any(not t.done() for t in pending_events):
+            return True
+        if events_over_at is None:
+            events_over_at = sent
+        return sent < events_over_at + 2 * clients
 
     async def worker() -> None:
         nonlocal sent
         conn = Connection(url, token)
         try:
-            # an event's row goes on until the event is over (a reload answers once warm)
-            while (sent < requests or any(not t.done() for t in pending_events)) \
-                    and time.monotonic() < deadline:
+            while more():
                 i = sent
                 sent += 1
                 if events and i in events:

@@ -135,6 +135,8 @@ def test_concurrent_requests_are_batched_and_a_reload_drops_none(served, tmp_pat
             r = admin.post("/v1/reload", json={"path": str(tmp_path / "v2.tpm")})
             assert r.status_code == 200, r.text
             reloaded.set()
+        if i >= 80:  # the last ones after the reload: they must meet the new version
+            assert reloaded.wait(60)
         with _client(server, "submit", tokens) as c:
             r = c.post("/v1/predict", json={"inputs": {"x": xs[i].tolist()}})
         if r.status_code != 200:
