@@ -111,7 +111,7 @@ def test_json_on_every_command_that_prints_data() -> None:
     from triplane.cli import app
 
     runner = CliRunner()
-    quiet = {"executor", "scheduler"}  # long-running servers: they print logs, not data
+    quiet = {"executor", "scheduler", "serve"}  # long-running servers: they print logs, not data
     for path in _commands():
         if " ".join(path) in quiet:
             continue
