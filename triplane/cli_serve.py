@@ -117,7 +117,8 @@ def serve_command(
     from triplane.sdk.model import load_model
     from triplane.serving import ModelServer, ServeOptions
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("triplane").setLevel(logging.INFO)  # its own lines; libraries at WARNING
     try:
         from triplane.launcher.rundir import RunDir
 

@@ -135,3 +135,17 @@ def test_triplane_serve_process_reloads_on_sighup(tmp_path: Path) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_triplane_serve_refuses_a_damaged_model_file_in_one_line(tmp_path: Path) -> None:
+    _cnn(tmp_path / "m.tpm")
+    data = bytearray((tmp_path / "m.tpm").read_bytes())
+    data[-10] ^= 0xFF  # a parameter byte: its checksum no longer matches
+    (tmp_path / "m.tpm").write_bytes(bytes(data))
+    r = subprocess.run([sys.executable, "-m", "triplane", "serve", str(tmp_path / "m.tpm"), "--embedded",
+                        "--port", "0", "--home", str(tmp_path / "home")],
+                       env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 1, r
+    assert "triplane serve:" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert "corrupted" in r.stderr or "checksum" in r.stderr.lower() or "SHA-256" in r.stderr, r.stderr
