@@ -30,7 +30,7 @@ import numpy as np
 
 from triplane.scheduler.errors import Unavailable
 
-__all__ = ["Batch", "Batcher", "Pending", "bucket", "buckets"]
+__all__ = ["Answer", "Batch", "Batcher", "Pending", "bucket", "buckets"]
 
 
 def buckets(max_batch: int) -> list[int]:
@@ -47,6 +47,14 @@ def bucket(rows: int, max_batch: int) -> int:
     return next((b for b in buckets(max_batch) if b >= rows), rows)
 
 
+@dataclass(frozen=True)
+class Answer:
+    """A request's outputs and the model version that computed them."""
+
+    outputs: list[np.ndarray]
+    version: str
+
+
 @dataclass
 class Pending:
     """One request: its inputs (signature order), its rows and when it arrived."""
@@ -54,7 +62,7 @@ class Pending:
     arrays: list[np.ndarray]
     rows: int
     arrived: float = field(default_factory=time.monotonic)
-    future: Future[list[np.ndarray]] = field(default_factory=Future)
+    future: Future[Answer] = field(default_factory=Future)
 
     @property
     def key(self) -> tuple[object, ...]:
@@ -70,12 +78,13 @@ class Batch:
     rows: int  # real rows
     size: int  # rows after padding
 
-    def split(self, outputs: Sequence[np.ndarray]) -> None:
-        """Give each request its rows of ``outputs`` (padding rows dropped)."""
+    def split(self, outputs: Sequence[np.ndarray], version: str = "") -> None:
+        """Give each request its rows of ``outputs`` (padding rows dropped), computed by
+        model ``version``."""
         at = 0
         for r in self.requests:
             if not r.future.done():
-                r.future.set_result([o[at:at + r.rows] for o in outputs])
+                r.future.set_result(Answer([o[at:at + r.rows] for o in outputs], version))
             at += r.rows
 
     def fail(self, error: BaseException) -> None:
@@ -118,8 +127,8 @@ class Batcher:
         self._forming = threading.Lock()  # one replica forms a batch at a time
         self._closed = False
 
-    def submit(self, arrays: list[np.ndarray], rows: int) -> Future[list[np.ndarray]]:
-        """Queue a request; its future resolves to its outputs (or the run's error)."""
+    def submit(self, arrays: list[np.ndarray], rows: int) -> Future[Answer]:
+        """Queue a request; its future resolves to its :class:`Answer` (or the run's error)."""
         p = Pending(arrays, rows)
         with self._cond:
             if self._closed:

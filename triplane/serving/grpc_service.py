@@ -82,15 +82,15 @@ class PredictorService(pb_grpc.PredictorServicer):
             self._caller(context)
             given = {name: decode_tensor(name, t.dtype, list(t.shape), t.data)
                      for name, t in request.inputs.items()}
-            outs = await asyncio.wrap_future(self.host.predict(given))
+            answer = await asyncio.wrap_future(self.host.predict(given))
         except TriplaneError as e:
             metrics.answered("grpc", e.kind, time.perf_counter() - started)
             raise
-        v = self.host.current
+        v = self.host.current  # every version has the signature of the first (reload checks)
         assert v is not None
         metrics.answered("grpc", "ok", time.perf_counter() - started)
-        return pb.PredictResponse(outputs={s.name: _tensor(o) for s, o in zip(v.outputs, outs)},
-                                  model_version=v.version)
+        return pb.PredictResponse(outputs={s.name: _tensor(o) for s, o in zip(v.outputs, answer.outputs)},
+                                  model_version=answer.version)
 
     @_unary
     async def GetModel(self, request: pb.ModelRequest, context: grpc.aio.ServicerContext) -> pb.ModelResponse:

@@ -40,7 +40,7 @@ from triplane.proto.errors import ModelFileError, TriplaneError
 from triplane.scheduler.errors import Conflict, SchedulerError, Unavailable
 from triplane.sdk.session import use_session
 from triplane.sdk.tensor import Tensor, realize
-from triplane.serving.batcher import Batch, Batcher, buckets
+from triplane.serving.batcher import Answer, Batch, Batcher, buckets
 from triplane.serving.metrics import ServeMetrics
 from triplane.serving.signature import Spec, batchable, check_inputs, specs_of
 
@@ -216,9 +216,10 @@ class ModelHost:
 
     # --- serving -------------------------------------------------------------------------
 
-    def predict(self, given: dict[str, Any]) -> Future[list[np.ndarray]]:
+    def predict(self, given: dict[str, Any]) -> Future[Answer]:
         """Check ``given`` (name -> array, nested lists or tensor form) against the
-        signature and queue it; a future of the outputs in signature order. The checks'
+        signature and queue it; a future of its :class:`Answer` (the outputs in signature
+        order, and the version that computed them). The checks'
         domain errors name the input at fault."""
         v, b = self.current, self.batcher
         assert v is not None and b is not None, "start() first"
@@ -256,7 +257,7 @@ class ModelHost:
                            SchedulerError(f"the model failed on this batch: {type(e).__name__}: {e}"))
                 return
         self.metrics.batch_done(batch.rows, batch.size, len(batch.requests), time.perf_counter() - started)
-        batch.split(outs)
+        batch.split(outs, v.version)
 
     def close(self) -> None:
         """Stop taking batches, fail what still waits, stop the replicas and close their

@@ -8,7 +8,8 @@ shape, ``{"error": {"kind", "message", ...}}``, and statuses (the same table,
 rows than one request may carry 413, a full queue 503.
 
 Tokens and roles are the scheduler's (``tokens.json`` and the admin token,
-``scheduler/api/auth.py``); :data:`ROUTE_ROLES` says who may call what: predicting and
+``scheduler/api/auth.py``); :data:`ROUTE_ROLES` says who may call what (each route's
+dependency reads it; a test checks that every route is listed): predicting and
 reading the model or metrics takes any client token (``read`` included: a prediction
 changes nothing on the cluster that the caller can see), a reload takes ``admin``.
 """
@@ -37,6 +38,8 @@ ROUTE_ROLES: dict[tuple[str, str], tuple[str, ...]] = {
     ("GET", "/v1/health"): PUBLIC,
     ("GET", "/openapi.json"): PUBLIC,
     ("GET", "/docs"): PUBLIC,
+    ("GET", "/docs/oauth2-redirect"): PUBLIC,
+    ("GET", "/redoc"): PUBLIC,
     ("GET", "/v1/model"): ANYONE,
     ("POST", "/v1/predict"): ANYONE,
     ("GET", "/metrics"): ANYONE,
@@ -85,8 +88,15 @@ def make_app(host: ModelHost, auth: Authenticator) -> FastAPI:
     metrics = host.metrics
     PredictRequest = request_model(v.inputs)
     PredictResponse = response_model(v.outputs)
-    anyone = Depends(auth.require(ANYONE, "use the model server"))
-    admin = Depends(auth.require(ADMIN, "reload the model"))
+
+    def may(method: str, path: str, what: str) -> Any:
+        """The dependency that lets the roles of ROUTE_ROLES[(method, path)] call it."""
+        return Depends(auth.require(ROUTE_ROLES[(method, path)], what))
+
+    reads_model = may("GET", "/v1/model", "read the model")
+    predicts = may("POST", "/v1/predict", "predict")
+    reloads = may("POST", "/v1/reload", "reload the model")
+    reads_metrics = may("GET", "/metrics", "read metrics")
 
     @app.get("/v1/health")
     async def health() -> dict[str, Any]:
@@ -94,42 +104,41 @@ def make_app(host: ModelHost, auth: Authenticator) -> FastAPI:
         return {"status": "ok", "model_version": cur.version if cur else None}
 
     @app.get("/v1/model", response_model=ModelInfo)
-    async def model(_: Principal = anyone) -> ModelInfo:
+    async def model(_: Principal = reads_model) -> ModelInfo:
         cur = host.current
         assert cur is not None and host.batcher is not None
         return ModelInfo(version=cur.version, path=str(cur.path), inputs=_specs(cur.inputs),
                          outputs=_specs(cur.outputs), replicas=host.replicas, max_batch=host.max_batch,
                          max_wait_ms=host.max_wait_s * 1000, batching=host.batcher.batching)
 
-    async def predict(body: PredictRequest, _: Principal = anyone) -> Any:  # type: ignore[valid-type]
+    async def predict(body: PredictRequest,  # type: ignore[valid-type]
+                      _: Principal = predicts) -> Any:
         started = time.perf_counter()
         try:
             inputs = body.inputs  # type: ignore[attr-defined]
             given = {name: getattr(inputs, name) for name in type(inputs).model_fields}
-            future = host.predict(given)
-            outs = await asyncio.wrap_future(future)
+            answer = await asyncio.wrap_future(host.predict(given))
         except TriplaneError as e:
             metrics.answered("http", e.kind, time.perf_counter() - started)
             raise
-        cur = host.current
-        names = [s.name for s in cur.outputs] if cur else []
         metrics.answered("http", "ok", time.perf_counter() - started)
-        body = {"outputs": {n: o.tolist() for n, o in zip(names, outs)},
-                "model_version": cur.version if cur else ""}
-        return Response(orjson.dumps(body), media_type="application/json")
+        outputs = {s.name: o.tolist() for s, o in zip(v.outputs, answer.outputs)}  # one signature
+        return Response(orjson.dumps({"outputs": outputs, "model_version": answer.version}),
+                        media_type="application/json")
 
     predict.__annotations__["body"] = PredictRequest
     app.post("/v1/predict", response_model=PredictResponse,
              summary="Predict: the model's outputs for a batch of inputs")(predict)
 
     @app.post("/v1/reload", response_model=ReloadResponse)
-    async def reload(body: ReloadRequest | None = None, _: Principal = admin) -> ReloadResponse:
+    async def reload(body: ReloadRequest | None = None,
+                     _: Principal = reloads) -> ReloadResponse:
         previous = host.current.version if host.current else ""
         new = await asyncio.to_thread(host.reload, body.path if body else None)
         return ReloadResponse(version=new.version, previous=previous)
 
     @app.get("/metrics")
-    async def prometheus(_: Principal = anyone) -> Response:
+    async def prometheus(_: Principal = reads_metrics) -> Response:
         return Response(metrics.render(lambda: len(host.batcher or ())),
                         media_type="text/plain; version=0.0.4; charset=utf-8")
 

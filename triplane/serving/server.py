@@ -59,6 +59,7 @@ class ModelServer:
                               retries=options.retries, key=key, metrics=self.metrics)
         self.auth = Authenticator(options.admin_token, tokens_file=options.tokens_file)
         self.url: str | None = None
+        self.app: Any = None  # the FastAPI app, once serving
         self.grpc_address: str | None = None
         self._stop: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -82,7 +83,7 @@ class ModelServer:
 
         o = self.options
         await asyncio.to_thread(self.host.start)
-        app = make_app(self.host, self.auth)
+        app = self.app = make_app(self.host, self.auth)
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:

@@ -88,6 +88,14 @@ def test_tokens_and_roles_are_the_schedulers(served) -> None:  # type: ignore[no
     assert _client(server, "submit", tokens).post("/v1/reload").status_code == 403
 
 
+def test_every_route_is_in_the_role_table(served) -> None:  # type: ignore[no-untyped-def]
+    from triplane.serving.http import ROUTE_ROLES
+
+    routes = {(m, r.path) for r in served[0].app.routes for m in getattr(r, "methods", ()) if m != "HEAD"}
+    assert routes - set(ROUTE_ROLES) == set(), "routes missing from ROUTE_ROLES"
+    assert ROUTE_ROLES[("POST", "/v1/reload")] == ("admin",)
+
+
 def test_openapi_is_typed_from_the_signature(served) -> None:  # type: ignore[no-untyped-def]
     server, _, tokens = served
     schemas = httpx.get(f"{server.url}/openapi.json").json()["components"]["schemas"]

@@ -34,8 +34,9 @@ def test_requests_waiting_together_form_one_padded_batch_and_split_back() -> Non
     assert x.shape == (8, 3)
     np.testing.assert_array_equal(x[:5, 0], [0, 1, 1, 2, 2])
     np.testing.assert_array_equal(x[5:], np.zeros((3, 3)))  # copies of the first row
-    batch.split([x * 10])
-    outs = [f.result(1)[0] for f in futures]
+    batch.split([x * 10], "v1")
+    assert {f.result(1).version for f in futures} == {"v1"}
+    outs = [f.result(1).outputs[0] for f in futures]
     assert [o.shape[0] for o in outs] == [1, 2, 2]
     np.testing.assert_array_equal(outs[2], np.full((2, 3), 20.0))
 
