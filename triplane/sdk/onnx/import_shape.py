@@ -261,3 +261,32 @@ def _gather_elements(n: Node, data: Tensor, idx: Tensor) -> Tensor:
     last = S.transpose(cut, (*[d for d in range(data.ndim) if d != a], a))
     picked = E.where(hot, S.unsqueeze(last, a), Tensor.from_array(np.zeros((), data.dtype.np)))
     return E.cast(R.sum(picked, -1), data.dtype)
+
+
+@op("Hardmax")
+def _hardmax(n: Node, x: Tensor) -> Tensor:
+    axis = n.get("axis", -1) % x.ndim
+    hot = F.one_hot(R.argmax(x, axis), x.shape[axis], dtype=x.dtype.name)  # the first maximum
+    return _move_last(hot, axis) if axis != x.ndim - 1 else hot
+
+
+@op("Compress")
+def _compress(n: Node, x: Tensor, cond: Tensor) -> Tensor:
+    keep = np.nonzero(value(cond).reshape(-1))[0]
+    axis = n.get("axis")
+    if axis is None:
+        x, axis = S.reshape(x, (x.size,)), 0
+    return S.gather(x, Tensor.from_array(keep.astype(np.int64)), axis % x.ndim)
+
+
+@op("GatherND")
+def _gather_nd(n: Node, data: Tensor, idx: Tensor) -> Tensor:
+    if n.get("batch_dims", 0):
+        raise n.refuse("batch_dims other than 0")
+    k = idx.shape[-1]
+    dims = data.shape[:k]
+    idx = E.cast(idx, "int64")
+    idx = E.where(E.lt(idx, 0), E.add(idx, Tensor.from_array(np.array(dims, np.int64))), idx)
+    strides = np.array([int(np.prod(dims[i + 1:])) for i in range(k)], np.int64)
+    flat = R.sum(E.mul(idx, Tensor.from_array(strides)), -1)  # the row of data reshaped to (prod(dims), ...)
+    return S.gather(S.reshape(data, (int(np.prod(dims)), *data.shape[k:])), flat, 0)
