@@ -22,7 +22,7 @@ import numpy as np
 
 from triplane.proto import dtypes as dt
 from triplane.proto.ir import Node
-from triplane.sdk.model import Model, build_model
+from triplane.sdk.model import Model, trace_model
 from triplane.sdk.onnx.import_ops import Unsupported
 from triplane.sdk.tensor import apply
 
@@ -358,20 +358,7 @@ def to_onnx(model: Any, example_inputs: Any = None, path: str | os.PathLike[str]
     if not isinstance(model, Model):
         if example_inputs is None:
             raise TypeError("to_onnx: a function or module needs example_inputs to be traced")
-        from triplane.sdk.nn.modules import Module
-
-        params = {}
-        modes = []
-        if isinstance(model, Module):
-            params = {id(t): k for k, t in [*model.named_parameters(), *model.named_buffers()]}
-            modes = [(m, m.training) for m in model.modules()]
-            model.eval()
-        try:
-            model = build_model(model, example_inputs, param_names=params,
-                                sig_fn=getattr(model, "forward", None))
-        finally:
-            for m, mode in modes:
-                m.training = mode
+        model = trace_model(model, example_inputs, what="to_onnx")
     changed = _dynamic_rules(model)
     dynamic = changed is not None
     e = Emitter()

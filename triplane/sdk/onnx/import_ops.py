@@ -84,10 +84,9 @@ for _name, _fn in _UNARY.items():
 
 _BINARY = {"Add": E.add, "Sub": E.sub, "Mul": E.mul, "Equal": E.eq, "Greater": E.gt,
            "GreaterOrEqual": E.ge, "Less": E.lt, "LessOrEqual": E.le, "And": E.logical_and,
-           "Or": E.logical_or, "Xor": E.ne, "BitwiseAnd": None}
+           "Or": E.logical_or, "Xor": E.ne}
 for _name, _fn in _BINARY.items():
-    if _fn is not None:
-        OPS[_name] = (lambda f: lambda n, a, b: f(a, b))(_fn)
+    OPS[_name] = (lambda f: lambda n, a, b: f(a, b))(_fn)
 
 
 @op("Identity")
