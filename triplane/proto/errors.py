@@ -115,6 +115,8 @@ class ModelFileError(TriplaneError, ValueError):
                             not registered)
     """
 
+    kind = "model_file"  # each instance says which check: one of the words above
+
     def __init__(self, kind: str, message: str) -> None:
         self.kind = kind
         super().__init__(message)

@@ -34,7 +34,7 @@ from triplane.proto.validate import validate
 from triplane.sdk.model_trace import BatchRule, apply_rules, batch_rules, trace, with_batch
 from triplane.sdk.tensor import Tensor, apply
 
-__all__ = ["Model", "ModelSignature", "TensorSpec", "load_model", "save_model"]
+__all__ = ["Model", "ModelSignature", "TensorSpec", "build_model", "load_model", "save_model", "trace_model"]
 
 
 class TensorSpec(NamedTuple):
@@ -193,6 +193,12 @@ def save_model(fn_or_module: Any, example_inputs: Any, path: str | os.PathLike[s
     ``Ed25519PrivateKey``. ``names``: the inputs' names (a list), or a mapping with
     ``inputs`` and ``outputs`` lists; by default the function's parameter names and
     ``output`` (``output0, output1, ...`` for several). Returns the model as written."""
+    return trace_model(fn_or_module, example_inputs, names=names, what="tp.save_model").save(path, key=key)
+
+
+def trace_model(fn_or_module: Any, example_inputs: Any, *, names: Any = None,
+                what: str = "trace_model") -> Model:
+    """The model :func:`save_model` writes, in memory (``to_onnx`` traces with it too)."""
     from triplane.sdk.nn.modules import Module
 
     params: dict[int, str] = {}
@@ -210,14 +216,13 @@ def save_model(fn_or_module: Any, example_inputs: Any, path: str | os.PathLike[s
         modes = [(m, m.training) for m in fn_or_module.modules()]
         fn_or_module.eval()
     elif not callable(fn_or_module):
-        raise TypeError(f"tp.save_model: expected a function, a tp.nn.Module or a tp.Model, got "
+        raise TypeError(f"{what}: expected a function, a tp.nn.Module or a tp.Model, got "
                         f"{type(fn_or_module).__name__}")
     try:
-        model = build_model(fn_or_module, example_inputs, names=names, param_names=params, sig_fn=sig_fn)
+        return build_model(fn_or_module, example_inputs, names=names, param_names=params, sig_fn=sig_fn)
     finally:
         for m, mode in modes:
             m.training = mode
-    return model.save(path, key=key)
 
 
 def build_model(fn: Callable[..., Any], example_inputs: Any, *, names: Any = None,

@@ -68,6 +68,25 @@ def test_trained_model_exported_runs_the_same_in_onnxruntime(tmp_path: Path) -> 
         np.testing.assert_array_equal(model(x[:batch]).numpy(), want)
 
 
+def test_batch_sized_shapes_stay_dynamic_in_onnx() -> None:
+    w = np.arange(12, dtype=np.float32).reshape(4, 3) / 10
+
+    def f(x: tp.Tensor) -> tp.Tensor:  # a recurrent step: a state of zeros as wide as the batch
+        n = x.shape[0]
+        h = tp.zeros((n, 3)) + tp.tanh(x @ w)
+        h = tp.broadcast_to(h.reshape(n, 1, 3), (n, 2, 3))
+        return h.reshape(n * 6)[: n * 5]
+
+    x = np.random.default_rng(0).normal(size=(4, 4)).astype(np.float32)
+    proto = to_onnx(f, x[:2])
+    assert proto.graph.input[0].type.tensor_type.shape.dim[0].dim_param == "batch"
+    assert {"Shape", "ConstantOfShape", "Expand"} <= {n.op_type for n in proto.graph.node}
+    session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    for batch in (1, 2, 4):
+        (got,) = session.run(None, {"x": x[:batch]})
+        np.testing.assert_allclose(got, f(tp.tensor(x[:batch])).numpy(), rtol=RTOL, atol=ATOL)
+
+
 def _helper_model() -> tuple[object, dict[str, np.ndarray]]:
     rng = np.random.default_rng(3)
     w1 = rng.normal(size=(6, 5)).astype(np.float32)

@@ -30,6 +30,9 @@ STATUS: dict[str, int] = {
     # the graph or the request is wrong (the body names the node and op)
     "request": 400, "graph": 400, "shape": 400, "dtype": 400, "attr": 400, "limit": 400,
     "unknown_op": 400, "placement": 400, "not_differentiable": 400,
+    # a model file refused (triplane/proto/errors.py ModelFileError: its kind says which check)
+    "model_file": 400, "not_a_model": 400, "truncated": 400, "corrupted": 400,
+    "unsupported_version": 400, "unsigned": 400, "bad_signature": 400, "tampered": 400,
     "unauthorized": 401,
     "forbidden": 403,
     "not_found": 404,

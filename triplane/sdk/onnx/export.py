@@ -8,8 +8,10 @@ without inputs (``constant``, ``full``, ``arange``...) is computed and stored as
 initializer. An op without an entry raises :class:`Unsupported` naming it and the node.
 
 The batch stays dynamic in ONNX (a ``batch`` dimension) when the model's batch rules
-touch only ``reshape`` shapes (written with ``-1`` there) and ``slice`` stops at the
-batch (written as "to the end"); otherwise the export is for the example's batch size.
+(``model_trace.py``) touch only attributes that are input tensors in ONNX
+(:data:`DYNAMIC_ATTRS`: the shapes of ``reshape``, ``broadcast_to`` and ``full``, the
+bounds of ``slice``): those are computed from ``Shape`` of a batched input at run time.
+Otherwise the export is for the example's batch size.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import numpy as np
 
 from triplane.proto import dtypes as dt
 from triplane.proto.ir import Node
-from triplane.sdk.model import Model, build_model
+from triplane.sdk.model import Model, trace_model
 from triplane.sdk.onnx.import_ops import Unsupported
 from triplane.sdk.tensor import apply
 
@@ -41,6 +43,11 @@ class Emitter:
         self.inits: list[Any] = []
         self.shapes: dict[str, tuple[int, ...]] = {}  # a triplane node's ONNX name -> its shape
         self._n = 0
+        # the batch rules of the node being written: attr -> [(index, scale, offset)], and the
+        # input whose dimension 0 is the batch (read with Shape when a rule needs it)
+        self.rules: dict[str, list[tuple[int, int, int]]] = {}
+        self.batch_input: str | None = None
+        self._batch: str | None = None
 
     def fresh(self, hint: str) -> str:
         self._n += 1
@@ -52,6 +59,22 @@ class Emitter:
         out = out or self.fresh(op.lower())
         self.nodes.append(helper.make_node(op, inputs, [out], **attrs))
         return out
+
+    def ints(self, n: Node, attr: str) -> str:
+        """The integer list attribute ``attr`` of ``n`` as an int64 tensor: a constant, or,
+        where batch rules touch it, computed from the batch at run time."""
+        values = list(n.attrs[attr])
+        rules = self.rules.get(attr)
+        if not rules:
+            return self.const(values)
+        if self._batch is None:
+            assert self.batch_input is not None
+            self._batch = self.node("Shape", [self.batch_input], start=0, end=1)
+        pieces = [self.const([v]) for v in values]
+        for i, scale, offset in rules:
+            pieces[i] = self.node("Add", [self.node("Mul", [self._batch, self.const([scale])]),
+                                          self.const([offset])])
+        return self.node("Concat", pieces, axis=0)
 
     def const(self, value: Any, dtype: Any = np.int64) -> str:
         from onnx import numpy_helper
@@ -201,7 +224,7 @@ def _argmax(e: Emitter, n: Node, ins: list[str], out: str) -> str:
 def _reshape(e: Emitter, n: Node, ins: list[str], out: str) -> str:
     shape = list(n.attrs["shape"])
     # ONNX reads a 0 in the shape as "keep this dimension" unless allowzero is set
-    return e.node("Reshape", [ins[0], e.const(shape)], out, **({"allowzero": 1} if 0 in shape else {}))
+    return e.node("Reshape", [ins[0], e.ints(n, "shape")], out, **({"allowzero": 1} if 0 in shape else {}))
 
 
 @rule("transpose")
@@ -211,7 +234,7 @@ def _transpose(e: Emitter, n: Node, ins: list[str], out: str) -> str:
 
 @rule("broadcast_to")
 def _broadcast(e: Emitter, n: Node, ins: list[str], out: str) -> str:
-    return e.node("Expand", [ins[0], e.const(list(n.attrs["shape"]))], out)
+    return e.node("Expand", [ins[0], e.ints(n, "shape")], out)
 
 
 @rule("squeeze", "unsqueeze")
@@ -236,7 +259,7 @@ def _stack(e: Emitter, n: Node, ins: list[str], out: str) -> str:
 def _slice(e: Emitter, n: Node, ins: list[str], out: str) -> str:
     a = n.attrs
     k = len(a["starts"])
-    return e.node("Slice", [ins[0], e.const(list(a["starts"])), e.const(list(a["stops"])),
+    return e.node("Slice", [ins[0], e.ints(n, "starts"), e.ints(n, "stops"),
                             e.const(list(range(k))), e.const(list(a["steps"]))], out)
 
 
@@ -331,21 +354,24 @@ def _mse(e: Emitter, n: Node, ins: list[str], out: str) -> str:
 # --- the graph ---------------------------------------------------------------------------------
 
 
-def _dynamic_rules(model: Model) -> dict[str, dict[str, Any]] | None:
-    """node -> attrs rewritten for a dynamic batch, or None when the batch must stay fixed."""
+# the attributes a batch rule may touch and stay dynamic in ONNX (they become input tensors there)
+DYNAMIC_ATTRS = {("reshape", "shape"), ("broadcast_to", "shape"), ("full", "shape"),
+                 ("slice", "starts"), ("slice", "stops")}
+
+
+def _batch_rules(model: Model) -> dict[str, dict[str, list[tuple[int, int, int]]]] | None:
+    """node -> attr -> [(index, scale, offset)] for a dynamic batch in ONNX, or None when
+    the batch must stay fixed (not dynamic, or a rule on an attribute ONNX keeps static)."""
     if not model.manifest["batch"]["dynamic"]:
         return None
-    changed: dict[str, dict[str, Any]] = {}
+    out: dict[str, dict[str, list[tuple[int, int, int]]]] = {}
     for r in model.manifest["batch"]["rules"]:
-        node = model.graph.nodes[r["node"]]
-        attrs = changed.setdefault(r["node"], dict(node.attrs))
-        if node.op == "reshape" and len(r["path"]) == 1 and -1 not in attrs["shape"]:
-            attrs["shape"] = tuple(-1 if i == r["path"][0] else s for i, s in enumerate(attrs["shape"]))
-        elif node.op == "slice" and r["attr"] == "stops" and (r["scale"], r["offset"]) == (1, 0):
-            attrs["stops"] = tuple(END if i == r["path"][0] else s for i, s in enumerate(attrs["stops"]))
-        else:
+        op = model.graph.nodes[r["node"]].op
+        if (op, r["attr"]) not in DYNAMIC_ATTRS or len(r["path"]) != 1:
             return None
-    return changed
+        entry = (r["path"][0], r["scale"], r["offset"])
+        out.setdefault(r["node"], {}).setdefault(r["attr"], []).append(entry)
+    return out
 
 
 def to_onnx(model: Any, example_inputs: Any = None, path: str | os.PathLike[str] | None = None) -> Any:
@@ -358,23 +384,12 @@ def to_onnx(model: Any, example_inputs: Any = None, path: str | os.PathLike[str]
     if not isinstance(model, Model):
         if example_inputs is None:
             raise TypeError("to_onnx: a function or module needs example_inputs to be traced")
-        from triplane.sdk.nn.modules import Module
-
-        params = {}
-        modes = []
-        if isinstance(model, Module):
-            params = {id(t): k for k, t in [*model.named_parameters(), *model.named_buffers()]}
-            modes = [(m, m.training) for m in model.modules()]
-            model.eval()
-        try:
-            model = build_model(model, example_inputs, param_names=params,
-                                sig_fn=getattr(model, "forward", None))
-        finally:
-            for m, mode in modes:
-                m.training = mode
-    changed = _dynamic_rules(model)
-    dynamic = changed is not None
+        model = trace_model(model, example_inputs, what="to_onnx")
+    rules = _batch_rules(model)
+    dynamic = rules is not None
     e = Emitter()
+    batched = [s.name for s in model.signature.inputs if s.shape and s.shape[0] is None]
+    e.batch_input = batched[0] if batched else None
     names: dict[str, str] = {}
     outputs = {nid: spec.name for nid, spec in zip(model.graph.outputs, model.signature.outputs)}
     for nid, node in model.graph.nodes.items():
@@ -392,6 +407,13 @@ def to_onnx(model: Any, example_inputs: Any = None, path: str | os.PathLike[str]
                 e.shapes[key] = node.shape
             continue
         out = outputs.get(nid, nid)
+        e.rules = (rules or {}).get(nid, {})
+        if node.op == "full" and e.rules:  # of the batch's size: made at run time
+            from onnx import numpy_helper
+
+            fill = numpy_helper.from_array(np.array([node.attrs["value"]], _np_name(node.dtype)))
+            names[nid] = e.node("ConstantOfShape", [e.ints(node, "shape")], out, value=fill)
+            continue
         if not node.inputs:  # a constant of the graph: computed here, stored as an initializer
             value = apply(node.op, [], **node.attrs).numpy()
             names[nid] = e.node("Identity", [e.const(value, value.dtype)], out)
@@ -400,8 +422,6 @@ def to_onnx(model: Any, example_inputs: Any = None, path: str | os.PathLike[str]
         if fn is None:
             raise Unsupported(f"node {nid!r} ({node.op}): no ONNX form for triplane op {node.op!r} "
                               f"(exported ops: {', '.join(sorted(EXPORTS))})")
-        if changed and nid in changed:
-            node = node.replace(attrs=changed[nid])
         names[nid] = fn(e, node, [names[i] for i in node.inputs], out)
         e.shapes[names[nid]] = node.shape
     for nid, name in outputs.items():

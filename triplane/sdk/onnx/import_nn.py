@@ -10,7 +10,7 @@ from triplane.sdk import linalg as L
 from triplane.sdk import reduce as R
 from triplane.sdk import shape as S
 from triplane.sdk.nn import functional as F
-from triplane.sdk.onnx.import_ops import Node, op, value
+from triplane.sdk.onnx.import_ops import Node, onnx_dtype, op, value
 from triplane.sdk.tensor import Tensor
 
 __all__: list[str] = []
@@ -132,3 +132,80 @@ def _cumsum(n: Node, x: Tensor, axis: Tensor) -> Tensor:
     back = list(range(x.ndim - 1))
     back.insert(ax, x.ndim - 1)
     return S.transpose(y, tuple(back))
+
+
+# --- attention ---------------------------------------------------------------------------------
+
+
+def _neg_inf(like: Tensor, shape: tuple[int, ...]) -> Tensor:
+    return Tensor.from_array(np.full(shape, -np.inf, like.dtype.np))
+
+
+@op("Attention")
+def _attention(n: Node, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
+               past_k: Tensor | None = None, past_v: Tensor | None = None,
+               nonpad: Tensor | None = None) -> list[Tensor]:
+    """ONNX Attention (opset 23): softmax(Q K^T * scale + bias) V over heads, with the
+    grouped-query repeat of K and V, causal and window masks, softcap and a past cache."""
+    if nonpad is not None:
+        raise n.refuse("nonpad_kv_seqlen (an external cache)")
+    three_d = q.ndim == 3
+    if three_d:
+        qh, kvh = n.get("q_num_heads"), n.get("kv_num_heads")
+
+        def heads(t: Tensor, h: int) -> Tensor:
+            b, seq, hidden = t.shape
+            return S.transpose(S.reshape(t, (b, seq, h, hidden // h)), (0, 2, 1, 3))
+        q, k, v = heads(q, qh), heads(k, kvh), heads(v, kvh)
+    scale = n.get("scale")
+    root = float(np.sqrt(1 / np.sqrt(q.shape[3]) if scale is None else scale))
+    offset = 0 if past_k is None else past_k.shape[2]
+    if past_k is not None:
+        k, v = S.concat([past_k, k], 2), S.concat([past_v, v], 2)
+    present_k, present_v = k, v
+    lq, lk = q.shape[2], k.shape[2]
+    bias = None
+    if mask is not None:
+        if mask.shape[-1] < lk:  # padded to the keys' length: masked out
+            rest = (*mask.shape[:-1], lk - mask.shape[-1])
+            fill = (Tensor.from_array(np.zeros(rest, bool)) if mask.dtype.kind == "bool"
+                    else _neg_inf(mask, rest))
+            mask = S.concat([mask, fill], -1)
+        bias = E.where(mask, E.cast(0, q.dtype), _neg_inf(q, ())) if mask.dtype.kind == "bool" else mask
+    i, j = np.arange(lq)[:, None] + offset, np.arange(lk)[None, :]
+    allowed = np.ones((lq, lk), bool)
+    if n.get("is_causal", 0):
+        allowed &= j <= i
+    left, right = n.get("left_window_size", -1), n.get("right_window_size", -1)
+    if left >= 0:
+        allowed &= i - j <= left
+    if right >= 0:
+        allowed &= j - i <= right
+    if not allowed.all():
+        static = Tensor.from_array(np.where(allowed, 0, -np.inf).astype(q.dtype.np))
+        bias = static if bias is None else E.add(bias, static)
+    groups = q.shape[1] // k.shape[1]
+    if groups > 1:  # each K/V head serves `groups` query heads in turn (numpy.repeat on axis 1)
+        def rep(t: Tensor) -> Tensor:
+            b, h, seq, d = t.shape
+            wide = S.broadcast_to(S.unsqueeze(t, 2), (b, h, groups, seq, d))
+            return S.reshape(wide, (b, h * groups, seq, d))
+        k, v = rep(k), rep(v)
+    qk = L.matmul(E.mul(q, root), S.transpose(E.mul(k, root), (0, 1, 3, 2)))
+    cap = n.get("softcap", 0.0)
+    if cap and cap > 0:
+        qk = E.mul(E.tanh(E.div(qk, cap)), cap)
+    scores = qk if bias is None else E.add(qk, bias)
+    mode = n.get("qk_matmul_output_mode", 0)
+    precision = n.get("softmax_precision")
+    probs = F.softmax(E.cast(scores, onnx_dtype(precision, n)) if precision else scores, -1)
+    if bias is not None:  # a row with every key masked attends to nothing
+        masked = E.eq(R.max(E.add(E.mul(qk, 0), bias), -1, True), -np.inf)
+        probs = E.where(masked, Tensor.from_array(np.zeros((), probs.dtype.np)), probs)
+    probs = E.cast(probs, q.dtype)
+    y = L.matmul(probs, v)
+    if three_d:
+        b, h, seq, d = y.shape
+        y = S.reshape(S.transpose(y, (0, 2, 1, 3)), (b, seq, h * d))
+    qk_out = {2: scores, 3: probs}.get(mode, qk)
+    return [y, present_k, present_v, E.cast(qk_out, q.dtype)]

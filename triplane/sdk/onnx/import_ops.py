@@ -84,10 +84,9 @@ for _name, _fn in _UNARY.items():
 
 _BINARY = {"Add": E.add, "Sub": E.sub, "Mul": E.mul, "Equal": E.eq, "Greater": E.gt,
            "GreaterOrEqual": E.ge, "Less": E.lt, "LessOrEqual": E.le, "And": E.logical_and,
-           "Or": E.logical_or, "Xor": E.ne, "BitwiseAnd": None}
+           "Or": E.logical_or, "Xor": E.ne}
 for _name, _fn in _BINARY.items():
-    if _fn is not None:
-        OPS[_name] = (lambda f: lambda n, a, b: f(a, b))(_fn)
+    OPS[_name] = (lambda f: lambda n, a, b: f(a, b))(_fn)
 
 
 @op("Identity")
@@ -333,7 +332,7 @@ def _check2d(n: Node, x: Tensor) -> None:
 def _lift1d(n: Node) -> Node:
     """A 1-d convolution or pool's node as the 2-d one over (N, C, 1, L)."""
     a = dict(n.attrs)
-    for key, one in (("kernel_shape", 1), ("strides", 1), ("dilations", 1)):
+    for key, one in (("kernel_shape", 1), ("strides", 1), ("dilations", 1), ("output_padding", 0)):
         if key in a:
             a[key] = [one, *a[key]]
     if "pads" in a:
@@ -359,6 +358,26 @@ def _conv(n: Node, x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
     pads = _pads2d(n, x, k, strides, dil)
     return F.conv2d(x, w, b, stride=tuple(strides), padding=pads, dilation=tuple(dil),
                     groups=n.get("group", 1))
+
+
+@op("ConvTranspose")
+@_one_d
+def _conv_transpose(n: Node, x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
+    """The input-gradient of the convolution it transposes (``conv2d_grad_input``)."""
+    _check2d(n, x)
+    if n.get("output_shape") is not None or n.get("auto_pad", "NOTSET") != "NOTSET":
+        raise n.refuse("output_shape or auto_pad (give pads and output_padding)")
+    strides, dil = list(n.get("strides", [1, 1])), list(n.get("dilations", [1, 1]))
+    k = list(n.get("kernel_shape", w.shape[2:]))
+    p = list(n.get("pads", [0, 0, 0, 0]))
+    if p[0] != p[2] or p[1] != p[3]:
+        raise n.refuse(f"pads {p} (triplane pads both sides of an axis alike)")
+    extra = list(n.get("output_padding", [0, 0]))
+    group = n.get("group", 1)
+    hw = [strides[i] * (x.shape[2 + i] - 1) + extra[i] + (k[i] - 1) * dil[i] + 1 - 2 * p[i] for i in range(2)]
+    y = apply("conv2d_grad_input", [x, w], stride=tuple(strides), padding=(p[0], p[1]), dilation=tuple(dil),
+              groups=group, input_shape=(x.shape[0], w.shape[1] * group, *hw))
+    return y if b is None else E.add(y, S.reshape(b, (1, b.shape[0], 1, 1)))
 
 
 @op("MaxPool", "AveragePool")

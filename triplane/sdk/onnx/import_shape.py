@@ -171,6 +171,10 @@ def _pad(n: Node, x: Tensor, pads: Tensor | None = None, cval: Tensor | None = N
         width[a] = [p[i], p[i + len(ax)]]
     c = value(cval) if cval is not None else n.get("value", 0)
     c = 0 if c is None or np.size(c) == 0 else np.asarray(c).reshape(-1)[0].item()
+    if isinstance(c, float) and not np.isfinite(c):  # no attribute holds it: padded, then filled in
+        inner = np.pad(np.ones(x.shape, bool), width, constant_values=False)
+        fill = Tensor.from_array(np.array(c, x.dtype.np))
+        return E.where(Tensor.from_array(inner), S.pad(x, width, 0), fill)
     return S.pad(x, width, c)
 
 
@@ -241,3 +245,48 @@ def _eye_like(n: Node, x: Tensor) -> Tensor:
 
     d = onnx_dtype(n.get("dtype"), n) if n.get("dtype") is not None else x.dtype
     return eye(x.shape[0], x.shape[1], k=n.get("k", 0), dtype=d.name)
+
+
+@op("GatherElements")
+def _gather_elements(n: Node, data: Tensor, idx: Tensor) -> Tensor:
+    """out[..., i_a, ...] = data[..., idx[..., i_a, ...], ...] along ``axis``: a one-hot of
+    the indices selects from ``data`` (its other axes cut to the indices' sizes)."""
+    a = n.get("axis", 0) % data.ndim
+    k = data.shape[a]
+    idx = E.cast(idx, "int64")
+    idx = E.where(E.lt(idx, 0), E.add(idx, k), idx)
+    hot = F.one_hot(idx, k, dtype="bool")  # idx.shape + (k,)
+    stops = [k if d == a else idx.shape[d] for d in range(data.ndim)]
+    cut = S.slice(data, [0] * data.ndim, stops, [1] * data.ndim, list(range(data.ndim)))
+    last = S.transpose(cut, (*[d for d in range(data.ndim) if d != a], a))
+    picked = E.where(hot, S.unsqueeze(last, a), Tensor.from_array(np.zeros((), data.dtype.np)))
+    return E.cast(R.sum(picked, -1), data.dtype)
+
+
+@op("Hardmax")
+def _hardmax(n: Node, x: Tensor) -> Tensor:
+    axis = n.get("axis", -1) % x.ndim
+    hot = F.one_hot(R.argmax(x, axis), x.shape[axis], dtype=x.dtype.name)  # the first maximum
+    return _move_last(hot, axis) if axis != x.ndim - 1 else hot
+
+
+@op("Compress")
+def _compress(n: Node, x: Tensor, cond: Tensor) -> Tensor:
+    keep = np.nonzero(value(cond).reshape(-1))[0]
+    axis = n.get("axis")
+    if axis is None:
+        x, axis = S.reshape(x, (x.size,)), 0
+    return S.gather(x, Tensor.from_array(keep.astype(np.int64)), axis % x.ndim)
+
+
+@op("GatherND")
+def _gather_nd(n: Node, data: Tensor, idx: Tensor) -> Tensor:
+    if n.get("batch_dims", 0):
+        raise n.refuse("batch_dims other than 0")
+    k = idx.shape[-1]
+    dims = data.shape[:k]
+    idx = E.cast(idx, "int64")
+    idx = E.where(E.lt(idx, 0), E.add(idx, Tensor.from_array(np.array(dims, np.int64))), idx)
+    strides = np.array([int(np.prod(dims[i + 1:])) for i in range(k)], np.int64)
+    flat = R.sum(E.mul(idx, Tensor.from_array(strides)), -1)  # the row of data reshaped to (prod(dims), ...)
+    return S.gather(S.reshape(data, (int(np.prod(dims)), *data.shape[k:])), flat, 0)
