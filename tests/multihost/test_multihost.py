@@ -1,0 +1,113 @@
+"""Schedulers and executors on separate hosts (network namespaces, conftest.py): results,
+peer-to-peer tiles, a partitioned executor, the leader's host cut off, etcd restarted."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+from conftest import EXECUTORS, MultiHost, wait_for
+
+import triplane as tp
+from triplane.sdk.tensor import build_graph
+
+TTL_S = 5.0  # the executors' and schedulers' lease TTL (their defaults)
+
+
+def _weights(n: int, scale: float) -> tuple[Any, np.ndarray]:
+    """An n x n matrix made on the executors (no upload): tanh(arange * scale)."""
+    t = tp.tanh(tp.arange(0, n * n, dtype="float32").reshape((n, n)) * scale)
+    ref = np.tanh(np.arange(n * n, dtype=np.float32).reshape(n, n) * np.float32(scale))
+    return t, ref
+
+
+def matmul_job(n: int) -> tuple[dict[str, Any], np.ndarray]:
+    """(graph, expected): row sums of A @ B for two n x n matrices made on the executors."""
+    a, ra = _weights(n, 1e-5)
+    b, rb = _weights(n, 3e-6)
+    g, _, bindings = build_graph([(a @ b).sum(axis=1)])
+    assert not bindings
+    return g.to_dict(), (ra @ rb).sum(axis=1)
+
+
+def chains_job(chains: int, length: int, n: int) -> tuple[dict[str, Any], list[str], list[np.ndarray]]:
+    """``chains`` independent chains x <- tanh(x @ W) of ``length`` links each (every link an
+    output: no fusion across them): many tasks that keep three executors busy a while."""
+    w, rw = _weights(n, 1e-5)
+    outs, refs = [], []
+    for c in range(chains):
+        x = tp.arange(c, c + n * n, dtype="float32").reshape((n, n)) * 1e-6
+        rx = np.arange(c, c + n * n, dtype=np.float32).reshape(n, n) * np.float32(1e-6)
+        for _ in range(length):
+            x = tp.tanh(x @ w)
+            rx = np.tanh(rx @ rw)
+        outs.append(x.sum(axis=1))
+        refs.append(rx.sum(axis=1))
+    g, tensors, _ = build_graph(outs)
+    ids = [next(k for k, t in tensors.items() if t is o) for o in outs]
+    return g.to_dict(), ids, refs
+
+
+def submit(c: MultiHost, sched: str, graph: dict[str, Any], fetch: list[str]) -> str:
+    r = c.http("POST", c.url(sched) + "/v1/jobs", json={"graph": graph, "fetch": fetch})
+    assert r.status_code == 201, r.text
+    return str(r.json()["id"])
+
+
+def wait_done(c: MultiHost, sched: str, job: str, timeout: float) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while True:
+        body = c.http("GET", c.url(sched) + f"/v1/jobs/{job}/wait", params={"timeout": 5}, timeout=10).json()
+        if body.get("state") in ("done", "failed", "cancelled") or time.monotonic() > deadline:
+            return body
+
+
+def fetch(c: MultiHost, sched: str, job: str, name: str) -> np.ndarray:
+    r = c.http("GET", c.url(sched) + f"/v1/jobs/{job}/tensors/{name}")
+    assert r.status_code == 200, r.text
+    return np.frombuffer(r.content, np.float32)
+
+
+def tasks(c: MultiHost, sched: str, job: str) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    cursor = None
+    while True:
+        params = {"limit": 1000, **({"cursor": cursor} if cursor else {})}
+        page = c.http("GET", c.url(sched) + f"/v1/jobs/{job}/tasks", params=params).json()
+        out += page["items"]
+        cursor = page.get("next")
+        if not cursor:
+            return out
+
+
+def all_three(stats: dict[str, Any]) -> dict[str, Any] | None:
+    return stats if len(stats) == len(EXECUTORS) else None
+
+
+def test_results_equal_numpy_and_tiles_move_between_executor_hosts(cluster: MultiHost) -> None:
+    c = cluster
+    lead = c.leader()
+    nodes = c.nodes(lead)
+    # Bound to 0.0.0.0, each executor published the address of its own host (the route to etcd).
+    assert nodes == {name: c.net[name].ip for name in EXECUTORS}, nodes
+    stats0 = wait_for(lambda: all_three(c.executor_stats()), 10, "every executor's counters")
+    peer0 = {n: s["tasks_peer_bytes"] for n, s in stats0.items()}
+    sched_link0 = c.net.link_bytes(lead)
+    graph, expected = matmul_job(1536)
+    job = submit(c, lead, graph, [graph["outputs"][0]])
+    body = wait_done(c, lead, job, 120)
+    assert body["state"] == "done", body
+    np.testing.assert_allclose(fetch(c, lead, job, graph["outputs"][0]), expected, rtol=2e-4)
+    ran_on = {t["node"] for t in tasks(c, lead, job)}
+    assert len(ran_on) >= 2, f"the job's tasks ran on {ran_on} only"
+    # Tiles moved executor to executor: their pulls from peers count megabytes, while the
+    # scheduler's host saw a small part of that on its link (packets and the small result).
+    time.sleep(1.5)  # the executors publish their counters every second
+    peer = {n: s["tasks_peer_bytes"] - peer0.get(n, 0) for n, s in c.executor_stats().items()}
+    moved = sum(peer.values())
+    sched_link = c.net.link_bytes(lead)
+    through_sched = sched_link["rx"] + sched_link["tx"] - sched_link0["rx"] - sched_link0["tx"]
+    print(f"peer bytes {peer}, the scheduler host's link {through_sched}")
+    assert moved > 4 << 20, peer
+    assert through_sched < moved / 4, (through_sched, peer)
