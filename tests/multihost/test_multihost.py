@@ -111,3 +111,46 @@ def test_results_equal_numpy_and_tiles_move_between_executor_hosts(cluster: Mult
     print(f"peer bytes {peer}, the scheduler host's link {through_sched}")
     assert moved > 4 << 20, peer
     assert through_sched < moved / 4, (through_sched, peer)
+
+
+def progress(c: MultiHost, sched: str, job: str) -> int:
+    return int(c.http("GET", c.url(sched) + f"/v1/jobs/{job}").json()["progress"]["done"])
+
+
+def test_a_partitioned_executor_host_drifts_its_tasks_and_rejoins(cluster: MultiHost) -> None:
+    c = cluster
+    lead = c.leader()
+    victim = "exec-2"
+    graph, ids, refs = chains_job(3, 30, 256)
+    t_submit = time.monotonic()
+    job = submit(c, lead, graph, ids)
+    total = len(graph["nodes"])
+    wait_for(lambda: any(t["node"] == victim and t["state"] == "done" for t in tasks(c, lead, job)),
+             60, f"a task done on {victim}")
+    cut_at = time.time()
+    c.net.cut(victim)
+    try:
+        wait_for(lambda: victim not in c.nodes(lead), TTL_S + 5, f"{victim} to leave the registry")
+        gone_s = time.time() - cut_at
+        body = wait_done(c, lead, job, 120)
+        assert body["state"] == "done", body
+        for name, ref in zip(ids, refs):
+            np.testing.assert_allclose(fetch(c, lead, job, name), ref, rtol=1e-4)
+        rows = tasks(c, lead, job)
+        # Each task that left the cut host did so within the lease TTL (plus the dispatcher's
+        # resend and tick), and ran to the end elsewhere.
+        left = [(t, d) for t in rows for d in t["drifts"] if d["at"] >= cut_at and d["from"] == victim]
+        assert left, "no task left the partitioned host"
+        assert all(t["node"] != victim for t, _ in left), left[:3]
+        late = [d["at"] - cut_at for _, d in left]
+        assert max(late) <= TTL_S + 3, [(d["reason"], round(d["at"] - cut_at, 1)) for _, d in left]
+        drifted = {t["id"] for t, _ in left}
+        print(f"{total} nodes, {len(rows)} tasks; {victim} gone from the registry {gone_s:.1f} s after "
+              f"the cut, {len(drifted)} tasks drifted within {max(late):.1f} s; job "
+              f"{time.monotonic() - t_submit:.1f} s")
+    finally:
+        c.net.heal(victim)
+    healed = time.monotonic()
+    wait_for(lambda: victim in c.nodes(lead), 30, f"{victim} to rejoin")
+    print(f"{victim} back in the registry {time.monotonic() - healed:.1f} s after the heal")
+    assert c.nodes(lead)[victim] == c.net[victim].ip
