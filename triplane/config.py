@@ -89,6 +89,8 @@ FIELDS: tuple[Field, ...] = (
     Field("scheduler", "grpc_port", int, None, "serve gRPC on this port too (0: any free)"),
     Field("executor", "bind", str, "127.0.0.1", "address to listen on (0.0.0.0: every interface)"),
     Field("executor", "advertise", str, None, "address published to the scheduler and peers"),
+    Field("executor", "packet_port", int, 0, "UDP+TCP packet port (0: any free)"),
+    Field("executor", "data_port", int, 0, "TCP data port of tiles (0: any free; fixed for a probe)"),
     Field("executor", "name", str, None, "node id (default <hostname>-<pid>)"),
     Field("executor", "memory", str, "8GiB", "host memory for tiles"),
     Field("executor", "engines", str, "auto", "op engines, comma-separated"),

@@ -122,7 +122,7 @@ class MultiHost:
         cfg = self.tmp / f"{name}.toml"
         cfg.write_text(f'[cluster]\nregistry = "{self.etcd.url}"\nsecret_file = "{self.tmp / "secret"}"\n'
                        f'log_level = "warning"\n\n[executor]\nbind = "0.0.0.0"\nmemory = "512MiB"\n'
-                       f'engines = "numpy"\nname = "{name}"\n')
+                       f'engines = "numpy"\nname = "{name}"\npacket_port = 7000\ndata_port = 7001\n')
         env = {k: v for k, v in os.environ.items() if not k.startswith("TRIPLANE_")}
         self.executors[name] = self.net[name].popen(
             [sys.executable, "-m", "triplane", "executor", "--config", str(cfg)],

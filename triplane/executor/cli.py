@@ -38,7 +38,8 @@ class _Usage(Exception):
 async def _serve(registry: str, engines: list[str], memory_bytes: int,
                  memory_engine: tuple[str, dict[str, Any]], host: str, name: str | None, secret: bytes,
                  drop_udp: float, fault_seed: int, limits: Limits, persist: str | None = None,
-                 network_delay_ms: float = 0.0, advertise: str | None = None) -> int:
+                 network_delay_ms: float = 0.0, advertise: str | None = None,
+                 ports: tuple[int, int] = (0, 0)) -> int:
     from triplane.executor.daemon import Executor
     from triplane.registry import RegistryUnavailable, connect_registry
 
@@ -54,7 +55,8 @@ async def _serve(registry: str, engines: list[str], memory_bytes: int,
     executor = Executor(backend, secret, memory_bytes=memory_bytes, engines=engines,
                         memory_engine=memory_engine[0], memory_options=memory_engine[1], persist=persist,
                         host=host, name=name, drop_udp=drop_udp, fault_seed=fault_seed, limits=limits,
-                        network_delay_ms=network_delay_ms, advertise=advertise)
+                        network_delay_ms=network_delay_ms, advertise=advertise,
+                        packet_port=ports[0], data_port=ports[1])
     try:
         await executor.start()
     except RegistryUnavailable as e:
@@ -91,6 +93,8 @@ def executor_command(
                                              help="address to listen on (0.0.0.0: every interface)")] = None,
     advertise: Annotated[str | None, typer.Option(
         help="address to publish (default: --bind, or with 0.0.0.0 the one routing to the registry)")] = None,
+    packet_port: Annotated[int | None, typer.Option(help="UDP+TCP packet port (0: any free)")] = None,
+    data_port: Annotated[int | None, typer.Option(help="TCP data port of tiles (0: any free)")] = None,
     name: Annotated[str | None, typer.Option(help="node id (default: <host>-<pid>)")] = None,
     secret_file: Annotated[Path | None, typer.Option(
         help="cluster secret; else $TRIPLANE_SECRET, else the systemd credential 'secret'")] = None,
@@ -111,7 +115,7 @@ def executor_command(
     try:
         cfg = load("executor", {"registry": join, "engines": engines, "memory": memory,
                                 "memory_engine": memory_engine, "bind": bind, "advertise": advertise,
-                                "name": name,
+                                "name": name, "packet_port": packet_port, "data_port": data_port,
                                 "secret_file": None if secret_file is None else str(secret_file),
                                 "log_level": log_level}, config_file=config)
         if not cfg["registry"]:
@@ -126,7 +130,7 @@ def executor_command(
                         secret_file=None if cfg["secret_file"] is None else Path(cfg["secret_file"]),
                         drop_udp=drop_udp, fault_seed=fault_seed, log_level=cfg["log_level"],
                         idle_timeout=idle_timeout, max_connections=max_connections,
-                        network_delay_ms=network_delay_ms)
+                        network_delay_ms=network_delay_ms, ports=(cfg["packet_port"], cfg["data_port"]))
     if code:
         raise SystemExit(code)
 
@@ -137,7 +141,7 @@ def run_executor(registry: str, *, engines: str = "auto", memory: str = "8GiB", 
                  advertise: str | None = None, drop_udp: float = 0.0, fault_seed: int = 0,
                  log_level: str = "info",
                  idle_timeout: float = 10.0, max_connections: int = 256,
-                 network_delay_ms: float = 0.0) -> int:
+                 network_delay_ms: float = 0.0, ports: tuple[int, int] = (0, 0)) -> int:
     """``executor_command`` returning its exit status instead of raising ``SystemExit``."""
     try:
         if log_level.lower() not in _LEVELS:
@@ -150,6 +154,8 @@ def run_executor(registry: str, *, engines: str = "auto", memory: str = "8GiB", 
             raise _Usage(f"--drop-udp must be a probability in [0, 1), got {drop_udp}")
         if not network_delay_ms >= 0:
             raise _Usage(f"--network-delay-ms must be >= 0, got {network_delay_ms}")
+        if not all(0 <= p <= 65535 for p in ports):
+            raise _Usage(f"--packet-port and --data-port must be in 0..65535, got {ports}")
         if not idle_timeout > 0 or max_connections < 1:
             raise _Usage("--idle-timeout and --max-connections must be positive")
         limits = Limits(idle_timeout=idle_timeout, max_connections=max_connections)
@@ -179,7 +185,7 @@ def run_executor(registry: str, *, engines: str = "auto", memory: str = "8GiB", 
     try:
         return runner(_serve(registry, engine_names, memory_bytes, (mem_name, mem_options), host, name,
                              secret, drop_udp, fault_seed, limits, persist_to, network_delay_ms,
-                             address))
+                             address, ports))
     except _Usage as e:
         print(f"triplane executor: {e}", file=sys.stderr)
         return 2

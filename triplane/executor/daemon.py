@@ -118,6 +118,7 @@ class Executor:
                  engines: Sequence[str] = ("numpy",), memory_engine: str = "host",
                  memory_options: dict[str, Any] | None = None, persist: str | None = None,
                  host: str = "127.0.0.1", advertise: str | None = None,
+                 packet_port: int = 0, data_port: int = 0,
                  name: str | None = None,
                  drop_udp: float = 0.0, fault_seed: int = 0, workers: int = 1, ttl_s: float = 5.0,
                  stats_interval_s: float = 1.0, benchmark_size: int = 512,
@@ -142,14 +143,15 @@ class Executor:
         self.client = DataClient(secret)
         # Persistence targets (file:DIR, redis://...): where a persisted job's tiles are kept too.
         persisted = persist_targets(persist if persist is not None else os.environ.get(PERSIST_ENV))
-        self.data = DataServer(EngineTiles(self.store, persisted), secret, host=host, limits=limits)
+        self.data = DataServer(EngineTiles(self.store, persisted), secret, host=host, port=data_port,
+                               limits=limits)
         self.intake = Intake(secret, self.name)
         # One engine (the usual case) is used as it is: the wrapper would ask it twice per task
         # whether it supports the op.
         engine = self.op_engines[0] if len(self.op_engines) == 1 else _Engines(self.op_engines)
         self.runner = TaskRunner(engine, self.store, self._pull, node=self.name, workers=workers)
         self.runner.persist = persisted
-        self.packets = PacketServer(self.intake, self.runner, host=host, drop_udp=drop_udp,
+        self.packets = PacketServer(self.intake, self.runner, host=host, port=packet_port, drop_udp=drop_udp,
                                     fault_seed=fault_seed, limits=limits)
         self.registration: NodeRegistration | None = None
         # Network engines serve the pair probe; the first measures this node's links
