@@ -7,7 +7,7 @@ import time
 from typing import Any
 
 import numpy as np
-from conftest import EXECUTORS, MultiHost, wait_for
+from hostcluster import EXECUTORS, MultiHost, wait_for
 
 import triplane as tp
 from triplane.sdk.tensor import build_graph
