@@ -26,6 +26,7 @@ import json
 import os
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -83,7 +84,11 @@ def cleanup_leftovers() -> list[str]:
     return removed
 
 
+_here = threading.local()  # .ns: the namespace a host's worker thread entered
+
+
 def _enter(ns: str) -> None:
+    _here.ns = ns
     libc = ctypes.CDLL(None, use_errno=True)
     fd = os.open(f"/run/netns/{ns}", os.O_RDONLY)
     try:
@@ -103,7 +108,10 @@ class Host:
         self.procs: list[subprocess.Popen[bytes]] = []
 
     def call(self, fn: Callable[..., T], *args: Any, **kw: Any) -> T:
-        """``fn(*args, **kw)`` run on this host (its sockets and children in its namespace)."""
+        """``fn(*args, **kw)`` run on this host (its sockets and children in its namespace);
+        called on this host's thread already, it runs at once."""
+        if getattr(_here, "ns", None) == self.ns:
+            return fn(*args, **kw)
         return self.pool.submit(fn, *args, **kw).result()
 
     def popen(self, argv: Sequence[str], log: Path, env: dict[str, str] | None = None
