@@ -130,7 +130,7 @@ def test_a_partitioned_executor_host_drifts_its_tasks_and_rejoins(cluster: Multi
     cut_at = time.time()
     c.net.cut(victim)
     try:
-        wait_for(lambda: victim not in c.nodes(lead), TTL_S + 5, f"{victim} to leave the registry")
+        wait_for(lambda: victim not in c.nodes(lead), TTL_S + 10, f"{victim} to leave the registry")
         gone_s = time.time() - cut_at
         body = wait_done(c, lead, job, 120)
         assert body["state"] == "done", body
@@ -143,7 +143,8 @@ def test_a_partitioned_executor_host_drifts_its_tasks_and_rejoins(cluster: Multi
         assert left, "no task left the partitioned host"
         assert all(t["node"] != victim for t, _ in left), left[:3]
         late = [d["at"] - cut_at for _, d in left]
-        assert max(late) <= TTL_S + 3, [(d["reason"], round(d["at"] - cut_at, 1)) for _, d in left]
+        # (the TTL plus the dispatcher's tick and a loaded machine's lag)
+        assert max(late) <= TTL_S + 5, [(d["reason"], round(d["at"] - cut_at, 1)) for _, d in left]
         drifted = {t["id"] for t, _ in left}
         print(f"{total} nodes, {len(rows)} tasks; {victim} gone from the registry {gone_s:.1f} s after "
               f"the cut, {len(drifted)} tasks drifted within {max(late):.1f} s; job "
@@ -161,14 +162,16 @@ def test_the_standby_takes_over_when_the_leader_host_is_cut_off(cluster: MultiHo
     lead = c.leader()
     standby = next(s for s in c.schedulers if s != lead)
     assert c.role(standby) == "standby"
-    graph, ids, refs = chains_job(3, 30, 256)
+    graph, ids, refs = chains_job(3, 40, 256)
     job = submit(c, lead, graph, ids)
-    wait_for(lambda: progress(c, lead, job) >= 60, 60, "a third of the job done")
+    wait_for(lambda: progress(c, lead, job) >= 60, 60, "a quarter of the job done")
     # Tasks done at least a metadb batch (0.2 s) before the cut are on record: none may run again.
     before = {t["id"]: t for t in tasks(c, lead, job) if t["state"] == "done"}
     time.sleep(0.5)
+    state_at_cut = c.http("GET", c.url(lead) + f"/v1/jobs/{job}").json()["state"]
     c.net.cut(lead)
     cut_at = time.monotonic()
+    assert state_at_cut == "running", "the job ended before the cut: a longer job is needed here"
     try:
         wait_for(lambda: c.role(standby) == "leader", TTL_S + 15, f"{standby} to lead")
         took_over_s = time.monotonic() - cut_at
