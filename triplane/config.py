@@ -65,6 +65,7 @@ class Field:
     default: Any
     help: str
     secret: bool = False  # printed masked (a URL: its password only)
+    roles: tuple[str, ...] = ROLES  # who reads it (a [cluster] key may concern one role only)
 
     @property
     def env(self) -> str:
@@ -76,7 +77,7 @@ FIELDS: tuple[Field, ...] = (
     Field("cluster", "registry", str, None, "etcd://HOST:PORT, or http://SCHEDULER (the registry a "
           "scheduler serves); the scheduler's default is memory:// (one host only)"),
     Field("cluster", "db", str, None, "the metadb URL (postgresql+psycopg://...; default: SQLite in "
-          "the scheduler's run directory)", secret=True),
+          "the scheduler's run directory)", secret=True, roles=("scheduler",)),
     Field("cluster", "secret_file", str, None, "file holding the cluster secret (owner-only)"),
     Field("cluster", "log_level", str, "info", "debug, info, warning or error"),
     Field("scheduler", "bind", str, "127.0.0.1", "address to listen on (0.0.0.0: every interface)"),
@@ -114,7 +115,7 @@ class Resolved:
 def fields(role: str) -> list[Field]:
     if role not in ROLES:
         raise ConfigError(f"unknown role {role!r} (known: {', '.join(ROLES)})")
-    return [f for f in FIELDS if f.section in ("cluster", role)]
+    return [f for f in FIELDS if f.section in ("cluster", role) and role in f.roles]
 
 
 def _read_file(path: Path) -> dict[str, Any]:
