@@ -68,6 +68,13 @@ SKIP: dict[tuple[str, ...], str] = {
                                                 "stopped: `triplane up` starts one in README.md",
     ("triplane", "serve"): "a model server in the foreground, running until stopped: the python blocks "
                            "of docs/serving.md start one with tp.serve(block=False)",
+    ("sudo",): "changes the machine (packages, users, /etc, services): docs/deploy.md's steps on real "
+               "hosts; tests/multihost runs the same processes on network-namespace hosts",
+    ("kubectl",): "needs a Kubernetes cluster: tests/integration/test_deploy.py validates the manifests",
+    ("podman",): "needs a container builder and a registry: tests/integration/test_deploy.py lints "
+                 "the Containerfile",
+    ("TRIPLANE_URL=http://10.0.0.10:8470",): "docs/deploy.md's three machines: 10.0.0.10 exists only "
+                                             "there (its program runs above on a local cluster)",
 }
 
 # (file, block number counting every fenced block of the file from 1) -> why it fails.

@@ -6,6 +6,8 @@
     triplane status [--json]              its nodes and recent jobs
     triplane down                         stop it
     triplane scheduler / executor ...     run one scheduler / executor process (docs/runtime.md)
+    triplane config show ROLE             the effective configuration of a scheduler or executor
+                                          (file, environment, flags; secrets masked; docs/deploy.md)
     triplane ops                          the op table: name, group, gradient, dtypes
     triplane version                      the installed version (also `triplane --version`)
 
@@ -25,7 +27,7 @@ import json
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
@@ -312,6 +314,40 @@ def down(home: Path | None = HomeOption,
         console.print("no cluster was running")
     else:
         console.print(f"stopped the cluster at {info['url']}")
+
+
+config_app = App(help="The configuration of `triplane scheduler` and `triplane executor` "
+                      "(docs/deploy.md, \"Configuration\").")
+app.add_typer(config_app, name="config")
+
+
+@config_app.command("show")
+def config_show(role: Annotated[str, typer.Argument(metavar="ROLE", help="scheduler or executor")],
+                config: Annotated[Path | None, typer.Option(
+                    help="TOML config file (else $TRIPLANE_CONFIG)")] = None,
+                as_json: Annotated[bool, typer.Option(
+                    "--json", help="print JSON: key -> {value, source}")] = False) -> None:
+    """Print the effective configuration of ROLE on this host: each key's value and where it
+    came from (flag, environment, file or default). Secrets are masked: the cluster secret and
+    the admin token show only whether they are set and from where; a URL's password is ****."""
+    from triplane.config import ConfigError, load, show
+
+    try:
+        shown = show(role, load(role, config_file=config))
+    except ConfigError as e:
+        from rich.markup import escape
+
+        err_console.print(f"[red]triplane config show:[/red] {escape(str(e))}")
+        raise typer.Exit(2) from None
+    if as_json:
+        typer.echo(json.dumps(shown, indent=2, sort_keys=True))
+        return
+    table = Table(title=f"triplane {role} configuration")
+    for col in ("key", "value", "source"):
+        table.add_column(col)
+    for key, entry in shown.items():
+        table.add_row(key, "" if entry["value"] is None else str(entry["value"]), entry["source"])
+    console.print(table)
 
 
 def _mount_process_commands() -> None:

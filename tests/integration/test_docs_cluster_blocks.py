@@ -24,6 +24,7 @@ WITH_PROCESSES = [p for p in doc_files() if runs_processes(p)]
 
 # What a file's run must print beyond exiting cleanly (its blocks' promised output).
 PRINTS = {
+    "docs/deploy.md": ["loss after 30 steps"],
     "docs/quickstart.md": ["test accuracy", "(64, 1, 8, 8) (64,)"],
     "docs/sdk-go.md": ["y = [4 5 10 11] shape [2 2]", "(at main.go:13)", "step 5 loss", "true true 401"],
 }

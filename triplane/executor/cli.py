@@ -38,7 +38,8 @@ class _Usage(Exception):
 async def _serve(registry: str, engines: list[str], memory_bytes: int,
                  memory_engine: tuple[str, dict[str, Any]], host: str, name: str | None, secret: bytes,
                  drop_udp: float, fault_seed: int, limits: Limits, persist: str | None = None,
-                 network_delay_ms: float = 0.0) -> int:
+                 network_delay_ms: float = 0.0, advertise: str | None = None,
+                 ports: tuple[int, int] = (0, 0)) -> int:
     from triplane.executor.daemon import Executor
     from triplane.registry import RegistryUnavailable, connect_registry
 
@@ -54,7 +55,8 @@ async def _serve(registry: str, engines: list[str], memory_bytes: int,
     executor = Executor(backend, secret, memory_bytes=memory_bytes, engines=engines,
                         memory_engine=memory_engine[0], memory_options=memory_engine[1], persist=persist,
                         host=host, name=name, drop_udp=drop_udp, fault_seed=fault_seed, limits=limits,
-                        network_delay_ms=network_delay_ms)
+                        network_delay_ms=network_delay_ms, advertise=advertise,
+                        packet_port=ports[0], data_port=ports[1])
     try:
         await executor.start()
     except RegistryUnavailable as e:
@@ -73,33 +75,62 @@ async def _serve(registry: str, engines: list[str], memory_bytes: int,
 
 
 def executor_command(
-    registry: Annotated[str, typer.Option(help="registry URL: etcd://HOST:PORT or http://SCHEDULER")],
-    engines: Annotated[str, typer.Option(help="op engines, comma-separated; auto: numpy and every "
-                                               "installed plugin")] = "auto",
-    memory: Annotated[str, typer.Option(help="host memory for tiles, e.g. 768MiB, 8GiB, 1.5G")] = "8GiB",
-    memory_engine: Annotated[str, typer.Option(
+    join: Annotated[str | None, typer.Option(
+        "--join", "--registry", help="the cluster's registry: etcd://HOST:PORT or http://SCHEDULER "
+                                     "(config: cluster.registry)")] = None,
+    config: Annotated[Path | None, typer.Option(help="TOML config file (else $TRIPLANE_CONFIG; "
+                                                     "docs/deploy.md)")] = None,
+    engines: Annotated[str | None, typer.Option(help="op engines, comma-separated; auto: numpy and every "
+                                                     "installed plugin")] = None,
+    memory: Annotated[str | None, typer.Option(help="host memory for tiles, e.g. 768MiB, 8GiB, 1.5G")] = None,
+    memory_engine: Annotated[str | None, typer.Option(
         help="memory engine for tiles: host, file:DIR, redis://HOST:PORT, a plugin's name, or "
-             "host,file:DIR[@SIZE] (spill to DIR at capacity)")] = "host",
+             "host,file:DIR[@SIZE] (spill to DIR at capacity)")] = None,
     persist_to: Annotated[str | None, typer.Option(
         help="where persisted jobs' tiles are kept too: file:DIR (shared), redis://HOST:PORT/DB "
              "(default $TRIPLANE_PERSIST_TO)")] = None,
-    host: Annotated[str, typer.Option(help="address to listen on and publish")] = "127.0.0.1",
+    bind: Annotated[str | None, typer.Option("--bind", "--host",
+                                             help="address to listen on (0.0.0.0: every interface)")] = None,
+    advertise: Annotated[str | None, typer.Option(
+        help="address to publish (default: --bind, or with 0.0.0.0 the one routing to the registry)")] = None,
+    packet_port: Annotated[int | None, typer.Option(help="UDP+TCP packet port (0: any free)")] = None,
+    data_port: Annotated[int | None, typer.Option(help="TCP data port of tiles (0: any free)")] = None,
     name: Annotated[str | None, typer.Option(help="node id (default: <host>-<pid>)")] = None,
-    secret_file: Annotated[Path | None, typer.Option(help="cluster secret; else $TRIPLANE_SECRET")] = None,
+    secret_file: Annotated[Path | None, typer.Option(
+        help="cluster secret; else $TRIPLANE_SECRET, else the systemd credential 'secret'")] = None,
     drop_udp: Annotated[float, typer.Option(help="drop each datagram with this probability")] = 0.0,
     fault_seed: Annotated[int, typer.Option(help="seed of the fault injection")] = 0,
-    log_level: Annotated[str, typer.Option(help="debug, info, warning or error")] = "info",
+    log_level: Annotated[str | None, typer.Option(help="debug, info, warning or error")] = None,
     idle_timeout: Annotated[float, typer.Option(help="close a TCP connection idle this many seconds")] = 10.0,
     max_connections: Annotated[int, typer.Option(help="TCP connections per port at most")] = 256,
     network_delay_ms: Annotated[float, typer.Option(help="delay every frame of the network engines "
                                                          "(tests: a slowed peer)")] = 0.0,
 ) -> None:
-    """Run an executor: register with REGISTRY, serve task packets and tiles until stopped."""
-    code = run_executor(registry, engines=engines, memory=memory, memory_engine=memory_engine,
-                        persist_to=persist_to, host=host,
-                        name=name, secret_file=secret_file, drop_udp=drop_udp,
-                        fault_seed=fault_seed, log_level=log_level, idle_timeout=idle_timeout,
-                        max_connections=max_connections, network_delay_ms=network_delay_ms)
+    """Run an executor: join the cluster's registry, serve task packets and tiles until stopped.
+
+    Each setting comes from its flag, else the environment, else the config file, else its
+    default (docs/deploy.md, "Configuration"; `triplane config show executor` prints them)."""
+    from triplane.config import ConfigError, load
+
+    try:
+        cfg = load("executor", {"registry": join, "engines": engines, "memory": memory,
+                                "memory_engine": memory_engine, "bind": bind, "advertise": advertise,
+                                "name": name, "packet_port": packet_port, "data_port": data_port,
+                                "secret_file": None if secret_file is None else str(secret_file),
+                                "log_level": log_level}, config_file=config)
+        if not cfg["registry"]:
+            raise ConfigError("no registry to join: pass --join URL (etcd://HOST:PORT or http://SCHEDULER), "
+                              "set TRIPLANE_REGISTRY or cluster.registry in the config file")
+    except ConfigError as e:
+        print(f"triplane executor: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    code = run_executor(cfg["registry"], engines=cfg["engines"], memory=cfg["memory"],
+                        memory_engine=cfg["memory_engine"], persist_to=persist_to, host=cfg["bind"],
+                        advertise=cfg["advertise"], name=cfg["name"],
+                        secret_file=None if cfg["secret_file"] is None else Path(cfg["secret_file"]),
+                        drop_udp=drop_udp, fault_seed=fault_seed, log_level=cfg["log_level"],
+                        idle_timeout=idle_timeout, max_connections=max_connections,
+                        network_delay_ms=network_delay_ms, ports=(cfg["packet_port"], cfg["data_port"]))
     if code:
         raise SystemExit(code)
 
@@ -107,9 +138,10 @@ def executor_command(
 def run_executor(registry: str, *, engines: str = "auto", memory: str = "8GiB", memory_engine: str = "host",
                  persist_to: str | None = None,
                  host: str = "127.0.0.1", name: str | None = None, secret_file: Path | None = None,
-                 drop_udp: float = 0.0, fault_seed: int = 0, log_level: str = "info",
+                 advertise: str | None = None, drop_udp: float = 0.0, fault_seed: int = 0,
+                 log_level: str = "info",
                  idle_timeout: float = 10.0, max_connections: int = 256,
-                 network_delay_ms: float = 0.0) -> int:
+                 network_delay_ms: float = 0.0, ports: tuple[int, int] = (0, 0)) -> int:
     """``executor_command`` returning its exit status instead of raising ``SystemExit``."""
     try:
         if log_level.lower() not in _LEVELS:
@@ -122,9 +154,14 @@ def run_executor(registry: str, *, engines: str = "auto", memory: str = "8GiB", 
             raise _Usage(f"--drop-udp must be a probability in [0, 1), got {drop_udp}")
         if not network_delay_ms >= 0:
             raise _Usage(f"--network-delay-ms must be >= 0, got {network_delay_ms}")
+        if not all(0 <= p <= 65535 for p in ports):
+            raise _Usage(f"--packet-port and --data-port must be in 0..65535, got {ports}")
         if not idle_timeout > 0 or max_connections < 1:
             raise _Usage("--idle-timeout and --max-connections must be positive")
         limits = Limits(idle_timeout=idle_timeout, max_connections=max_connections)
+        from triplane.config import advertise_address
+
+        address = advertise_address(host, advertise, registry)
         engine_names = [e.strip() for e in engines.split(",") if e.strip()]
         if not engine_names:
             raise _Usage("--engines names no engine (e.g. --engines numpy)")
@@ -147,7 +184,8 @@ def run_executor(registry: str, *, engines: str = "auto", memory: str = "8GiB", 
     runner = event_loop_runner()
     try:
         return runner(_serve(registry, engine_names, memory_bytes, (mem_name, mem_options), host, name,
-                             secret, drop_udp, fault_seed, limits, persist_to, network_delay_ms))
+                             secret, drop_udp, fault_seed, limits, persist_to, network_delay_ms,
+                             address, ports))
     except _Usage as e:
         print(f"triplane executor: {e}", file=sys.stderr)
         return 2

@@ -7,7 +7,6 @@ accepted, so the CLI can print it as is.
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 from pathlib import Path
@@ -55,27 +54,18 @@ def format_size(n: int) -> str:
     return f"{size:.1f} TiB"
 
 
-def _read_file(path: Path, what: str) -> bytes:
-    try:
-        data = Path(path).read_bytes()
-    except OSError as e:
-        raise ValueError(f"cannot read the {what} file {str(path)!r}: {e.strerror or e}") from None
-    return data.strip()
-
-
 def load_secret(secret_file: Path | None = None, env: dict[str, str] | None = None) -> bytes:
     """The cluster secret: ``secret_file``'s contents (surrounding whitespace stripped), else
-    ``$TRIPLANE_SECRET``. ``ValueError`` if neither is given or it is shorter than 16 bytes."""
-    env = os.environ if env is None else env
-    if secret_file is not None:
-        secret = _read_file(secret_file, "secret")
-        source = f"secret file {str(secret_file)!r}"
-    elif env.get("TRIPLANE_SECRET"):
-        secret = env["TRIPLANE_SECRET"].strip().encode("utf-8")
-        source = "$TRIPLANE_SECRET"
-    else:
-        raise ValueError("no cluster secret: pass --secret-file or set TRIPLANE_SECRET "
-                         "(the same secret on every process of the cluster)")
+    ``$TRIPLANE_SECRET``, else the systemd credential ``$CREDENTIALS_DIRECTORY/secret``
+    (``triplane.config.credential``). ``ValueError`` if none is given or it is shorter than
+    16 bytes. Never a flag's value: a command line is visible to every user of the host."""
+    from triplane.config import credential
+
+    found = credential("secret", secret_file, "TRIPLANE_SECRET", env)
+    if found is None:
+        raise ValueError("no cluster secret: pass --secret-file, set TRIPLANE_SECRET or the systemd "
+                         "credential 'secret' (the same secret on every process of the cluster)")
+    secret, source = found
     if len(secret) < MIN_SECRET_BYTES:
         raise ValueError(f"the cluster secret from {source} is {len(secret)} bytes; "
                          f"at least {MIN_SECRET_BYTES} are needed")

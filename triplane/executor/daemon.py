@@ -117,7 +117,8 @@ class Executor:
     def __init__(self, registry: RegistryBackend, secret: bytes, *, memory_bytes: int,
                  engines: Sequence[str] = ("numpy",), memory_engine: str = "host",
                  memory_options: dict[str, Any] | None = None, persist: str | None = None,
-                 host: str = "127.0.0.1",
+                 host: str = "127.0.0.1", advertise: str | None = None,
+                 packet_port: int = 0, data_port: int = 0,
                  name: str | None = None,
                  drop_udp: float = 0.0, fault_seed: int = 0, workers: int = 1, ttl_s: float = 5.0,
                  stats_interval_s: float = 1.0, benchmark_size: int = 512,
@@ -126,7 +127,8 @@ class Executor:
         self.registry = registry
         self.secret = secret
         self.name = name or default_node_name()
-        self.host = host
+        self.host = host  # where the servers listen (0.0.0.0: every interface)
+        self.address = advertise or host  # what peers and the scheduler are told (registry)
         self.ttl_s = ttl_s
         self.stats_interval_s = stats_interval_s
         self.benchmark_size = benchmark_size
@@ -141,14 +143,15 @@ class Executor:
         self.client = DataClient(secret)
         # Persistence targets (file:DIR, redis://...): where a persisted job's tiles are kept too.
         persisted = persist_targets(persist if persist is not None else os.environ.get(PERSIST_ENV))
-        self.data = DataServer(EngineTiles(self.store, persisted), secret, host=host, limits=limits)
+        self.data = DataServer(EngineTiles(self.store, persisted), secret, host=host, port=data_port,
+                               limits=limits)
         self.intake = Intake(secret, self.name)
         # One engine (the usual case) is used as it is: the wrapper would ask it twice per task
         # whether it supports the op.
         engine = self.op_engines[0] if len(self.op_engines) == 1 else _Engines(self.op_engines)
         self.runner = TaskRunner(engine, self.store, self._pull, node=self.name, workers=workers)
         self.runner.persist = persisted
-        self.packets = PacketServer(self.intake, self.runner, host=host, drop_udp=drop_udp,
+        self.packets = PacketServer(self.intake, self.runner, host=host, port=packet_port, drop_udp=drop_udp,
                                     fault_seed=fault_seed, limits=limits)
         self.registration: NodeRegistration | None = None
         # Network engines serve the pair probe; the first measures this node's links
@@ -198,7 +201,7 @@ class Executor:
         if self.links is not None:
             self._links_task = asyncio.get_running_loop().create_task(self.links.run(), name="executor-links")
         log.info("executor %s ready: packets udp+tcp %s:%d, data port %d, memory %d bytes, engines %s",
-                 self.name, self.host, self.packets.port, self.data.port, self.store.capacity(),
+                 self.name, self.address, self.packets.port, self.data.port, self.store.capacity(),
                  [e.name for e in self.op_engines])
 
     async def stop(self) -> None:
@@ -243,7 +246,7 @@ class Executor:
     # --- registry records ------------------------------------------------------------------
 
     def _node_info(self) -> NodeInfo:
-        return NodeInfo(self.name, self.host, self.packets.port, self.packets.port, self.data.port,
+        return NodeInfo(self.name, self.address, self.packets.port, self.packets.port, self.data.port,
                         __version__, self.started_at, os.getpid(), usable_cpus())
 
     def _memory_info(self) -> MemoryEngineInfo:
@@ -273,15 +276,15 @@ class Executor:
         try:
             probe = np.zeros(1 << 20, dtype=np.float32)
             t = time.perf_counter()
-            await self.client.put(self.host, self.data.port, "_probe", probe)
-            await self.client.get(self.host, self.data.port, "_probe")
+            await self.client.put(self.address, self.data.port, "_probe", probe)
+            await self.client.get(self.address, self.data.port, "_probe")
             gbps = 2 * probe.nbytes / max(time.perf_counter() - t, 1e-9) / 1e9
             best = float("inf")
             for _ in range(5):
                 t = time.perf_counter()
-                await self.client.stat(self.host, self.data.port, "_probe")
+                await self.client.stat(self.address, self.data.port, "_probe")
                 best = min(best, time.perf_counter() - t)
-            await self.client.delete(self.host, self.data.port, ["_probe"])
+            await self.client.delete(self.address, self.data.port, ["_probe"])
             return gbps, best * 1e6
         except DataPortError as e:
             log.warning("network self-measurement failed: %s", e)

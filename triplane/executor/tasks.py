@@ -146,7 +146,7 @@ class TaskRunner:
         self._cheap = getattr(engine, "cheap", None)  # optional: which kernels return views
         self.pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="kernel")
         self.stats = {"ok": 0, "user_errors": 0, "infra_errors": 0, "pulled_bytes": 0,
-                      "upload_pulls": 0, "upload_hits": 0}
+                      "peer_bytes": 0, "upload_pulls": 0, "upload_hits": 0}
         self._pulling: dict[str, asyncio.Task[np.ndarray]] = {}  # upload tile -> its pull
         self._making: dict[str, int] = {}  # output tile -> attempts running here making it
         self._made: dict[str, asyncio.Future[bool]] = {}  # tile -> made (True) or failed
@@ -454,6 +454,7 @@ class TaskRunner:
             return await self._upload(node, tile)
         arr = await self.pull(node, tile)
         self.stats["pulled_bytes"] += int(arr.nbytes)
+        self.stats["peer_bytes"] += int(arr.nbytes)  # a task's output, from the executor that made it
         return arr, False
 
     async def _upload(self, node: str, tile: str) -> tuple[np.ndarray, bool]:

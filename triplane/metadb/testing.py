@@ -55,9 +55,15 @@ class PostgresServer:
     directory.
     """
 
-    def __init__(self, bindir: Path, *, timeout: float = 60.0) -> None:
+    def __init__(self, bindir: Path, *, timeout: float = 60.0, host: str = "127.0.0.1",
+                 port: int = 0, trust_network: str | None = None) -> None:
+        """``host``/``port``: where it listens (0: a free port); ``trust_network``: a CIDR whose
+        clients are let in without a password too (the multi-host tests' private network)."""
         self.bindir = bindir
         self.timeout = timeout
+        self.host = host
+        self.trust_network = trust_network
+        self._port = port
         self.port = 0
         self.root: Path | None = None
         self._user: str | None = None
@@ -89,9 +95,12 @@ class PostgresServer:
         if r.returncode != 0:
             self.stop()
             raise RuntimeError(f"initdb failed: {r.stderr.strip() or r.stdout.strip()}")
-        self.port = free_port()
+        if self.trust_network is not None:
+            with open(data / "pg_hba.conf", "a") as hba:
+                hba.write(f"host all all {self.trust_network} trust\n")
+        self.port = self._port or free_port()
         # Durability is irrelevant for a test cluster; without fsync it starts and writes faster.
-        opts = (f"-h 127.0.0.1 -p {self.port} -k {sock} -c fsync=off -c synchronous_commit=off "
+        opts = (f"-h {self.host} -p {self.port} -k {sock} -c fsync=off -c synchronous_commit=off "
                 "-c full_page_writes=off -c max_connections=50")
         r = self._run("pg_ctl", "-D", str(data), "-l", str(self.root / "server.log"), "-o", opts,
                       "-w", "-t", str(int(self.timeout)), "start")
@@ -103,17 +112,17 @@ class PostgresServer:
 
     @property
     def admin_url(self) -> str:
-        return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/postgres"
+        return f"postgresql+psycopg://postgres@{self.host}:{self.port}/postgres"
 
     def url(self, database: str) -> str:
-        return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/{database}"
+        return f"postgresql+psycopg://postgres@{self.host}:{self.port}/{database}"
 
     def create_database(self, name: str | None = None) -> str:
         """Create a fresh, empty database and return its URL."""
         import psycopg  # only needed with a server running
 
         name = name or "t_" + uuid.uuid4().hex[:16]
-        with psycopg.connect(f"host=127.0.0.1 port={self.port} user=postgres dbname=postgres",
+        with psycopg.connect(f"host={self.host} port={self.port} user=postgres dbname=postgres",
                              autocommit=True, connect_timeout=10) as conn:
             conn.execute(f'CREATE DATABASE "{name}"')  # name is ours: letters, digits, _
         return self.url(name)

@@ -1,6 +1,7 @@
 """Start and stop a local single-member etcd: used by the e2e tests and by ``triplane up``.
 
-It listens on 127.0.0.1 only, on free ports, with its own data directory. The binary is
+It listens on 127.0.0.1 by default (``host``: another address of this host, e.g. inside a
+network namespace of the multi-host tests), on free ports, with its own data directory. The binary is
 looked up on ``PATH`` and then in the usual Debian places; Debian/Ubuntu ship it in the
 ``etcd-server`` package (``apt-get install -y etcd-server``).
 """
@@ -50,11 +51,13 @@ class EtcdServer:
     """
 
     def __init__(self, data_dir: str | Path, *, binary: str | None = None,
-                 client_port: int | None = None, peer_port: int | None = None) -> None:
+                 client_port: int | None = None, peer_port: int | None = None,
+                 host: str = "127.0.0.1") -> None:
         path = binary or find_etcd_binary()
         if path is None:
             raise FileNotFoundError(f"no etcd binary found (install the Debian package {ETCD_APT_PACKAGE!r})")
         self.binary = path
+        self.host = host
         self.data_dir = Path(data_dir)
         self.client_port = client_port or free_port()
         self.peer_port = peer_port or free_port()
@@ -63,15 +66,15 @@ class EtcdServer:
     @property
     def url(self) -> str:
         """The registry URL for :func:`triplane.registry.connect_registry`."""
-        return f"etcd://127.0.0.1:{self.client_port}"
+        return f"etcd://{self.host}:{self.client_port}"
 
     @property
     def log_path(self) -> Path:
         return self.data_dir.parent / f"{self.data_dir.name}.log"
 
     def _argv(self) -> list[str]:
-        client = f"http://127.0.0.1:{self.client_port}"
-        peer = f"http://127.0.0.1:{self.peer_port}"
+        client = f"http://{self.host}:{self.client_port}"
+        peer = f"http://{self.host}:{self.peer_port}"
         return [self.binary, "--name", "triplane", "--data-dir", str(self.data_dir / "member-data"),
                 "--listen-client-urls", client, "--advertise-client-urls", client,
                 "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
@@ -98,7 +101,7 @@ class EtcdServer:
 
     def healthy(self) -> bool:
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.client_port}/health", timeout=1) as resp:
+            with urllib.request.urlopen(f"http://{self.host}:{self.client_port}/health", timeout=1) as resp:
                 return resp.status == 200 and b'"true"' in resp.read()
         except (urllib.error.URLError, OSError):
             return False

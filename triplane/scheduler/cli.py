@@ -45,14 +45,17 @@ class _Usage(Exception):
 
 
 def _secret_value(path: Path | None, env: str, fallback: Path, min_len: int) -> bytes:
-    """From ``path``, else ``$env``, else ``fallback`` (created with a fresh value, 0600)."""
-    if path is not None:
-        try:
-            value = path.read_bytes().strip()
-        except OSError as e:
-            raise _Usage(f"cannot read {path}: {e.strerror}") from None
-    elif os.environ.get(env):
-        value = os.environ[env].strip().encode()
+    """From ``path``, else ``$env``, else the systemd credential (``token``/``secret``), else
+    ``fallback`` (created with a fresh value, 0600)."""
+    from triplane.config import ConfigError, credential
+
+    name = env.removeprefix("TRIPLANE_").lower()
+    try:
+        found = credential(name, path, env)
+    except ConfigError as e:
+        raise _Usage(str(e)) from None
+    if found is not None:
+        value = found[0]
     else:
         if not fallback.exists():
             fallback.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -83,6 +86,7 @@ async def _serve(
     keep_jobs: int | None = KEEP_JOBS,
     retention_period_s: float = PERIOD_S,
     grpc_port: int | None = None,
+    advertise: str | None = None,
 ) -> int:
     import uvicorn
 
@@ -96,6 +100,7 @@ async def _serve(
         backend = connect_registry(registry, secret=secret)  # http://: the node credential
     except ValueError as e:
         raise _Usage(str(e)) from None
+    address = advertise or host
     database = await asyncio.to_thread(mdb.open_db, db, run_dir=run_dir)
     sched = Scheduler(
         registry=backend,
@@ -103,9 +108,10 @@ async def _serve(
         run_dir=run_dir,
         secret=secret,
         host=host,
+        advertise=address,
         packet_port=packet_port,
         data_port=data_port,
-        scheduler_id=f"{host}:{port}",
+        scheduler_id=f"{address}:{port}",
         elect=registry.startswith("etcd://"),
         max_upload_bytes=max_upload_bytes,
         slots=slots,
@@ -144,13 +150,14 @@ async def _serve(
                                                            max_upload_bytes=max_upload_bytes)
             except OSError as e:
                 raise _Usage(str(e)) from None
-            grpc_address = f"{host}:{bound_grpc}"
+            grpc_address = f"{address}:{bound_grpc}"
             log.info("gRPC on %s", grpc_address)
         log.info(
-            "scheduler %s on http://%s:%d (packets %d, data %d, role %s)",
+            "scheduler %s on http://%s:%d (listening on %s; packets %d, data %d, role %s)",
             sched.id,
-            host,
+            address,
             bound,
+            host,
             sched.shell.port,
             sched.data_port,
             sched.role,
@@ -159,7 +166,7 @@ async def _serve(
             # Written whole or not at all: readers poll for it.
             tmp = ready_file.with_name(ready_file.name + ".tmp")
             tmp.write_text(
-                f'{{"url": "http://{host}:{bound}", "packet_port": {sched.shell.port}, '
+                f'{{"url": "http://{address}:{bound}", "packet_port": {sched.shell.port}, '
                 f'"data_port": {sched.data_port}, "pid": {os.getpid()}, "role": "{sched.role}", '
                 f'"grpc": {json.dumps(grpc_address)}}}\n'
             )
@@ -201,6 +208,7 @@ def run_scheduler(
     keep_jobs: int = KEEP_JOBS,
     retention_period_s: float = PERIOD_S,
     grpc_port: int | None = None,
+    advertise: str | None = None,
 ) -> int:
     """``scheduler_command`` returning its exit status instead of raising ``SystemExit``."""
     try:
@@ -224,6 +232,12 @@ def run_scheduler(
         home = Path(run_dir or os.environ.get("TRIPLANE_HOME") or Path.home() / ".triplane")
         # Uploads, the SQLite metadb and the secrets in the run dir are this user's alone.
         os.umask(0o077)
+        from triplane.config import ConfigError, advertise_address
+
+        try:
+            address = advertise_address(host, advertise, registry)
+        except ConfigError as e:
+            raise _Usage(str(e)) from None
         token = _secret_value(token_file, "TRIPLANE_TOKEN", home / "token", 16)
         secret = _secret_value(secret_file, "TRIPLANE_SECRET", home / "secret", 16)
         prepare_process()
@@ -247,6 +261,7 @@ def run_scheduler(
                 None if keep_jobs == -1 else keep_jobs,
                 retention_period_s,
                 grpc_port,
+                address,
             )
         )
     except _Usage as e:
@@ -255,16 +270,25 @@ def run_scheduler(
 
 
 def scheduler_command(
-    registry: Annotated[str, typer.Option(help="memory://, etcd://HOST:PORT")] = "memory://",
+    registry: Annotated[str | None, typer.Option(
+        help="memory:// (one host), etcd://HOST:PORT (config: cluster.registry)")] = None,
+    config: Annotated[Path | None, typer.Option(help="TOML config file (else $TRIPLANE_CONFIG; "
+                                                     "docs/deploy.md)")] = None,
     db: Annotated[str | None, typer.Option(help="metadata DB URL (default: SQLite in the run dir)")] = None,
-    host: Annotated[str, typer.Option(help="address to listen on and publish")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="HTTP port of the REST API")] = 8470,
-    packet_port: Annotated[int, typer.Option(help="UDP+TCP packet port (0: any free)")] = 0,
-    data_port: Annotated[int, typer.Option(help="TCP data port for uploaded tensors (0: any free)")] = 0,
+    bind: Annotated[str | None, typer.Option("--bind", "--host",
+                                             help="address to listen on (0.0.0.0: every interface)")] = None,
+    advertise: Annotated[str | None, typer.Option(
+        help="address to publish (default: --bind, or with 0.0.0.0 the one routing to the registry)")] = None,
+    port: Annotated[int | None, typer.Option(help="HTTP port of the REST API (default 8470)")] = None,
+    packet_port: Annotated[int | None, typer.Option(help="UDP+TCP packet port (0: any free)")] = None,
+    data_port: Annotated[int | None, typer.Option(
+        help="TCP data port for uploaded tensors (0: any free)")] = None,
     run_dir: Annotated[Path | None, typer.Option(help="run directory (default $TRIPLANE_HOME)")] = None,
-    token_file: Annotated[Path | None, typer.Option(help="admin API token (else $TRIPLANE_TOKEN)")] = None,
-    secret_file: Annotated[Path | None, typer.Option(help="cluster secret (else $TRIPLANE_SECRET)")] = None,
-    log_level: Annotated[str, typer.Option(help="debug, info, warning or error")] = "info",
+    token_file: Annotated[Path | None, typer.Option(
+        help="admin API token (else $TRIPLANE_TOKEN, else the systemd credential 'token')")] = None,
+    secret_file: Annotated[Path | None, typer.Option(
+        help="cluster secret (else $TRIPLANE_SECRET, else the systemd credential 'secret')")] = None,
+    log_level: Annotated[str | None, typer.Option(help="debug, info, warning or error")] = None,
     max_upload_bytes: Annotated[int, typer.Option(help="largest tensor upload")] = 1 << 30,
     ready_file: Annotated[Path | None, typer.Option(help="write URL and ports here once serving")] = None,
     slots: Annotated[int, typer.Option(help="tasks in flight per executor")] = 4,
@@ -284,18 +308,39 @@ def scheduler_command(
         int | None, typer.Option(help="serve gRPC (docs/grpc.md) on this port too (0: any free port)")
     ] = None,
 ) -> None:
-    """Run the scheduler: REST API, dispatcher and upload store, until stopped."""
+    """Run the scheduler: REST API, dispatcher and upload store, until stopped.
+
+    Each setting comes from its flag, else the environment, else the config file, else its
+    default (docs/deploy.md, "Configuration"; `triplane config show scheduler` prints them)."""
+    from triplane.config import ConfigError, load
+
+    def text(p: Path | None) -> str | None:
+        return None if p is None else str(p)
+
+    try:
+        cfg = load("scheduler", {"registry": registry, "db": db, "bind": bind, "advertise": advertise,
+                                 "port": port, "packet_port": packet_port, "data_port": data_port,
+                                 "run_dir": text(run_dir), "token_file": text(token_file),
+                                 "secret_file": text(secret_file), "log_level": log_level,
+                                 "grpc_port": grpc_port}, config_file=config)
+    except ConfigError as e:
+        print(f"triplane scheduler: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+    def path(key: str) -> Path | None:
+        return None if cfg[key] is None else Path(cfg[key])
+
     code = run_scheduler(
-        registry,
-        db,
-        host,
-        port,
-        packet_port,
-        data_port,
-        run_dir,
-        token_file,
-        secret_file,
-        log_level,
+        cfg["registry"] or "memory://",
+        cfg["db"],
+        cfg["bind"],
+        cfg["port"],
+        cfg["packet_port"],
+        cfg["data_port"],
+        path("run_dir"),
+        path("token_file"),
+        path("secret_file"),
+        cfg["log_level"],
         max_upload_bytes,
         ready_file,
         slots,
@@ -303,7 +348,8 @@ def scheduler_command(
         session_ttl,
         keep_jobs,
         retention_period,
-        grpc_port,
+        cfg["grpc_port"],
+        cfg["advertise"],
     )
     if code:
         raise SystemExit(code)

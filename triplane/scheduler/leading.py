@@ -52,6 +52,7 @@ class Leading:
     resume_wait_s: float
     policy: Any
     host: str
+    address: str
     data_port: int
     _leadership: Leadership | None
     _lead_tasks: list[asyncio.Task[Any]]
@@ -154,7 +155,7 @@ class Leading:
     async def _publish_data(self) -> None:
         lease = await self.registry.grant_lease(self.lease_ttl_s)
         self._data_lease = lease
-        value = json.dumps({"address": self.host, "data_port": self.data_port}, sort_keys=True).encode()
+        value = json.dumps({"address": self.address, "data_port": self.data_port}, sort_keys=True).encode()
         await self.registry.put(DATA_KEY, value, lease=lease)
         self._data_keepalive = self.registry.keep_alive(lease, self.lease_ttl_s)
 

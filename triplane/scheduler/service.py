@@ -86,6 +86,7 @@ class Scheduler(Leading):
         run_dir: Path,
         secret: bytes,
         host: str = "127.0.0.1",
+        advertise: str | None = None,
         packet_port: int = 0,
         data_port: int = 0,
         scheduler_id: str | None = None,
@@ -106,8 +107,9 @@ class Scheduler(Leading):
         self.db = db
         self.run_dir = Path(run_dir)
         self.secret = secret
-        self.host = host
-        self.id = scheduler_id or f"{host}-{id(self):x}"
+        self.host = host  # where it listens (0.0.0.0: every interface)
+        self.address = advertise or host  # what executors are told (scheduler/data)
+        self.id = scheduler_id or f"{self.address}-{id(self):x}"
         self.elect = elect
         self.lease_ttl_s = lease_ttl_s
         # Executors re-register within a lease's time of the registry coming back.
