@@ -209,7 +209,8 @@ def plan_job(
         return planned
     lay_ = planned.layout
     g = grouped(job, planned.plan, planned.uploads, planned.specs, planned.templates,
-                untiled=lay_ is None or not lay_.tiled, max_attrs_bytes=MAX_ATTRS_BYTES)
+                untiled=lay_ is None or not lay_.tiled, max_attrs_bytes=MAX_ATTRS_BYTES,
+                whole=lay_ is not None and not lay_.tiled)
     if g is None:
         return planned
     template = TaskTemplate(g.spec.op, g.inputs, g.pulled, g.attrs, g.out, g.tiles)
