@@ -57,10 +57,10 @@ MODEL = CostModel()  # the one cost model of tiling and placement: they predict 
 # per plan node, grouped into one task: jobplan.py) when it also fits WHOLE_MEMORY_SHARE of
 # the smallest node's memory. Cutting it would at best divide that time by the number of
 # nodes, and every tile costs a packet round trip and, between nodes, a transfer: the large
-# MLP step of bench/train.py (1024-2048-2048-10, batch 512; 0.17 s predicted on one core)
+# MLP step of bench/train.py (1024-2048-2048-10, batch 512; about 0.2 s predicted on one core)
 # tiled into 77 tasks on two executors of one 2-core host took 440 ms of CPU per step in
 # all, whole on one executor 200 ms, and less wall time (bench/README.md, session 5).
-WHOLE_COMPUTE_S = 0.25
+WHOLE_COMPUTE_S = 0.5
 WHOLE_MEMORY_SHARE = 4
 MAX_PLACED_TASKS = 5000  # placement is superlinear; a bigger untiled graph is not placed on demand
 
@@ -117,7 +117,8 @@ class Layout:
 
 def lay_out(graph: Graph, figures: Sequence[NodeFigures], *, unsplit_bytes: int = UNSPLIT_BYTES,
             explicit: Mapping[str, Mapping[str, Any]] | None = None, cached: Cached | None = None,
-            held: Mapping[str, Sequence[Sequence[int]]] | None = None) -> Layout:
+            held: Mapping[str, Sequence[Sequence[int]]] | None = None,
+            whole_s: float = WHOLE_COMPUTE_S) -> Layout:
     """Tile and place the compiled ``graph`` for ``figures`` (see the module doc).
     ``explicit`` fixes the cut of chosen plan nodes (``TileSizes.explicit``) and forces
     tiling even of a tiny graph. ``cached`` says which executors keep which upload tiles
@@ -125,11 +126,13 @@ def lay_out(graph: Graph, figures: Sequence[NodeFigures], *, unsplit_bytes: int 
     submitted again runs its tasks where their inputs already are. Only where a task runs
     depends on it, never the tiles or the task ids. ``held``: ``argN`` -> the boundaries of
     the tiles that input's value is held in (a tiled ref; ``TileSizes.held``): such a job
-    is cut along them, never kept whole (:func:`stays_whole`)."""
+    is cut along them, never kept whole. ``whole_s``: :func:`stays_whole`'s bound (0: only
+    graphs of at most ``unsplit_bytes`` stay whole)."""
     figs = tuple(figures)
     if not figs:
         raise ValueError("no executor figures to lay the job out for")
-    if not explicit and (not bigger_than(graph, unsplit_bytes) or (not held and stays_whole(graph, figs))):
+    if not explicit and (not bigger_than(graph, unsplit_bytes)
+                         or (not held and stays_whole(graph, figs, whole_s))):
         _check_support_once(graph, figs)
         return Layout(graph, False, {}, {}, None, figs)
     headroom = 0.5
@@ -252,17 +255,19 @@ def bigger_than(graph: Graph, limit: int) -> bool:
 # the same plan graph (the plan cache's) every step, and checking a fused node costs its
 # program's cost function (~30% of a small step's compile).
 _SUPPORTED: OrderedDict[tuple[int, Any], Graph] = OrderedDict()
-_WHOLE: OrderedDict[tuple[int, tuple[NodeFigures, ...]], tuple[Graph, bool]] = OrderedDict()
+_WHOLE: OrderedDict[tuple[int, tuple[NodeFigures, ...], float], tuple[Graph, bool]] = OrderedDict()
 
 
-def stays_whole(graph: Graph, figures: Sequence[NodeFigures]) -> bool:
+def stays_whole(graph: Graph, figures: Sequence[NodeFigures], whole_s: float = WHOLE_COMPUTE_S) -> bool:
     """Whether ``graph`` runs uncut (the module doc): its tensors total at most
     1/``WHOLE_MEMORY_SHARE`` of the smallest node's memory capacity and its tasks' predicted
-    compute on the fastest node totals at most ``WHOLE_COMPUTE_S``. Depends on the graph
+    compute on the fastest node totals at most ``whole_s`` seconds. Depends on the graph
     and the figures only (a resumed job is laid out for its recorded figures again);
     memoised for a training loop's plan, laid out every step."""
+    if whole_s <= 0:
+        return False
     figs = tuple(figures)
-    key = (id(graph), figs)
+    key = (id(graph), figs, whole_s)
     kept = _WHOLE.get(key)
     if kept is not None and kept[0] is graph:
         _WHOLE.move_to_end(key)
@@ -275,7 +280,7 @@ def stays_whole(graph: Graph, figures: Sequence[NodeFigures]) -> bool:
         for nid, node in graph.nodes.items():
             if node.op != "input":
                 total += MODEL.node_compute_time(graph, nid, fastest)
-                if total > WHOLE_COMPUTE_S:
+                if total > whole_s:
                     whole = False
                     break
     _WHOLE[key] = (graph, whole)
