@@ -58,8 +58,8 @@ MODEL = CostModel()  # the one cost model of tiling and placement: they predict 
 # the smallest node's memory. Cutting it would at best divide that time by the number of
 # nodes, and every tile costs a packet round trip and, between nodes, a transfer: the large
 # MLP step of bench/train.py (1024-2048-2048-10, batch 512; about 0.2 s predicted on one core)
-# tiled into 77 tasks on two executors of one 2-core host took 440 ms of CPU per step in
-# all, whole on one executor 200 ms, and less wall time (bench/README.md, session 5).
+# tiled into 77 tasks on two executors of one 2-core host took 447-496 ms of CPU per step
+# in all, whole on one executor 213-243 ms, and less wall time (bench/README.md, session 5).
 WHOLE_COMPUTE_S = 0.5
 WHOLE_MEMORY_SHARE = 4
 MAX_PLACED_TASKS = 5000  # placement is superlinear; a bigger untiled graph is not placed on demand
