@@ -125,14 +125,16 @@ def lay_out(graph: Graph, figures: Sequence[NodeFigures], *, unsplit_bytes: int 
     (``scheduler/residency.py``): placement counts reading them there as local, so a job
     submitted again runs its tasks where their inputs already are. Only where a task runs
     depends on it, never the tiles or the task ids. ``held``: ``argN`` -> the boundaries of
-    the tiles that input's value is held in (a tiled ref; ``TileSizes.held``): such a job
-    is cut along them, never kept whole. ``whole_s``: :func:`stays_whole`'s bound (0: only
-    graphs of at most ``unsplit_bytes`` stay whole)."""
+    the tiles that input's value is held in (a tiled ref; ``TileSizes.held``): a job that
+    is cut is cut along them; one that stays whole reads a copy (``scheduler/refs.py``),
+    once: its outputs are whole, so a training loop whose step was cut once (the figures
+    moved) is whole again from the next step. ``whole_s``: :func:`stays_whole`'s bound (0:
+    only graphs of at most ``unsplit_bytes`` stay whole)."""
     figs = tuple(figures)
     if not figs:
         raise ValueError("no executor figures to lay the job out for")
     if not explicit and (not bigger_than(graph, unsplit_bytes)
-                         or (not held and stays_whole(graph, figs, whole_s))):
+                         or stays_whole(graph, figs, whole_s)):
         _check_support_once(graph, figs)
         return Layout(graph, False, {}, {}, None, figs)
     headroom = 0.5

@@ -117,6 +117,8 @@ def test_the_large_train_step_stays_whole_unless_memory_or_whole_s_say_otherwise
     lay = lay_out(g, ONE_HOST)
     assert not lay.tiled and lay.placement is None  # one task per node, then grouped (jobplan)
     assert lay_out(g, ONE_HOST, whole_s=0).tiled  # off: cut as every graph over 4 MiB
+    held = {"arg1": [[0, 512, 1024], [0, 2048]]}  # a weight held in two tiles (a cut step before)
+    assert not lay_out(g, ONE_HOST, held=held).tiled  # whole again: it reads a copy, once
     small = [dataclasses.replace(f, memory_capacity=512 << 20) for f in ONE_HOST]
     assert not stays_whole(g, small)  # over a quarter of a node's memory
     slow = [dataclasses.replace(f, gflops=10.0) for f in ONE_HOST]
