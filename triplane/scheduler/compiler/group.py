@@ -16,9 +16,10 @@ Not grouped: a tiled job (its tasks are spread on purpose), a job of one task (n
 gain), a job of more than ``MAX_GROUP_TASKS`` tasks (per-task dispatch benchmarks and
 jobs of thousands of scalar tasks keep their parallelism and their per-task progress), a
 job with no output to keep, and a program whose text does not fit a packet's attributes
-(``MAX_ATTRS_BYTES``). The decision reads the plan and the layout's verdict, which
-depends on the cluster's figures recorded with the job only, so a restarted scheduler
-compiling a stored job again gets the same tasks.
+(``MAX_ATTRS_BYTES``). The decision reads the plan and, for a job over
+``UNSPLIT_BYTES``, the layout's verdict for the cluster, which the job's record keeps
+(``"whole"`` in its ``job.bindings``), so a restarted scheduler compiling a stored job
+again gets the same tasks.
 """
 
 from __future__ import annotations
