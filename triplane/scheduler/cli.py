@@ -34,6 +34,7 @@ from triplane.process import event_loop_runner, prepare_process
 # scheduler/retention.py's defaults (not imported: that pulls in SQLAlchemy at CLI start)
 KEEP_JOBS = 100
 PERIOD_S = 1.0
+WHOLE_COMPUTE_S = 0.5  # compiler/layout.py's (a test checks they agree)
 
 __all__ = ["run_scheduler", "scheduler_command"]
 
@@ -87,6 +88,7 @@ async def _serve(
     retention_period_s: float = PERIOD_S,
     grpc_port: int | None = None,
     advertise: str | None = None,
+    whole_s: float = WHOLE_COMPUTE_S,
 ) -> int:
     import uvicorn
 
@@ -119,6 +121,7 @@ async def _serve(
         keep_jobs=keep_jobs,
         retention_period_s=retention_period_s,
     )
+    sched.cluster.whole_s = whole_s
     app = create_app(sched, token, tokens_file=tokens_file)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -209,6 +212,7 @@ def run_scheduler(
     retention_period_s: float = PERIOD_S,
     grpc_port: int | None = None,
     advertise: str | None = None,
+    whole_s: float = WHOLE_COMPUTE_S,
 ) -> int:
     """``scheduler_command`` returning its exit status instead of raising ``SystemExit``."""
     try:
@@ -222,6 +226,8 @@ def run_scheduler(
             raise _Usage(f"--retention-period must be in 0.05..86400 seconds, got {retention_period_s:g}")
         if grpc_port is not None and not 0 <= grpc_port <= 65535:
             raise _Usage(f"--grpc-port must be in 0..65535 (0: any free port), got {grpc_port}")
+        if not 0 <= whole_s <= 3600:
+            raise _Usage(f"--whole-s must be in 0..3600 seconds, got {whole_s:g}")
         if log_level.lower() not in ("debug", "info", "warning", "error"):
             raise _Usage(f"bad log level {log_level!r} (one of debug, info, warning, error)")
         logging.basicConfig(
@@ -262,6 +268,7 @@ def run_scheduler(
                 retention_period_s,
                 grpc_port,
                 address,
+                whole_s,
             )
         )
     except _Usage as e:
@@ -307,6 +314,11 @@ def scheduler_command(
     grpc_port: Annotated[
         int | None, typer.Option(help="serve gRPC (docs/grpc.md) on this port too (0: any free port)")
     ] = None,
+    whole_s: Annotated[
+        float, typer.Option(help="a job the cost model puts under this many seconds on one executor, "
+                                 "fitting a quarter of its memory, runs uncut on one "
+                                 "(0: cut every job over 4 MiB)")
+    ] = WHOLE_COMPUTE_S,
 ) -> None:
     """Run the scheduler: REST API, dispatcher and upload store, until stopped.
 
@@ -350,6 +362,7 @@ def scheduler_command(
         retention_period,
         cfg["grpc_port"],
         cfg["advertise"],
+        whole_s,
     )
     if code:
         raise SystemExit(code)

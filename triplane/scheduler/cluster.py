@@ -40,7 +40,7 @@ from triplane.registry.records import LinkInfo, MemoryEngineInfo, NetworkEngineI
 from triplane.scheduler.calibration import Calibration, bound_of
 from triplane.scheduler.compiler.compile import ClusterSnapshot
 from triplane.scheduler.compiler.costmodel import NodeFigures, task_cost
-from triplane.scheduler.compiler.layout import MODEL, Layout, same_host_figures
+from triplane.scheduler.compiler.layout import MODEL, WHOLE_COMPUTE_S, Layout, same_host_figures
 from triplane.scheduler.residency import Residency, read_evictions
 
 __all__ = ["ClusterView", "Factors", "figures_from_records", "figures_from_registry"]
@@ -121,6 +121,7 @@ class ClusterView:
         self._figs: tuple[float, list[NodeFigures], list[OpEngineInfo]] = (0.0, [], [])
         self.drained: dict[str, tuple[float, str]] = {}  # node -> (drained at, by whom)
         self.on_drained: Any = lambda nodes: None  # the dispatcher's drained set follows this
+        self.whole_s = WHOLE_COMPUTE_S  # a job under this on one node is not cut (--whole-s)
 
     async def read_drained(self) -> dict[str, tuple[float, str]]:
         """The drained nodes as the registry holds them now (also handed to ``on_drained``)."""
@@ -156,7 +157,8 @@ class ClusterView:
         figures, engines = await self.figures()
         factors = self.calibration.snapshot([f.name for f in figures])
         calibrated = self.calibration.apply(figures, factors)
-        return ClusterSnapshot(tuple(calibrated), self.residency.lookup), engines, factors
+        snap = ClusterSnapshot(tuple(calibrated), self.residency.lookup, whole_s=self.whole_s)
+        return snap, engines, factors
 
     async def nodes(self) -> list[dict[str, Any]]:
         """``GET /v1/nodes``: the registered executors, their running tasks, calibration and

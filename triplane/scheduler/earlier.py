@@ -82,12 +82,14 @@ def plan_again(job: str, graph: Graph, bindings: Mapping[str, Any], plans: PlanC
     A tiled job is laid out for the figures it was submitted with, so its task ids name
     the same tiles as its task rows. ``REBUILD_ERRORS`` for a record this version cannot
     compile. A job recorded as grouped (``"grouped": true``) is grouped again; any other
-    (older records too) runs one task per node, as it did."""
+    (older records too) runs one task per node, as it did; one recorded ``"whole"`` (bigger
+    than a tiny job, kept whole for its cluster) is grouped again whatever its size."""
     figs = figures_from_json(bindings["figures"]) if "figures" in bindings else ()
     held = bindings.get("held")  # the tile boundaries of tiled refs it was laid out knowing
     snap = ClusterSnapshot(tuple(figs), held=(lambda _: held) if isinstance(held, dict) else None)
     return compile_job(graph, bindings["fetch"], snap, cache=plans, job=job,
-                       args=bindings["args"], group=bool(bindings.get("grouped")))
+                       args=bindings["args"], group=bool(bindings.get("grouped")),
+                       whole=bool(bindings.get("whole")))
 
 
 def read_released(db: mdb.MetaDB, job: str) -> bool:

@@ -45,6 +45,10 @@ class TileFreer:
         if len(q) >= self.batch and self._wake is not None:
             self._wake.set()
 
+    def queued_on(self, node: str) -> bool:
+        """Whether deletions wait to be sent to ``node``."""
+        return bool(self._queued.get(node))
+
     def sending(self, node: str, tile: str) -> None:
         """``tile`` is about to be made on ``node`` again: do not delete it."""
         q = self._queued.get(node)

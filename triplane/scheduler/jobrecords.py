@@ -12,7 +12,7 @@ from triplane import metadb as mdb
 from triplane.metadb.models import Job as JobRow
 from triplane.proto.states import JobState
 from triplane.scheduler.compiler.jobplan import JobPlan
-from triplane.scheduler.compiler.layout import figures_to_json, structure_hash
+from triplane.scheduler.compiler.layout import UNSPLIT_BYTES, bigger_than, figures_to_json, structure_hash
 from triplane.scheduler.compiler.planview import plan_document
 from triplane.scheduler.earlier import BINDINGS
 from triplane.scheduler.errors import Unavailable
@@ -69,6 +69,8 @@ def bindings_of(plan: JobPlan) -> dict[str, Any]:
         bindings["figures"] = figures_to_json(plan.layout.figures)
     if plan.group:
         bindings["grouped"] = True  # compiled again the same way (earlier.plan_again)
+        if plan.layout is not None and bigger_than(plan.plan.graph, UNSPLIT_BYTES):
+            bindings["whole"] = True  # kept whole for its cluster (layout.stays_whole): grouped again
     return bindings
 
 

@@ -274,7 +274,8 @@ class Scheduler(Leading):
         self.freer.free(f.node, tile_id(f.job, f.task))
 
     def _sending(self, s: Send) -> None:
-        self.freer.sending(s.node, tile_id(s.job, s.task))
+        if self.freer.queued_on(s.node):  # per task sent: no tile id made while nothing waits
+            self.freer.sending(s.node, tile_id(s.job, s.task))
 
     def _data_address(self, node: str) -> tuple[str, int] | None:
         info = self.shell.nodes.get(node)

@@ -111,3 +111,45 @@ def test_the_executor_running_a_group_sigkilled_drifts_it_whole(
         (row,) = task_rows(cluster.db, s.last_job)
         assert row.op == "graph" and row.state == "done" and row.attempt >= 1 and row.node != victim.name
         s.close()
+
+
+def test_a_job_over_4_mib_quick_on_one_node_runs_uncut_and_resumes_so_after_a_restart(
+        start_cluster: Callable[..., Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    # 8.5 MiB of tensors and milliseconds of compute: kept whole for a cluster of 1 GiB
+    # executors (compiler/layout.py, stays_whole), so one grouped task. Its first attempt
+    # stalls (fault injection) and the scheduler is killed meanwhile: the restarted one
+    # compiles the stored job again as the same one task (its job.bindings say "whole").
+    monkeypatch.setenv(STALL_ENV, "matmul:4")
+    rng = np.random.default_rng(7)
+    xa = rng.standard_normal((1024, 1024)).astype(np.float32)  # 4 MiB
+    wa = (rng.standard_normal((1024, 64)) * 0.05).astype(np.float32)
+    with start_cluster(bound_s=120, executors=2) as cluster:
+        headers = {"Authorization": f"Bearer {cluster.token}"}
+
+        def given(h: httpx.Client, arr: np.ndarray) -> dict[str, Any]:
+            r = h.post("/v1/tensors", content=arr.tobytes(), headers={
+                "X-Triplane-Shape": ",".join(map(str, arr.shape)), "X-Triplane-Dtype": "float32"})
+            assert r.status_code == 201, r.text
+            shape = list(arr.shape)
+            return {"op": "input", "shape": shape, "dtype": "float32",
+                    "attrs": {"tensor": r.json()["id"], "shape": shape, "dtype": "float32"}}
+
+        with httpx.Client(base_url=cluster.url, headers=headers, timeout=20) as h:
+            nodes = {"x": given(h, xa), "w": given(h, wa),
+                     "t": {"op": "tanh", "inputs": ["x"], "shape": [1024, 1024], "dtype": "float32"},
+                     "m": {"op": "matmul", "inputs": ["t", "w"], "shape": [1024, 64], "dtype": "float32"}}
+            r = h.post("/v1/jobs", json={"graph": {"version": 1, "nodes": nodes, "outputs": ["m"]},
+                                         "fetch": ["m"]})
+            assert r.status_code == 201, r.text
+            job = r.json()["id"]
+            time.sleep(1.0)  # stored, and the group's first attempt stalls on an executor
+            cluster.restart_scheduler(kill=True)
+        with httpx.Client(base_url=cluster.url, headers=headers, timeout=20) as h:
+            body = h.get(f"/v1/jobs/{job}/wait", params={"timeout": 60}).json()
+            assert body["state"] == "done" and body["progress"] == {"done": 1, "total": 1}, body
+            got = h.get(f"/v1/jobs/{job}/tensors/m")
+            assert got.status_code == 200, got.text
+            np.testing.assert_allclose(np.frombuffer(got.content, np.float32).reshape(1024, 64),
+                                       np.tanh(xa) @ wa, rtol=1e-4, atol=1e-4)
+        (row,) = task_rows(cluster.db, job)
+        assert row.op == "graph" and row.state == "done"

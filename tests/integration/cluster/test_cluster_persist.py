@@ -50,9 +50,9 @@ def test_a_sigkilled_executors_persisted_tiles_are_read_not_recomputed(
     # their holder is killed: without persistence they would be computed again.
     monkeypatch.setenv(STALL_ENV, "exp:6")
     rng = np.random.default_rng(11)
-    xa = rng.standard_normal((1024, 1024)).astype(np.float32)  # 4 MiB: tiled, not one grouped task
+    xa = rng.standard_normal((1024, 1024)).astype(np.float32)  # 4 MiB: tiled (--whole-s 0), not grouped
     wa = rng.standard_normal((1024, 64)).astype(np.float32) * 0.1
-    with start_cluster(bound_s=150, executors=2) as cluster:
+    with start_cluster(bound_s=150, executors=2, scheduler_args=["--whole-s", "0"]) as cluster:
         s = RemoteSession(cluster.url, cluster.token, job_timeout_s=90.0, reconnect_s=20.0, poll_s=0.2)
         s.persist = "file"
         result: dict[str, Any] = {}

@@ -24,7 +24,10 @@ from triplane.scheduler.compiler.group import MAX_GROUP_TASKS
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    with running_cluster(tmp_path_factory.mktemp("refs"), bound_s=900.0, executors=2) as c:
+    # --whole-s 0: every job over 4 MiB is cut, as the tiled-ref tests here need (a job this
+    # small would otherwise run uncut on one executor: compiler/layout.py, stays_whole)
+    with running_cluster(tmp_path_factory.mktemp("refs"), bound_s=900.0, executors=2,
+                         scheduler_args=["--whole-s", "0"]) as c:
         yield c
 
 

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from triplane.proto.ir import Graph
 from triplane.scheduler.compiler.costmodel import NodeFigures
 from triplane.scheduler.compiler.jobplan import JobPlan, new_job_id, plan_job, with_fetch
-from triplane.scheduler.compiler.layout import Cached
+from triplane.scheduler.compiler.layout import WHOLE_COMPUTE_S, Cached
 from triplane.scheduler.compiler.pipeline import CompileOptions, PlanCache
 
 __all__ = ["ClusterSnapshot", "compile_job"]
@@ -55,11 +55,14 @@ class ClusterSnapshot:
     tensor ids (``arg0, arg1, ...``), which executors keep which upload tiles cached
     (``Residency.lookup``), so placement reads them there as local. ``held``: given the
     same ids, ``argN`` -> the tile boundaries of each input whose value is held in tiles
-    (a tiled ref, ``scheduler/refs.py``): the job reads those tiles (``TileSizes.held``)."""
+    (a tiled ref, ``scheduler/refs.py``): the job reads those tiles (``TileSizes.held``).
+    ``whole_s``: a graph the cost model puts under this many seconds on one node (and that
+    fits a quarter of a node's memory) is not cut (``layout.stays_whole``; 0: off)."""
 
     figures: tuple[NodeFigures, ...] = ()
     cached: Callable[[Sequence[str]], Cached] | None = None
     held: Callable[[Sequence[str]], Mapping[str, Sequence[Sequence[int]]]] | None = None
+    whole_s: float = WHOLE_COMPUTE_S
 
 
 def compile_job(
@@ -74,6 +77,7 @@ def compile_job(
     explicit: Mapping[str, Mapping[str, object]] | None = None,
     bind: Mapping[str, str] | None = None,
     group: bool = True,
+    whole: bool = False,
 ) -> JobPlan:
     """The execution plan of ``graph`` for ``cluster`` (see the module doc).
 
@@ -85,7 +89,9 @@ def compile_job(
     same as the first time. ``explicit`` fixes the cut of chosen plan nodes (tests, bench).
     ``bind`` replaces bound tensor names of a submitted graph (a ref ``<job>:<name>`` ->
     the tile or upload it resolved to, ``scheduler/refs.py``);
-    ``group`` False keeps a tiny job at one task per plan node (``compiler/group.py``)."""
+    ``group`` False keeps a tiny job at one task per plan node (``compiler/group.py``);
+    ``whole``: a stored job recorded as kept whole for its cluster (grouped again whatever
+    its size)."""
     if args is None:
         names = list(fetch)
         cgraph, rename, bound = with_fetch(graph, names).canonical()
@@ -101,4 +107,5 @@ def compile_job(
     cached = cluster.cached(bound) if cluster.cached is not None and figures else None
     held = cluster.held(bound) if cluster.held is not None and figures else None
     return plan_job(job or new_job_id(), cgraph, bound, fetch_map, back, cache, options=options,
-                    figures=figures, explicit=explicit, cached=cached, group=group, held=held)
+                    figures=figures, explicit=explicit, cached=cached, group=group, held=held,
+                    whole_s=cluster.whole_s, whole=whole)

@@ -4,8 +4,9 @@ Every task costs a packet round trip (some 0.3 ms on a local cluster) and, when
 neighbours land on different executors, a transfer. A training step of small layers is
 60-80 plan nodes of a few microseconds of compute each, so one task per node spends
 nearly all of its time in dispatch. A job whose plan is *tiny* -- the untiled path (its
-tensors total at most ``layout.UNSPLIT_BYTES``) with 2 to ``MAX_GROUP_TASKS`` task nodes
--- therefore runs as one task, :data:`GROUP_TASK`, on one executor: op ``graph``, whose
+tensors total at most ``layout.UNSPLIT_BYTES``, or it stays whole on the cluster it was
+laid out for: ``layout.stays_whole``) with 2 to ``MAX_GROUP_TASKS`` task nodes --
+therefore runs as one task, :data:`GROUP_TASK`, on one executor: op ``graph``, whose
 ``program`` attribute is the plan (``triplane.proto.packet.group``), its inputs the job's
 input tiles, its outputs one tile per graph output, named ``<job>.<node>`` exactly as the
 per-node tasks' would be. The executor runs the program as a loop and frees dead values
@@ -15,8 +16,10 @@ Not grouped: a tiled job (its tasks are spread on purpose), a job of one task (n
 gain), a job of more than ``MAX_GROUP_TASKS`` tasks (per-task dispatch benchmarks and
 jobs of thousands of scalar tasks keep their parallelism and their per-task progress), a
 job with no output to keep, and a program whose text does not fit a packet's attributes
-(``MAX_ATTRS_BYTES``). The decision reads the plan only, never the cluster, so a
-restarted scheduler compiling a stored job again gets the same tasks.
+(``MAX_ATTRS_BYTES``). The decision reads the plan and, for a job over
+``UNSPLIT_BYTES``, the layout's verdict for the cluster, which the job's record keeps
+(``"whole"`` in its ``job.bindings``), so a restarted scheduler compiling a stored job
+again gets the same tasks.
 """
 
 from __future__ import annotations
@@ -66,11 +69,14 @@ _TEXTS_KEPT = 128
 
 
 def grouped(job: str, plan: Plan, uploads: Mapping[str, str], specs: Sequence[TaskSpec],
-            templates: Mapping[str, Template], *, untiled: bool, max_attrs_bytes: int) -> Group | None:
+            templates: Mapping[str, Template], *, untiled: bool, max_attrs_bytes: int,
+            whole: bool = False) -> Group | None:
     """The grouped task of a job, built from the per-node ``specs``/``templates`` of
     ``plan`` (``uploads``: input node -> uploaded tensor id); None when the job is not
-    grouped (the module doc), its program's attributes over ``max_attrs_bytes`` included."""
-    if not untiled or not 2 <= len(specs) <= MAX_GROUP_TASKS or bigger_than(plan.graph, UNSPLIT_BYTES):
+    grouped (the module doc), its program's attributes over ``max_attrs_bytes`` included.
+    ``whole``: laid out uncut for a cluster, so its size was judged there already."""
+    if not untiled or not 2 <= len(specs) <= MAX_GROUP_TASKS or \
+            (not whole and bigger_than(plan.graph, UNSPLIT_BYTES)):
         return None
     g = plan.graph
     outs = [o for o in dict.fromkeys(g.outputs) if o in templates]

@@ -44,7 +44,7 @@ from triplane.proto.packet import canonical
 from triplane.proto.validate import Limits
 from triplane.scheduler.compiler.costmodel import NodeFigures
 from triplane.scheduler.compiler.group import GROUP_TASK, grouped
-from triplane.scheduler.compiler.layout import Cached, Layout, lay_out
+from triplane.scheduler.compiler.layout import WHOLE_COMPUTE_S, Cached, Layout, lay_out
 from triplane.scheduler.compiler.pipeline import CompileOptions, Plan, PlanCache
 from triplane.scheduler.compiler.placement import PlacementError
 from triplane.scheduler.compiler.tiling import TileGrid
@@ -188,6 +188,8 @@ def plan_job(
     cached: Cached | None = None,
     group: bool = True,
     held: Mapping[str, Sequence[Sequence[int]]] | None = None,
+    whole_s: float = WHOLE_COMPUTE_S,
+    whole: bool = False,
 ) -> JobPlan:
     """The job of a canonical graph: ``args`` binds ``argN`` inputs to uploaded tensor ids,
     ``fetch`` maps fetched names to canonical ids, ``back`` canonical ids to submitted ones.
@@ -195,10 +197,12 @@ def plan_job(
     LimitError / PlacementError naming the submitted node when it cannot fit); ``cached``
     (``Residency.lookup``) says where upload tiles are cached, for placement. ``group``:
     run a tiny job as one grouped task (the module doc); False keeps one task per node.
-    ``held``: ``argN`` -> the tile boundaries of a value held in tiles (``lay_out``)."""
+    ``held``: ``argN`` -> the tile boundaries of a value held in tiles (``lay_out``);
+    ``whole_s``: ``lay_out``'s bound for keeping a graph whole; ``whole``: group the job
+    whatever its size (a stored job recorded so: ``earlier.plan_again``)."""
     if options is None:
         options = CompileOptions(limits=limits) if limits else CompileOptions()
-    lay = (figures, explicit, cached, held)
+    lay = (figures, explicit, cached, held, whole_s)
     try:
         planned = _plan_job(job, cgraph, args, fetch, back, cache, options, lay)
     except _PacketTooSmall:
@@ -209,7 +213,8 @@ def plan_job(
         return planned
     lay_ = planned.layout
     g = grouped(job, planned.plan, planned.uploads, planned.specs, planned.templates,
-                untiled=lay_ is None or not lay_.tiled, max_attrs_bytes=MAX_ATTRS_BYTES)
+                untiled=lay_ is None or not lay_.tiled, max_attrs_bytes=MAX_ATTRS_BYTES,
+                whole=whole or (lay_ is not None and not lay_.tiled))
     if g is None:
         return planned
     template = TaskTemplate(g.spec.op, g.inputs, g.pulled, g.attrs, g.out, g.tiles)
@@ -241,7 +246,7 @@ def _plan_job(
     cache: PlanCache,
     options: CompileOptions,
     lay: tuple[Sequence[NodeFigures] | None, Mapping[str, Mapping[str, Any]] | None, Cached | None,
-               Mapping[str, Sequence[Sequence[int]]] | None] = (None, None, None, None),
+               Mapping[str, Sequence[Sequence[int]]] | None, float] = (None, None, None, None, 0.0),
 ) -> JobPlan:
     try:
         plan = cache.get_or_compile(cgraph, options)
@@ -249,10 +254,11 @@ def _plan_job(
         raise _renamed(e, back) from None
     plan_uploads = _uploads(plan.graph, args, back)
     layout: Layout | None = None
-    figures, explicit, cached, held = lay
+    figures, explicit, cached, held, whole_s = lay
     if figures:
         try:
-            layout = lay_out(plan.graph, figures, explicit=explicit, cached=cached, held=held)
+            layout = lay_out(plan.graph, figures, explicit=explicit, cached=cached, held=held,
+                             whole_s=whole_s)
         except PlacementError as e:
             name = back.get(e.node or "", e.node)
             what = e.what.replace(repr(e.node), repr(name), 1) if e.node else e.what

@@ -8,8 +8,10 @@ GFLOP/s and GB/s, memory capacity and free bytes, network, slots) it sizes tiles
 the wire) and places them (``place``). The result, a :class:`Layout`, is what the job
 runs, where each task should run and what each output's tiles are.
 
-Tiny graphs (tensors totalling at most ``unsplit_bytes``) are neither tiled nor placed at
-submit: they run as the plan graph, one task per node, on whatever node the dispatcher's
+Tiny graphs (tensors totalling at most ``unsplit_bytes``), and graphs that *stay whole*
+(:func:`stays_whole`: they fit a quarter of the smallest executor's memory and the cost
+model puts all their compute on one node under ``WHOLE_COMPUTE_S``), are neither tiled nor
+placed at submit: they run as the plan graph, one task per node, on whatever node the dispatcher's
 own placer picks; their placement is computed on demand (``GET /v1/jobs/{id}/plan``).
 That keeps a submit of 10,000 scalar tasks as fast as before (placing them takes
 seconds). They are still checked against the engines' ops and dtypes.
@@ -45,11 +47,21 @@ from triplane.scheduler.compiler.placement import (
 )
 from triplane.scheduler.compiler.tiling import ClusterFigures, Region, TileGrid, plan_sizes, tile_graph
 
-__all__ = ["MODEL", "UNSPLIT_BYTES", "Cached", "Layout", "bigger_than", "check_support", "figures_from_json",
-           "figures_to_json", "lay_out", "same_host_figures", "structure_hash"]
+__all__ = ["MODEL", "UNSPLIT_BYTES", "WHOLE_COMPUTE_S", "Cached", "Layout", "bigger_than", "check_support",
+           "figures_from_json", "figures_to_json", "lay_out", "same_host_figures", "stays_whole",
+           "structure_hash"]
 
 UNSPLIT_BYTES = 4 << 20  # plan_sizes' default: graphs this small are not cut
 MODEL = CostModel()  # the one cost model of tiling and placement: they predict a task's time alike
+# A graph whose compute on one node the cost model puts under this stays whole (one task
+# per plan node, grouped into one task: jobplan.py) when it also fits WHOLE_MEMORY_SHARE of
+# the smallest node's memory. Cutting it would at best divide that time by the number of
+# nodes, and every tile costs a packet round trip and, between nodes, a transfer: the large
+# MLP step of bench/train.py (1024-2048-2048-10, batch 512; about 0.2 s predicted on one core)
+# tiled into 77 tasks on two executors of one 2-core host took 447-496 ms of CPU per step
+# in all, whole on one executor 213-243 ms, and less wall time (bench/README.md, session 5).
+WHOLE_COMPUTE_S = 0.5
+WHOLE_MEMORY_SHARE = 4
 MAX_PLACED_TASKS = 5000  # placement is superlinear; a bigger untiled graph is not placed on demand
 
 # (an ``input`` node's ``tensor`` attribute ("argN"), the region it reads or None for the
@@ -105,18 +117,24 @@ class Layout:
 
 def lay_out(graph: Graph, figures: Sequence[NodeFigures], *, unsplit_bytes: int = UNSPLIT_BYTES,
             explicit: Mapping[str, Mapping[str, Any]] | None = None, cached: Cached | None = None,
-            held: Mapping[str, Sequence[Sequence[int]]] | None = None) -> Layout:
+            held: Mapping[str, Sequence[Sequence[int]]] | None = None,
+            whole_s: float = WHOLE_COMPUTE_S) -> Layout:
     """Tile and place the compiled ``graph`` for ``figures`` (see the module doc).
     ``explicit`` fixes the cut of chosen plan nodes (``TileSizes.explicit``) and forces
     tiling even of a tiny graph. ``cached`` says which executors keep which upload tiles
     (``scheduler/residency.py``): placement counts reading them there as local, so a job
     submitted again runs its tasks where their inputs already are. Only where a task runs
     depends on it, never the tiles or the task ids. ``held``: ``argN`` -> the boundaries of
-    the tiles that input's value is held in (a tiled ref; ``TileSizes.held``)."""
+    the tiles that input's value is held in (a tiled ref; ``TileSizes.held``): a job that
+    is cut is cut along them; one that stays whole reads a copy (``scheduler/refs.py``),
+    once: its outputs are whole, so a training loop whose step was cut once (the figures
+    moved) is whole again from the next step. ``whole_s``: :func:`stays_whole`'s bound (0:
+    only graphs of at most ``unsplit_bytes`` stay whole)."""
     figs = tuple(figures)
     if not figs:
         raise ValueError("no executor figures to lay the job out for")
-    if not explicit and not bigger_than(graph, unsplit_bytes):
+    if not explicit and (not bigger_than(graph, unsplit_bytes)
+                         or stays_whole(graph, figs, whole_s)):
         _check_support_once(graph, figs)
         return Layout(graph, False, {}, {}, None, figs)
     headroom = 0.5
@@ -239,6 +257,38 @@ def bigger_than(graph: Graph, limit: int) -> bool:
 # the same plan graph (the plan cache's) every step, and checking a fused node costs its
 # program's cost function (~30% of a small step's compile).
 _SUPPORTED: OrderedDict[tuple[int, Any], Graph] = OrderedDict()
+_WHOLE: OrderedDict[tuple[int, tuple[NodeFigures, ...], float], tuple[Graph, bool]] = OrderedDict()
+
+
+def stays_whole(graph: Graph, figures: Sequence[NodeFigures], whole_s: float = WHOLE_COMPUTE_S) -> bool:
+    """Whether ``graph`` runs uncut (the module doc): its tensors total at most
+    1/``WHOLE_MEMORY_SHARE`` of the smallest node's memory capacity and its tasks' predicted
+    compute on the fastest node totals at most ``whole_s`` seconds. Depends on the graph
+    and the figures only (a resumed job is laid out for its recorded figures again);
+    memoised for a training loop's plan, laid out every step."""
+    if whole_s <= 0:
+        return False
+    figs = tuple(figures)
+    key = (id(graph), figs, whole_s)
+    kept = _WHOLE.get(key)
+    if kept is not None and kept[0] is graph:
+        _WHOLE.move_to_end(key)
+        return kept[1]
+    room = min(f.memory_capacity for f in figs) // WHOLE_MEMORY_SHARE
+    whole = not bigger_than(graph, room)
+    if whole:
+        fastest = max(figs, key=lambda f: (f.gflops, f.gbps))
+        total = 0.0
+        for nid, node in graph.nodes.items():
+            if node.op != "input":
+                total += MODEL.node_compute_time(graph, nid, fastest)
+                if total > whole_s:
+                    whole = False
+                    break
+    _WHOLE[key] = (graph, whole)
+    if len(_WHOLE) > 256:
+        _WHOLE.popitem(last=False)
+    return whole
 
 
 def _check_support_once(graph: Graph, figures: Sequence[NodeFigures]) -> None:

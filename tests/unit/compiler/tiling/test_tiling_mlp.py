@@ -6,6 +6,8 @@ loopback network). Plans only at full size; a small step is run tiled and untile
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 from typing import Any
 
 import numpy as np
@@ -13,7 +15,7 @@ import numpy as np
 import triplane as tp
 from triplane.proto.ir import Graph
 from triplane.scheduler.compiler.costmodel import NodeFigures
-from triplane.scheduler.compiler.layout import lay_out
+from triplane.scheduler.compiler.layout import UNSPLIT_BYTES, bigger_than, lay_out, stays_whole
 from triplane.scheduler.compiler.pipeline import compile_graph
 from triplane.scheduler.compiler.placement import place
 from triplane.scheduler.compiler.tiling import TileSizes, tile_graph
@@ -84,3 +86,48 @@ def test_a_small_mlp_step_gives_the_same_results_tiled_and_untiled(run: Any, see
         # float32; K-split sums add in another order: a few ulp of the largest term
         np.testing.assert_allclose(tiled.assemble(out, got), want[out], rtol=2e-5, atol=2e-6,
                                    err_msg=f"{out} (seed {seed})")
+
+
+
+def _adam_step(dims: tuple[int, ...], batch: int) -> Graph:
+    """bench/train.py's large step in shape: an MLP of ``dims`` (ReLU between), its loss,
+    gradients and an Adam update of every weight; data, weights and moments are inputs."""
+    def given(*shape: int) -> Any:
+        return tp.Tensor.from_array(np.ones(shape, np.float32))
+
+    x = given(batch, dims[0])
+    ws = [given(a, b) for a, b in itertools.pairwise(dims)]
+    h = x
+    for i, w in enumerate(ws):
+        h = h @ w if i == len(ws) - 1 else tp.relu(h @ w)
+    loss = (h * h).sum() / batch
+    outs: list[Any] = [loss]
+    for w, g in zip(ws, tp.grad(loss, ws)):
+        m = given(*w.shape) * 0.9 + 0.1 * g
+        v = given(*w.shape) * 0.999 + 0.001 * g * g
+        outs += [w - 1e-3 * m / (tp.sqrt(v) + 1e-8), m, v]
+    graph, _, _ = build_graph(outs)
+    return compile_graph(graph.canonical()[0]).graph
+
+
+def test_the_large_train_step_stays_whole_unless_memory_or_whole_s_say_otherwise() -> None:
+    g = _adam_step((1024, 2048, 2048, 10), 512)
+    assert bigger_than(g, UNSPLIT_BYTES)
+    assert stays_whole(g, ONE_HOST)
+    lay = lay_out(g, ONE_HOST)
+    assert not lay.tiled and lay.placement is None  # one task per node, then grouped (jobplan)
+    assert lay_out(g, ONE_HOST, whole_s=0).tiled  # off: cut as every graph over 4 MiB
+    held = {"arg1": [[0, 512, 1024], [0, 2048]]}  # a weight held in two tiles (a cut step before)
+    assert not lay_out(g, ONE_HOST, held=held).tiled  # whole again: it reads a copy, once
+    small = [dataclasses.replace(f, memory_capacity=512 << 20) for f in ONE_HOST]
+    assert not stays_whole(g, small)  # over a quarter of a node's memory
+    slow = [dataclasses.replace(f, gflops=10.0) for f in ONE_HOST]
+    assert not stays_whole(g, slow)  # predicted over WHOLE_COMPUTE_S on one node
+    assert not stays_whole(_mlp_step(4096, 2048), ONE_HOST)  # the step above: split
+
+
+def test_the_scheduler_clis_default_whole_s_is_the_layouts() -> None:
+    from triplane.scheduler import cli
+    from triplane.scheduler.compiler.layout import WHOLE_COMPUTE_S
+
+    assert cli.WHOLE_COMPUTE_S == WHOLE_COMPUTE_S  # the CLI does not import the compiler at start
