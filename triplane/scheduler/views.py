@@ -1,0 +1,135 @@
+"""What the dashboard draws that no page of rows could give it (docs/dashboard.md): a job's
+task timeline as aggregates per node and time bucket (and its tasks once a window is
+small), a job's graph cut to a readable size with its op counts, and the tiles every
+memory engine holds. Each is one grouped read of the metadb (``metadb/aggregates.py``) or a
+walk of a graph in memory; ``scheduler.views``. The reads run as ``Admin._read`` runs
+them (on the loop with SQLite, in a thread with PostgreSQL).
+
+Errors: ``NotFound`` for an unknown job, ``BadRequest`` for a window or size out of bounds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from typing import TYPE_CHECKING, Any
+
+from triplane import metadb as mdb
+from triplane.metadb import aggregates as agg
+from triplane.proto.ir import Graph
+from triplane.scheduler.errors import BadRequest, NotFound
+
+if TYPE_CHECKING:
+    from triplane.scheduler.service import Scheduler
+
+__all__ = ["Views"]
+
+MAX_GRAPH_NODES = 2000
+
+
+def _task(t: mdb.TaskInfo) -> dict[str, Any]:
+    return {"id": t.task_id, "op": t.op, "state": t.state, "attempt": t.attempt, "node": t.node,
+            "start": t.started_at, "end": t.finished_at, "predicted_s": t.predicted_s,
+            "error": None if t.error_kind is None else {"kind": t.error_kind,
+                                                        "message": t.error_message or ""}}
+
+
+class Views:
+    """See the module doc."""
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        self.s = scheduler
+
+    async def timeline(self, job: str, *, start: float | None, end: float | None, buckets: int,
+                       tasks: int) -> dict[str, Any]:
+        """The body of ``GET /v1/jobs/{job}/timeline`` (docs/api.md)."""
+        if not 1 <= buckets <= agg.MAX_BUCKETS:
+            raise BadRequest(f"buckets must be in 1..{agg.MAX_BUCKETS}, got {buckets}")
+        if not 0 <= tasks <= 5000:
+            raise BadRequest(f"tasks must be in 0..5000, got {tasks}")
+        if start is not None and end is not None and not end > start:
+            raise BadRequest(f"end ({end}) must be after start ({start})")
+
+        def read() -> dict[str, Any]:
+            with self.s.db.read() as s:
+                first, last, rows = agg.task_bounds(s, job)
+                t0 = start if start is not None else first
+                t1 = end if end is not None else last
+                body: dict[str, Any] = {"job": job, "first": first, "last": last, "rows": rows,
+                                        "start": t0, "end": t1, "buckets": buckets, "bucket_s": None,
+                                        "nodes": [], "tasks": None}
+                if t0 is None or t1 is None:
+                    return body
+                if not t1 > t0:
+                    t1 = t0 + 1e-3
+                    body["end"] = t1
+                width = (t1 - t0) / buckets
+                body["bucket_s"] = width
+                per: dict[str, dict[str, list[float]]] = {}
+                for r in agg.timeline_buckets(s, job, t0, t1, buckets):
+                    node = r["node"] or "?"
+                    lanes = per.setdefault(node, {k: [0] * buckets for k in
+                                                  ("tasks", "busy_s", "predicted_s", "failed", "retried")})
+                    for k in lanes:
+                        lanes[k][r["bucket"]] += r[k]
+                body["nodes"] = [{"node": n, **lanes} for n, lanes in sorted(per.items())]
+                if tasks:
+                    rows_in = agg.tasks_in_window(s, job, t0, t1, tasks + 1)
+                    if len(rows_in) <= tasks:  # a window this small is drawn task by task
+                        body["tasks"] = [_task(t) for t in rows_in]
+                return body
+
+        try:
+            return await self.s.admin._read(read)
+        except (mdb.UnknownJobError, mdb.InvalidInputError):
+            raise NotFound(f"unknown job {job[:128]!r}") from None
+
+    async def graph(self, job: str, *, limit: int) -> dict[str, Any]:
+        """The body of ``GET /v1/jobs/{job}/graph``: the compiled graph of a job this
+        scheduler holds (fused groups as ``fused`` nodes with their steps), else the
+        canonical graph stored at submit; its first ``limit`` nodes in graph order, the
+        op counts of all, and the edges among the nodes shown."""
+        if not 1 <= limit <= MAX_GRAPH_NODES:
+            raise BadRequest(f"limit must be in 1..{MAX_GRAPH_NODES}, got {limit}")
+        live = self.s.jobs.live.get(job)
+        graph: Graph | None = None
+        source = "compiled"
+        if live is not None:
+            graph = live.plan.plan.graph
+        else:
+            def read() -> Graph:
+                with self.s.db.read() as s:
+                    info = mdb.get_job(s, job)
+                    return Graph.from_json(mdb.get_graph(s, info.graph_hash).canonical)
+
+            try:
+                graph = await asyncio.to_thread(read)
+            except (mdb.UnknownJobError, mdb.InvalidInputError, mdb.NotFoundError):
+                raise NotFound(f"unknown job {job[:128]!r}") from None
+            source = "submitted"
+        items = list(graph.nodes.items())
+        shown = dict(items[:limit])
+        out = []
+        for nid, n in shown.items():
+            program = n.attrs.get("program") if n.op == "fused" else None
+            out.append({"id": nid, "op": n.op, "shape": list(n.shape), "dtype": n.dtype,
+                        "inputs": [i for i in n.inputs if i in shown],
+                        "hidden_inputs": sum(1 for i in n.inputs if i not in shown),
+                        "steps": [str(step[0]) for step in program] if program else None})
+        return {"job": job, "source": source, "total": len(items), "truncated": len(items) > limit,
+                "ops": dict(Counter(n.op for _, n in items).most_common()),
+                "outputs": [o for o in graph.outputs if o in shown], "nodes": out}
+
+    async def storage(self) -> dict[str, Any]:
+        """The body of ``GET /v1/storage``: every memory engine's capacity and free bytes (as
+        its node last published them) beside the tiles and bytes the metadb says it holds."""
+        from triplane.registry import list_memory_engines
+
+        def read() -> list[dict[str, Any]]:
+            with self.s.db.read() as s:
+                return agg.tile_totals(s)
+
+        totals = await self.s.admin._read(read)
+        engines = [{"node": m.node, "engine": m.engine, "kind": m.kind, "capacity": m.capacity,
+                    "free": m.free} for m in await list_memory_engines(self.s.registry)]
+        return {"engines": sorted(engines, key=lambda e: (e["node"], e["engine"])), "tiles": totals}
