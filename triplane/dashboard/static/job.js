@@ -66,9 +66,10 @@ export function jobPage(main, id, ctx) {
   const planBox = el("div", {}, "loading…");
   const tasksBox = el("div", {}, "loading…");
   const pager = el("div", { class: "pager" });
+  const driftBox = el("div", { id: "drifts" }, "loading…");
   main.append(el("h1", {}, "Job ", el("span", { id: "job-id" }, id)), head, actions,
     section("Timeline", timelineBox), section("Graph", graphBox),
-    section("Plan", planBox), section("Tasks", tasksBox, pager));
+    section("Plan", planBox), section("Drifts, failures and recomputes", driftBox), section("Tasks", tasksBox, pager));
   const gantt = new Gantt(timelineBox, id);
   let status = null;
   let stopped = false;
@@ -118,6 +119,21 @@ export function jobPage(main, id, ctx) {
     } catch (e) { clear(tasksBox).append(errorBox(e)); }
   }
 
+  async function loadDrifts() {
+    try {
+      const page = await api.get("/v1/events", { job: id, kind: ["task.drifted", "task.failed", "task.recomputed"], limit: 200 });
+      if (stopped) return;
+      clear(driftBox).append(page.items.length ? table([
+        { title: "when", cell: (e) => when(e.at) },
+        { title: "event", cell: (e) => e.kind.slice(5) },
+        { title: "task", cell: (e) => e.task },
+        { title: "attempt", cls: "num", cell: (e) => e.data.attempt },
+        { title: "left node", cell: (e) => (e.node ? el("span", { class: "s-down" }, e.node) : "–") },
+        { title: "reason", cell: (e) => e.data.reason || "" },
+      ], page.items, page.next ? "the first 200" : null) : el("p", { class: "muted" }, "none: every task ran where it was placed"));
+    } catch (e) { clear(driftBox).append(errorBox(e)); }
+  }
+
   async function loadGraph() {
     try {
       const g = await api.get(`${path}/graph`, { limit: 300 });
@@ -146,11 +162,12 @@ export function jobPage(main, id, ctx) {
   }
 
   const ganttSoon = throttle(() => gantt.refresh(), 2000);
-  const tasksSoon = throttle(loadTasks, 2000);
+  const tasksSoon = throttle(() => { loadTasks(); loadDrifts(); }, 2000);
   const statusSoon = throttle(loadStatus, 1000);
   loadStatus().then(() => { loadPlan(); });
   loadGraph();
   loadTasks();
+  loadDrifts();
   gantt.refresh();
 
   return {
