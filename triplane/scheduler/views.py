@@ -73,7 +73,8 @@ class Views:
                     for k in lanes:
                         lanes[k][r["bucket"]] += r[k]
                 body["nodes"] = [{"node": n, **lanes} for n, lanes in sorted(per.items())]
-                if tasks:
+                started = sum(sum(lane["tasks"]) for lane in per.values())
+                if tasks and started <= tasks:  # else no row read: the count says it is too many
                     rows_in = agg.tasks_in_window(s, job, t0, t1, tasks + 1)
                     if len(rows_in) <= tasks:  # a window this small is drawn task by task
                         body["tasks"] = [_task(t) for t in rows_in]

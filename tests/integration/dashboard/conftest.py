@@ -16,9 +16,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cluster"))
 
-from cluster_run import running_cluster  # noqa: E402
+from cluster_run import running_cluster
 
-from triplane.launcher import LocalCluster  # noqa: E402
+from triplane.launcher import LocalCluster
 
 CHROMIUM = os.environ.get("TRIPLANE_CHROMIUM", "/usr/bin/chromium")
 

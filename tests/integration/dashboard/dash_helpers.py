@@ -46,7 +46,8 @@ def upload(h: httpx.Client, a: np.ndarray) -> str:
     return r.json()["id"]
 
 
-def chains(h: httpx.Client, chains: int = 8, depth: int = 12, width: int = 384, name: str | None = None) -> str:
+def chains(h: httpx.Client, chains: int = 8, depth: int = 12, width: int = 384,
+           name: str | None = None) -> str:
     """Submit ``chains`` independent chains of ``depth`` matmul+tanh steps (a job of a few
     hundred tasks that runs for seconds on two executors); its id."""
     rng = np.random.default_rng(7)

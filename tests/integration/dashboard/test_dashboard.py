@@ -42,11 +42,12 @@ def test_every_page_loads_without_console_errors(cluster: LocalCluster, browser:
             for name in (*PAGES, f"job/{job}"):
                 tab.go(f"#/{name}")
                 tab.page.wait_for_selector("h1")
-                tab.page.wait_for_function("() => !document.querySelector('main').textContent.includes('loading…')",
-                                           timeout=15000)
+                tab.page.wait_for_function(
+                    "() => !document.querySelector('main').textContent.includes('loading…')", timeout=15000)
                 if name.startswith("job/"):
                     tab.page.wait_for_selector(".dag svg g.node")
-                tab.page.screenshot(path=str(shots / f"{name.split('/')[0]}-{width}-{scheme}.png"), full_page=True)
+                shot = shots / f"{name.split('/')[0]}-{width}-{scheme}.png"
+                tab.page.screenshot(path=str(shot), full_page=True)
                 assert not tab.page.query_selector("main .error"), (name, tab.page.inner_text("main")[:500])
             assert tab.errors == [], tab.errors
             html = tab.page.content()
@@ -72,7 +73,8 @@ def test_a_submitted_job_appears_and_finishes_live(cluster: LocalCluster, browse
         assert tab.page.evaluate("window.__stay") == 1
         assert tab.page.evaluate("window.__tp.events") > 0
         total = h.get(f"/v1/jobs/{job}").json()["progress"]["total"]
-        tab.page.wait_for_function(f"() => document.querySelector('#job-progress').textContent.includes('{total}/{total}')")
+        tab.page.wait_for_function(
+            f"() => document.querySelector('#job-progress').textContent.includes('{total}/{total}')")
         timeline = h.get(f"/v1/jobs/{job}/timeline", params={"buckets": 50}).json()
         assert sum(sum(n["tasks"]) for n in timeline["nodes"]) == timeline["rows"] == total
         with tab.page.expect_download() as dl:

@@ -79,8 +79,10 @@ export class Gantt {
       const buckets = Math.max(20, Math.min(400, Math.floor((this.canvas.clientWidth || 600) - LABEL) / 3));
       const params = { buckets: Math.floor(buckets), tasks: TASKS };
       if (this.view) { params.start = Math.max(0, this.view[0]); params.end = this.view[1]; }
+      const t0 = performance.now();
       this.data = await api.get(`/v1/jobs/${encodeURIComponent(this.job)}/timeline`, params);
       this.draw();
+      (window.__tp.timeline ||= []).push(performance.now() - t0);
     } catch (e) {
       this.info.textContent = String(e.message);
     } finally {
@@ -104,9 +106,10 @@ export class Gantt {
     const colours = { actual: cssVar("--accent"), pred: cssVar("--pred"), retry: cssVar("--warn"), fail: cssVar("--bad") };
     ctx.font = "11px system-ui, sans-serif";
     ctx.fillStyle = muted;
-    for (let i = 0; i <= 4; i++) {
-      const t = (span * i) / 4;
-      ctx.fillText(`+${secs(d.start - (d.first ?? d.start) + t)}`, LABEL + (plot * i) / 4 - (i === 4 ? 50 : 0), 12);
+    const ticks = plot < 400 ? 2 : 4;
+    for (let i = 0; i <= ticks; i++) {
+      const t = (span * i) / ticks;
+      ctx.fillText(`+${secs(d.start - (d.first ?? d.start) + t)}`, LABEL + (plot * i) / ticks - (i === ticks ? 50 : 0), 12);
     }
     lanes.forEach((name, i) => {
       const y = AXIS + i * LANE;
