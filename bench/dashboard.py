@@ -13,9 +13,11 @@ and refetches the timeline aggregates at most every 2 s). ``--repeats`` jobs eac
 * **dispatch rate**: tasks / (submit -> done) seconds, the median of each way and their
   ratio. Target (issue 17): with the page at least 90% of without.
 * **render time**: measured in the browser with ``performance.now()``: from an event's
-  arrival to the page updated (``window.__tp.renders``), and a timeline refresh (request,
-  aggregates, redraw: ``window.__tp.timeline``); p50, p95, max. Target: an update rendered
-  in under 200 ms. Also the browser's long tasks (over 50 ms: PerformanceObserver).
+  arrival to the page updated (``window.__tp.renders``), the timeline redrawn from new
+  aggregates (``window.__tp.draws``), and a whole timeline refresh (the request, the
+  server's aggregates, the redraw: ``window.__tp.timeline``; a request waits on the
+  scheduler, so it is reported beside, not held to the target); p50, p95, max. Target: an
+  update rendered in under 200 ms. Also the browser's long tasks (over 50 ms).
 
 Results go to bench/results/dashboard.{json,md}, with the load average: on a shared machine
 other processes move every figure (bench/README.md).
@@ -55,7 +57,8 @@ def wait_done(client: Any, job: str, timeout: float) -> None:
 
 def with_page(client: Any, page: Any, n: int, salt: int) -> tuple[float, dict[str, list[float]]]:
     """One job with its page open; (tasks/s, the browser's figures for it)."""
-    page.evaluate("() => { window.__tp.renders = []; window.__tp.timeline = []; window.__long = []; }")
+    page.evaluate("() => { window.__tp.renders = []; window.__tp.timeline = []; window.__tp.draws = []; "
+                  "window.__long = []; }")
     start = time.perf_counter()
     job = submit(client, noop_graph(n, salt=salt))
     page.evaluate("h => { location.hash = h; }", f"#/job/{job}")
@@ -64,7 +67,8 @@ def with_page(client: Any, page: Any, n: int, salt: int) -> tuple[float, dict[st
     page.wait_for_selector("#job-state .s-done", timeout=30000)
     page.wait_for_timeout(2500)  # the last throttled timeline refresh
     figures = page.evaluate("() => ({renders: window.__tp.renders, timeline: window.__tp.timeline || [], "
-                            "long: window.__long, events: window.__tp.events})")
+                            "draws: window.__tp.draws || [], long: window.__long, "
+                            "events: window.__tp.events})")
     page.evaluate("h => { location.hash = h; }", "#/ops")  # leave the job page between jobs
     return rate, figures
 
@@ -72,7 +76,7 @@ def with_page(client: Any, page: Any, n: int, salt: int) -> tuple[float, dict[st
 def measure(url: str, token: str, client: Any, args: argparse.Namespace) -> dict[str, Any]:
     from playwright.sync_api import sync_playwright
 
-    out: dict[str, Any] = {"without": [], "with": [], "renders": [], "timeline": [], "long": [],
+    out: dict[str, Any] = {"without": [], "with": [], "renders": [], "timeline": [], "draws": [], "long": [],
                            "load": [], "events": 0}
     run_job(client, noop_graph(500, salt=10**6), 120.0)  # warm up
     with sync_playwright() as p:
@@ -96,6 +100,7 @@ def measure(url: str, token: str, client: Any, args: argparse.Namespace) -> dict
                     rate, fig = with_page(client, page, args.tasks, salt)
                     out["renders"] += fig["renders"]
                     out["timeline"] += fig["timeline"]
+                    out["draws"] += fig["draws"]
                     out["long"] += fig["long"]
                     out["events"] += fig["events"]
                 else:
@@ -117,7 +122,7 @@ def stats(xs: list[float]) -> list[str]:
 def report(m: dict[str, Any], args: argparse.Namespace, facts: dict[str, Any]) -> str:
     without, with_ = statistics.median(m["without"]), statistics.median(m["with"])
     ratio = with_ / without
-    worst = max(m["renders"] + m["timeline"], default=0.0)
+    worst = max(m["renders"] + m["draws"], default=0.0)
     return "\n".join([
         "# The dashboard beside a big job (bench/dashboard.py)", "",
         f"Dispatch rate, {args.tasks:,} no-op tasks per job, {args.repeats} jobs each way, alternated, "
@@ -130,7 +135,8 @@ def report(m: dict[str, Any], args: argparse.Namespace, facts: dict[str, Any]) -
         "Render times in the browser (performance.now(), milliseconds):", "",
         markdown_table(["what", "count", "p50 ms", "p95 ms", "max ms"],
                        [["an event -> the page updated", *stats(m["renders"])],
-                        ["timeline refresh: request + aggregates + redraw", *stats(m["timeline"])],
+                        ["the timeline redrawn from new aggregates", *stats(m["draws"])],
+                        ["timeline refresh: request + server aggregates + redraw", *stats(m["timeline"])],
                         ["long tasks of the page (> 50 ms)", *stats(m["long"])]],
                        [False, True, True, True, True]), "",
         f"The page read {m['events']:,} events; console errors: {len(m['console_errors'])}; "
@@ -148,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--tasks", type=int, default=100_000)
-    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--executors", type=int, default=2)
     p.add_argument("--chromium", default="/usr/bin/chromium")
     p.add_argument("--results-dir", type=Path, default=Path(__file__).resolve().parent / "results")
@@ -172,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     jpath, mpath = write_results(args.name, payload, text, args.results_dir)
     print(f"\nwrote {jpath} and {mpath}", file=sys.stderr)
     ratio = statistics.median(m["with"]) / statistics.median(m["without"])
-    worst = max(m["renders"] + m["timeline"], default=0.0)
+    worst = max(m["renders"] + m["draws"], default=0.0)
     return 0 if ratio >= RATIO_TARGET and worst < RENDER_TARGET_MS else 1
 
 

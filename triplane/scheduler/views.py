@@ -2,8 +2,10 @@
 task timeline as aggregates per node and time bucket (and its tasks once a window is
 small), a job's graph cut to a readable size with its op counts, and the tiles every
 memory engine holds. Each is one grouped read of the metadb (``metadb/aggregates.py``) or a
-walk of a graph in memory; ``scheduler.views``. The reads run as ``Admin._read`` runs
-them (on the loop with SQLite, in a thread with PostgreSQL).
+walk of a graph in memory (kept for the last ``GRAPHS_KEPT`` asked: a job's graph never
+changes). The grouped reads run in a worker thread whatever the database: unlike a page
+of rows (``Admin._read``), they hand few rows back to Python, and SQLite computes them
+without the GIL, so the event loop dispatches meanwhile (bench/dashboard.py).
 
 Errors: ``NotFound`` for an unknown job, ``BadRequest`` for a window or size out of bounds.
 """
@@ -11,7 +13,7 @@ Errors: ``NotFound`` for an unknown job, ``BadRequest`` for a window or size out
 from __future__ import annotations
 
 import asyncio
-from collections import Counter
+from collections import Counter, OrderedDict
 from typing import TYPE_CHECKING, Any
 
 from triplane import metadb as mdb
@@ -25,6 +27,7 @@ if TYPE_CHECKING:
 __all__ = ["Views"]
 
 MAX_GRAPH_NODES = 2000
+GRAPHS_KEPT = 32
 
 
 def _task(t: mdb.TaskInfo) -> dict[str, Any]:
@@ -39,6 +42,7 @@ class Views:
 
     def __init__(self, scheduler: Scheduler) -> None:
         self.s = scheduler
+        self._graphs: OrderedDict[tuple[str, int], dict[str, Any]] = OrderedDict()
 
     async def timeline(self, job: str, *, start: float | None, end: float | None, buckets: int,
                        tasks: int) -> dict[str, Any]:
@@ -81,7 +85,7 @@ class Views:
                 return body
 
         try:
-            return await self.s.admin._read(read)
+            return await asyncio.to_thread(read)
         except (mdb.UnknownJobError, mdb.InvalidInputError):
             raise NotFound(f"unknown job {job[:128]!r}") from None
 
@@ -92,6 +96,10 @@ class Views:
         op counts of all, and the edges among the nodes shown."""
         if not 1 <= limit <= MAX_GRAPH_NODES:
             raise BadRequest(f"limit must be in 1..{MAX_GRAPH_NODES}, got {limit}")
+        kept = self._graphs.get((job, limit))
+        if kept is not None:
+            self._graphs.move_to_end((job, limit))
+            return kept
         live = self.s.jobs.live.get(job)
         graph: Graph | None = None
         source = "compiled"
@@ -117,9 +125,13 @@ class Views:
                         "inputs": [i for i in n.inputs if i in shown],
                         "hidden_inputs": sum(1 for i in n.inputs if i not in shown),
                         "steps": [str(step[0]) for step in program] if program else None})
-        return {"job": job, "source": source, "total": len(items), "truncated": len(items) > limit,
+        body = {"job": job, "source": source, "total": len(items), "truncated": len(items) > limit,
                 "ops": dict(Counter(n.op for _, n in items).most_common()),
                 "outputs": [o for o in graph.outputs if o in shown], "nodes": out}
+        self._graphs[(job, limit)] = body
+        if len(self._graphs) > GRAPHS_KEPT:
+            self._graphs.popitem(last=False)
+        return body
 
     async def storage(self) -> dict[str, Any]:
         """The body of ``GET /v1/storage``: every memory engine's capacity and free bytes (as
@@ -130,7 +142,7 @@ class Views:
             with self.s.db.read() as s:
                 return agg.tile_totals(s)
 
-        totals = await self.s.admin._read(read)
+        totals = await asyncio.to_thread(read)
         engines = [{"node": m.node, "engine": m.engine, "kind": m.kind, "capacity": m.capacity,
                     "free": m.free} for m in await list_memory_engines(self.s.registry)]
         return {"engines": sorted(engines, key=lambda e: (e["node"], e["engine"])), "tiles": totals}

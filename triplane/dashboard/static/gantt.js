@@ -49,7 +49,7 @@ export class Gantt {
     window.addEventListener("resize", this.resize);
   }
 
-  stop() { window.removeEventListener("resize", this.resize); }
+  stop() { window.removeEventListener("resize", this.resize); clearTimeout(this.timer); }
 
   fraction(x) { return Math.min(1, Math.max(0, (x - LABEL) / Math.max(1, this.width - LABEL))); }
   at(x) { const d = this.data; return d.start + this.fraction(x) * (d.end - d.start); }
@@ -71,6 +71,15 @@ export class Gantt {
 
   set(view) { this.view = view; this.refresh(); }
 
+  /** A refresh for a live update: at most every 2 s, and never more than a tenth of the
+   *  time (a slow answer means a busy scheduler: ask it less often). */
+  soon() {
+    if (this.timer) return;
+    const gap = Math.max(2000, 10 * (this.lastMs || 0));
+    const wait = Math.max(0, (this.lastAt || 0) + gap - performance.now());
+    this.timer = setTimeout(() => { this.timer = null; this.refresh(); }, wait);
+  }
+
   /** Fetch the window's aggregates (one request at a time; a refresh asked meanwhile runs after). */
   async refresh() {
     if (this.busy) { this.again = true; return; }
@@ -81,8 +90,13 @@ export class Gantt {
       if (this.view) { params.start = Math.max(0, this.view[0]); params.end = this.view[1]; }
       const t0 = performance.now();
       this.data = await api.get(`/v1/jobs/${encodeURIComponent(this.job)}/timeline`, params);
+      const t1 = performance.now();
       this.draw();
-      (window.__tp.timeline ||= []).push(performance.now() - t0);
+      const t2 = performance.now();
+      this.lastMs = t2 - t0;
+      this.lastAt = t2;
+      (window.__tp.timeline ||= []).push(t2 - t0);
+      (window.__tp.draws ||= []).push(t2 - t1);
     } catch (e) {
       this.info.textContent = String(e.message);
     } finally {

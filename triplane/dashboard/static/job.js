@@ -161,7 +161,7 @@ export function jobPage(main, id, ctx) {
     }
   }
 
-  const ganttSoon = throttle(() => gantt.refresh(), 2000);
+  const ganttSoon = () => gantt.soon();
   const tasksSoon = throttle(() => { loadTasks(); loadDrifts(); }, 2000);
   const statusSoon = throttle(loadStatus, 1000);
   loadStatus().then(() => { loadPlan(); });
@@ -184,9 +184,15 @@ export function jobPage(main, id, ctx) {
         return;
       }
       if (e.kind.startsWith("task.")) { tasksSoon(); ganttSoon(); return; }
-      const done = loadStatus();
-      if (ENDED.includes(e.kind.slice(4))) { ganttSoon(); tasksSoon(); loadPlan(); }
-      return done;
+      const state = e.kind.slice(4);  // job.running, job.done, ...: drawn at once, details fetched after
+      const badge = document.getElementById("job-state");
+      if (status && badge && ["running", ...ENDED].includes(state)) {
+        status.state = state;
+        clear(badge).append(stateBadge(state));
+        if (ENDED.includes(state)) document.getElementById("cancel")?.remove();
+      }
+      statusSoon();
+      if (ENDED.includes(state)) { ganttSoon(); tasksSoon(); loadPlan(); }
     },
     stop() { stopped = true; gantt.stop(); },
   };

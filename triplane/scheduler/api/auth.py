@@ -57,7 +57,7 @@ _REGISTRY = ("put", "get", "get_prefix", "delete", "delete_prefix", "create", "c
 ROUTE_ROLES: dict[tuple[str, str], tuple[str, ...]] = {
     ("GET", "/health"): PUBLIC,
     ("GET", "/"): PUBLIC,  # the dashboard's files (api/static.py): no data, no secret
-    ("GET", "/dashboard/{path:path}"): PUBLIC,
+    ("GET", "/dashboard/{name}"): PUBLIC,
     ("GET", "/ready"): PUBLIC,
     ("GET", "/v1/health"): PUBLIC,
     ("GET", "/openapi.json"): PUBLIC,

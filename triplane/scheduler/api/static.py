@@ -38,13 +38,13 @@ def _file(name: str, root: Path) -> Response:
 
 
 def install_static(app: FastAPI, root: Path = DASHBOARD_DIR) -> None:
-    """``GET /`` and ``GET /dashboard/{path}`` (not in /openapi.json: they are no API)."""
+    """``GET /`` and ``GET /dashboard/{name}`` (not in /openapi.json: they are no API)."""
     root = root.resolve()
 
     @app.get("/", include_in_schema=False)
     async def index() -> Response:
         return _file("index.html", root)
 
-    @app.get("/dashboard/{path:path}", include_in_schema=False)
-    async def asset(path: str) -> Response:
-        return _file(path, root)
+    @app.get("/dashboard/{name}", include_in_schema=False)
+    async def asset(name: str) -> Response:  # one folder: a name holds no '/'
+        return _file(name, root)
