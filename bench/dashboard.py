@@ -35,7 +35,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # `python bench/dashboard.py` from anywhere
 from _common import fmt, machine_facts, markdown_table, write_results
-from api import percentile, submit
+from api import cpu_s, percentile, scheduler_pid, submit
 from dispatch import ClusterStartError, noop_graph, run_job, triplane_cluster
 
 RATIO_TARGET = 0.9
@@ -77,7 +77,8 @@ def measure(url: str, token: str, client: Any, args: argparse.Namespace) -> dict
     from playwright.sync_api import sync_playwright
 
     out: dict[str, Any] = {"without": [], "with": [], "renders": [], "timeline": [], "draws": [], "long": [],
-                           "load": [], "events": 0}
+                           "load": [], "events": 0, "cpu_without": [], "cpu_with": []}
+    pid = scheduler_pid(url)
     run_job(client, noop_graph(500, salt=10**6), 120.0)  # warm up
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=args.chromium, headless=True,
@@ -96,6 +97,7 @@ def measure(url: str, token: str, client: Any, args: argparse.Namespace) -> dict
                 salt = 100 + 2 * r + attached
                 print(f"job {r + 1}/{args.repeats} {'with' if attached else 'without'} the page ...",
                       file=sys.stderr, flush=True)
+                before = cpu_s(pid)
                 if attached:
                     rate, fig = with_page(client, page, args.tasks, salt)
                     out["renders"] += fig["renders"]
@@ -107,6 +109,7 @@ def measure(url: str, token: str, client: Any, args: argparse.Namespace) -> dict
                     t = run_job(client, noop_graph(args.tasks, salt=salt), 60.0 + args.tasks / 100)
                     rate = args.tasks / t["total"]
                 out["with" if attached else "without"].append(rate)
+                out["cpu_with" if attached else "cpu_without"].append(cpu_s(pid) - before)
                 out["load"].append(os.getloadavg()[0])
         browser.close()
     out["console_errors"] = errors
@@ -139,6 +142,10 @@ def report(m: dict[str, Any], args: argparse.Namespace, facts: dict[str, Any]) -
                         ["timeline refresh: request + server aggregates + redraw", *stats(m["timeline"])],
                         ["long tasks of the page (> 50 ms)", *stats(m["long"])]],
                        [False, True, True, True, True]), "",
+        *([f"Scheduler CPU per job (steadier than the rate on a shared machine): "
+           f"{statistics.median(m['cpu_without']):.2f} s without, {statistics.median(m['cpu_with']):.2f} s "
+           f"with the page ({statistics.median(m['cpu_with']) / statistics.median(m['cpu_without']):.2f}x; "
+           "the page's requests included)."] if all(m["cpu_without"]) else []),
         f"The page read {m['events']:,} events; console errors: {len(m['console_errors'])}; "
         f"load average {min(m['load']):.1f} to {max(m['load']):.1f} over the jobs.",
         f"Targets (issue 17): ratio >= {RATIO_TARGET:.2f}: {ratio:.2f} -- "

@@ -58,6 +58,8 @@ def test_every_page_loads_without_console_errors(cluster: LocalCluster, browser:
             assert wide <= width + 1, f"the page is {wide} px wide at {width} px"
         finally:
             tab.close()
+    logs = [p.read_text(errors="replace") for p in cluster.run.logs.glob("*.log")]
+    assert logs and not [text for text in logs if cluster.token in text], "the token is in a log"
     print(f"\nscreenshots in {shots}")
 
 
@@ -81,6 +83,11 @@ def test_a_submitted_job_appears_and_finishes_live(cluster: LocalCluster, browse
             tab.page.click("text=export Chrome trace")
         trace = json.loads(Path(dl.value.path()).read_text())
         assert len([e for e in trace["traceEvents"] if e["ph"] == "X"]) == total
+        before = tab.page.inner_text(".toolbar .muted")
+        tab.page.focus(".gantt canvas")  # keyboard zoom: + halves the window
+        tab.page.keyboard.press("+")
+        changed = "b => document.querySelector('.toolbar .muted').textContent !== b"
+        tab.page.wait_for_function(changed, arg=before)
         assert tab.errors == [], tab.errors
     finally:
         tab.close()

@@ -71,11 +71,11 @@ export class Gantt {
 
   set(view) { this.view = view; this.refresh(); }
 
-  /** A refresh for a live update: at most every 2 s, and never more than a tenth of the
-   *  time (a slow answer means a busy scheduler: ask it less often). */
+  /** A refresh for a live update: at most every 3 s, and no more than a 25th of the time
+   *  (a slow answer means a busy scheduler: ask it less often). */
   soon() {
     if (this.timer) return;
-    const gap = Math.max(2000, 10 * (this.lastMs || 0));
+    const gap = Math.max(3000, 25 * (this.lastMs || 0));
     const wait = Math.max(0, (this.lastAt || 0) + gap - performance.now());
     this.timer = setTimeout(() => { this.timer = null; this.refresh(); }, wait);
   }

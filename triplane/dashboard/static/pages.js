@@ -43,9 +43,13 @@ export function network(main) {
 export function storage(main) {
   return page(main, "Storage", async () => {
     const s = await api.get("/v1/storage");
+    // a tile row that names no memory engine is its node's, when the node has one engine
+    const engines = new Map();
+    for (const e of s.engines) engines.set(e.node, [...(engines.get(e.node) || []), e.engine]);
     const held = new Map();
     for (const t of s.tiles) {
-      const k = `${t.node}\u0000${t.memory_engine}`;
+      const only = engines.get(t.node)?.length === 1 ? engines.get(t.node)[0] : null;
+      const k = `${t.node}\u0000${t.memory_engine || only}`;
       const h = held.get(k) || held.set(k, { tiles: 0, bytes: 0, lost: 0 }).get(k);
       if (t.state === "present") { h.tiles += t.tiles; h.bytes += t.bytes; }
       if (t.state === "lost") h.lost += t.tiles;
