@@ -3,7 +3,9 @@ task timeline as aggregates per node and time bucket (and its tasks once a windo
 small), a job's graph cut to a readable size with its op counts, and the tiles every
 memory engine holds. Each is one grouped read of the metadb (``metadb/aggregates.py``) or a
 walk of a graph in memory (kept for the last ``GRAPHS_KEPT`` asked: a job's graph never
-changes). The grouped reads run in a worker thread whatever the database: unlike a page
+changes). A running job's timeline is cut from a histogram kept between requests
+(``timeline.py``: each refresh regroups only the newest rows); an ended job's is grouped
+from its rows, exactly. The grouped reads run in a worker thread whatever the database: unlike a page
 of rows (``Admin._read``), they hand few rows back to Python, and SQLite computes them
 without the GIL, so the event loop dispatches meanwhile (bench/dashboard.py).
 
@@ -13,6 +15,7 @@ Errors: ``NotFound`` for an unknown job, ``BadRequest`` for a window or size out
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections import Counter, OrderedDict
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +23,7 @@ from triplane import metadb as mdb
 from triplane.metadb import aggregates as agg
 from triplane.proto.ir import Graph
 from triplane.scheduler.errors import BadRequest, NotFound
+from triplane.scheduler.timeline import FIELDS, JobHistogram
 
 if TYPE_CHECKING:
     from triplane.scheduler.service import Scheduler
@@ -27,7 +31,9 @@ if TYPE_CHECKING:
 __all__ = ["Views"]
 
 MAX_GRAPH_NODES = 2000
+MAX_BUCKETS = 2000
 GRAPHS_KEPT = 32
+HISTOGRAMS_KEPT = 16
 
 
 def _task(t: mdb.TaskInfo) -> dict[str, Any]:
@@ -43,16 +49,28 @@ class Views:
     def __init__(self, scheduler: Scheduler) -> None:
         self.s = scheduler
         self._graphs: OrderedDict[tuple[str, int], dict[str, Any]] = OrderedDict()
+        self._histograms: OrderedDict[str, JobHistogram] = OrderedDict()
+        self._lock = threading.Lock()  # the histograms are kept up to date in worker threads
+
+    def _histogram(self, job: str) -> JobHistogram:
+        h = self._histograms.pop(job, None) or JobHistogram(job)
+        self._histograms[job] = h
+        if len(self._histograms) > HISTOGRAMS_KEPT:
+            self._histograms.popitem(last=False)
+        return h
 
     async def timeline(self, job: str, *, start: float | None, end: float | None, buckets: int,
                        tasks: int) -> dict[str, Any]:
         """The body of ``GET /v1/jobs/{job}/timeline`` (docs/api.md)."""
-        if not 1 <= buckets <= agg.MAX_BUCKETS:
-            raise BadRequest(f"buckets must be in 1..{agg.MAX_BUCKETS}, got {buckets}")
+        if not 1 <= buckets <= MAX_BUCKETS:
+            raise BadRequest(f"buckets must be in 1..{MAX_BUCKETS}, got {buckets}")
         if not 0 <= tasks <= 5000:
             raise BadRequest(f"tasks must be in 0..5000, got {tasks}")
         if start is not None and end is not None and not end > start:
             raise BadRequest(f"end ({end}) must be after start ({start})")
+
+        live = self.s.jobs.live.get(job)
+        running = live is not None and live.state in ("queued", "running")
 
         def read() -> dict[str, Any]:
             with self.s.db.read() as s:
@@ -69,13 +87,22 @@ class Views:
                     body["end"] = t1
                 width = (t1 - t0) / buckets
                 body["bucket_s"] = width
-                per: dict[str, dict[str, list[float]]] = {}
-                for r in agg.timeline_buckets(s, job, t0, t1, buckets):
-                    node = r["node"] or "?"
-                    lanes = per.setdefault(node, {k: [0] * buckets for k in
-                                                  ("tasks", "busy_s", "predicted_s", "failed", "retried")})
-                    for k in lanes:
-                        lanes[k][r["bucket"]] += r[k]
+                per: dict[str, dict[str, list[float]]] | None = None
+                with self._lock:
+                    if not running:  # an ended job's rows stay as they are: one exact grouping
+                        self._histograms.pop(job, None)
+                    elif first is not None and last is not None:
+                        hist = self._histogram(job)
+                        hist.refresh(s, first, last, rows)
+                        if hist.fine_enough(t0, t1, buckets):
+                            per = hist.lanes(t0, t1, buckets)
+                if per is None:  # an ended job, or a window too narrow for the cells: its rows
+                    per = {}
+                    for r in agg.timeline_buckets(s, job, t0, t1, buckets):
+                        node = r["node"] or "?"
+                        lanes = per.setdefault(node, {k: [0] * buckets for k in FIELDS})
+                        for k in lanes:
+                            lanes[k][r["bucket"]] += r[k]
                 body["nodes"] = [{"node": n, **lanes} for n, lanes in sorted(per.items())]
                 started = sum(sum(lane["tasks"]) for lane in per.values())
                 if tasks and started <= tasks:  # else no row read: the count says it is too many
