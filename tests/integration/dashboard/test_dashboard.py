@@ -83,10 +83,13 @@ def test_a_submitted_job_appears_and_finishes_live(cluster: LocalCluster, browse
             tab.page.click("text=export Chrome trace")
         trace = json.loads(Path(dl.value.path()).read_text())
         assert len([e for e in trace["traceEvents"] if e["ph"] == "X"]) == total
-        before = tab.page.inner_text(".toolbar .muted")
-        tab.page.focus(".gantt canvas")  # keyboard zoom: + halves the window
-        tab.page.keyboard.press("+")
-        changed = "b => document.querySelector('.toolbar .muted').textContent !== b"
+        info = ".toolbar .muted"  # the timeline's line: "<n> task(s) in this window of <span>"
+        shows_all = f"() => document.querySelector('{info}').textContent.startsWith('{total} task')"
+        tab.page.wait_for_function(shows_all)
+        before = tab.page.inner_text(info)
+        tab.page.focus(".gantt canvas")  # keyboard zoom: = (or +) halves the window
+        tab.page.keyboard.press("=")
+        changed = f"b => document.querySelector('{info}').textContent !== b"
         tab.page.wait_for_function(changed, arg=before)
         assert tab.errors == [], tab.errors
     finally:
