@@ -39,6 +39,8 @@ from triplane.scheduler.api.auth import Authenticator, Principal
 from triplane.scheduler.api.bound import BoundRequest
 from triplane.scheduler.api.events import events_router
 from triplane.scheduler.api.jobrequest import parse_job_request
+from triplane.scheduler.api.static import install_static
+from triplane.scheduler.api.views import install_views
 from triplane.scheduler.errors import BadRequest, Forbidden, NotFound, TooLarge
 from triplane.scheduler.refs import MAX_COPY, parse_ref, refs_in_args, refs_in_graph
 from triplane.scheduler.service import VERSION, Scheduler
@@ -303,6 +305,8 @@ def create_app(
     app.include_router(api)
     install_admin(app, scheduler, auth, owners, tokens_file=tokens_file, max_graph_bytes=max_graph_bytes)
     app.include_router(events_router(scheduler, auth, owners.check))
+    install_views(app, scheduler, auth, owners)
+    install_static(app)
     if isinstance(scheduler.registry, MemoryBackend):
         _mount_registry(app, scheduler.registry, auth, node_credential(scheduler.secret))
     return app

@@ -56,6 +56,8 @@ _REGISTRY = ("put", "get", "get_prefix", "delete", "delete_prefix", "create", "c
 # (method, path template) -> the roles that may call it (docs/api.md, "Roles").
 ROUTE_ROLES: dict[tuple[str, str], tuple[str, ...]] = {
     ("GET", "/health"): PUBLIC,
+    ("GET", "/"): PUBLIC,  # the dashboard's files (api/static.py): no data, no secret
+    ("GET", "/dashboard/{name}"): PUBLIC,
     ("GET", "/ready"): PUBLIC,
     ("GET", "/v1/health"): PUBLIC,
     ("GET", "/openapi.json"): PUBLIC,
@@ -76,6 +78,9 @@ ROUTE_ROLES: dict[tuple[str, str], tuple[str, ...]] = {
     ("GET", "/v1/jobs/{job}/plan"): ANYONE,
     ("GET", "/v1/jobs/{job}/tasks"): ANYONE,
     ("GET", "/v1/jobs/{job}/tiles"): ANYONE,
+    ("GET", "/v1/jobs/{job}/timeline"): ANYONE,
+    ("GET", "/v1/jobs/{job}/graph"): ANYONE,
+    ("GET", "/v1/storage"): ANYONE,
     ("DELETE", "/v1/jobs/{job}"): CHANGERS,
     ("POST", "/v1/jobs/{job}/cancel"): CHANGERS,
     ("POST", "/v1/jobs/{job}/retry"): CHANGERS,

@@ -19,6 +19,7 @@ __all__ = [
     "Ready", "Released", "Retried", "SessionBody", "SessionEnded", "Stats", "SubmitAnswer", "Task",
     "TaskPage", "Tile", "TilePage", "Token", "TokenCreated", "TokenPage", "TokenRequest",
     "TokenRevoked", "Upload", "Whoami",
+    "GraphView", "Storage", "Timeline",  # the dashboard's aggregates (api/views.py)
 ]
 
 
@@ -335,6 +336,81 @@ class EnginePage(_Page):
 
 class TokenPage(_Page):
     items: list[Token]
+
+
+class TimelineLane(BaseModel):
+    node: str
+    tasks: list[int] = Field(description="tasks whose kernel started in each bucket")
+    busy_s: list[float] = Field(description="their kernel seconds")
+    predicted_s: list[float] = Field(description="their predicted seconds")
+    failed: list[int]
+    retried: list[int] = Field(description="attempts after the first")
+
+
+class TimelineTask(BaseModel):
+    id: str
+    op: str
+    state: str
+    attempt: int
+    node: str | None
+    start: float | None
+    end: float | None
+    predicted_s: float | None
+    error: TaskError | None
+
+
+class Timeline(BaseModel):
+    job: str
+    first: float | None = Field(description="the earliest kernel start (unix seconds); null before any")
+    last: float | None
+    rows: int = Field(description="tasks with a kernel start")
+    start: float | None
+    end: float | None
+    buckets: int
+    bucket_s: float | None
+    nodes: list[TimelineLane]
+    tasks: list[TimelineTask] | None = Field(description="the window's tasks, when at most the asked number")
+
+
+class GraphNode(BaseModel):
+    id: str
+    op: str
+    shape: list[int]
+    dtype: str
+    inputs: list[str] = Field(description="inputs among the nodes shown")
+    hidden_inputs: int = Field(description="inputs not shown (past the limit)")
+    steps: list[str] | None = Field(description="a fused node's program: the ops it fuses")
+
+
+class GraphView(BaseModel):
+    job: str
+    source: str = Field(description="compiled (the job is held in memory) or submitted")
+    total: int
+    truncated: bool
+    ops: dict[str, int]
+    outputs: list[str]
+    nodes: list[GraphNode]
+
+
+class MemoryEngineView(BaseModel):
+    node: str
+    engine: str
+    kind: str
+    capacity: int
+    free: int
+
+
+class TileTotal(BaseModel):
+    node: str | None
+    memory_engine: str | None
+    state: str
+    tiles: int
+    bytes: int
+
+
+class Storage(BaseModel):
+    engines: list[MemoryEngineView]
+    tiles: list[TileTotal]
 
 
 def body_of(model: type[BaseModel], media: str = "application/json") -> dict[str, Any]:
