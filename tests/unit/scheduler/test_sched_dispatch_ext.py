@@ -96,12 +96,11 @@ def test_fully_done_resumed_job_finishes_at_once() -> None:
     assert s.jobs["j"].state == "done" and not sends(out)
 
 
-def test_ten_thousand_ready_tasks_cost_per_placement_not_per_queue_length() -> None:
-    # Before: every event rescanned the whole ready queue -> 10k x 10k steps (minutes).
+def _run_ready_tasks(n_tasks: int) -> float:
+    """Seconds the state machine takes to place and finish ``n_tasks`` independent tasks."""
     s = DispatchState()
     for n in ("a", "b"):
         s.handle(NodeUp(f"up-{n}", n, 2, 0.0))
-    n_tasks = 10_000
     start = time.perf_counter()
     pending = sends(
         s.handle(SubmitJob("sub", "j", tuple(TaskSpec(f"t{i}", "noop") for i in range(n_tasks)), 0.0))
@@ -114,7 +113,16 @@ def test_ten_thousand_ready_tasks_cost_per_placement_not_per_queue_length() -> N
         done += 1
     elapsed = time.perf_counter() - start
     assert done == n_tasks and s.jobs["j"].state == "done"
-    assert elapsed < 5.0, f"{n_tasks} tasks took {elapsed:.1f} s in the state machine alone"
+    return elapsed
+
+
+def test_ten_thousand_ready_tasks_cost_per_placement_not_per_queue_length() -> None:
+    # Before: every event rescanned the whole ready queue -> 10k x 10k steps (minutes). The
+    # cost is compared across sizes, not against a clock, so a loaded machine cannot fail it:
+    # 5x the tasks costs about 5x (linear), where a rescan per event would cost 25x.
+    small = min(_run_ready_tasks(2_000) for _ in range(2))
+    large = min(_run_ready_tasks(10_000) for _ in range(2))
+    assert large < 12 * small, f"10,000 tasks took {large / small:.1f}x the time of 2,000"
 
 
 def test_tick_only_checks_tasks_in_flight() -> None:
