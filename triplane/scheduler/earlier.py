@@ -86,7 +86,10 @@ def plan_again(job: str, graph: Graph, bindings: Mapping[str, Any], plans: PlanC
     than a tiny job, kept whole for its cluster) is grouped again whatever its size."""
     figs = figures_from_json(bindings["figures"]) if "figures" in bindings else ()
     held = bindings.get("held")  # the tile boundaries of tiled refs it was laid out knowing
-    snap = ClusterSnapshot(tuple(figs), held=(lambda _: held) if isinstance(held, dict) else None)
+    # Not recorded as kept whole: it was laid out cut (or was small enough not to be), so it
+    # is laid out again with keeping whole off, whatever the scheduler's --whole-s now is.
+    snap = ClusterSnapshot(tuple(figs), held=(lambda _: held) if isinstance(held, dict) else None,
+                           whole_s=0)
     return compile_job(graph, bindings["fetch"], snap, cache=plans, job=job,
                        args=bindings["args"], group=bool(bindings.get("grouped")),
                        whole=bool(bindings.get("whole")))
