@@ -237,8 +237,6 @@ def status(as_json: bool = typer.Option(False, "--json", help="machine-readable 
     from triplane.launcher import cluster_status
 
     st = cluster_status(home, jobs)
-    if st["running"]:
-        st["plugins"] = _plugin_problems(st)
     if as_json:
         typer.echo(json.dumps(st, indent=2, sort_keys=True, default=str))
     elif not st["running"]:
@@ -277,23 +275,6 @@ def _print_status(st: dict[str, object]) -> None:
         when = time.strftime("%H:%M:%S", time.localtime(created)) if isinstance(created, (int, float)) else ""
         recent.add_row(str(j.get("id")), str(j.get("state")), progress, when, message)
     console.print(recent)
-
-
-def _plugin_problems(st: dict[str, object]) -> list[dict[str, str]]:
-    """The plugins each process of the cluster isolated (docs/plugins.md): the
-    ``plugin isolated: ...`` lines of its log, once each."""
-    found: list[dict[str, str]] = []
-    for p in st.get("processes") or []:  # type: ignore[attr-defined]
-        try:
-            text = Path(str(p.get("log"))).read_text(errors="replace") if p.get("log") else ""
-        except OSError:
-            continue
-        for line in text.splitlines():
-            problem = line.partition("plugin isolated: ")[2]
-            entry = {"process": str(p.get("name")), "problem": problem}
-            if problem and entry not in found:
-                found.append(entry)
-    return found
 
 
 @app.command()
