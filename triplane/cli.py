@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from triplane import cli_admin, cli_events, cli_jobs, cli_submit
@@ -184,7 +185,13 @@ HomeOption = typer.Option(None, "--home", help="run directory (default: $TRIPLAN
 
 
 @app.command()
-def up(executors: int = typer.Option(2, min=0, max=64, help="executor processes to start"),
+def up(executors: int | None = typer.Option(None, min=0, max=64, help="executor processes to start "
+                                            "(default 2, or one per GPU with --gpus)"),
+       engines: str | None = typer.Option(None, help="op engines of every executor, comma-separated "
+                                          "(default numpy; cupy,numpy on a GPU executor; auto: numpy "
+                                          "and every installed plugin)"),
+       gpus: int = typer.Option(0, min=0, max=64, help="GPUs: the first N executors get one each "
+                                "(CUDA_VISIBLE_DEVICES), the cupy engine and the device memory engine"),
        etcd: str = typer.Option("", help="'embedded' (a local etcd managed here) or etcd://HOST:PORT; "
                                          "default: the scheduler's served in-memory registry"),
        db: str = typer.Option("", help="metadb URL (default: SQLite in the run directory)"),
@@ -205,14 +212,16 @@ def up(executors: int = typer.Option(2, min=0, max=64, help="executor processes 
     from triplane.launcher import ClusterConfig, LaunchError
     from triplane.launcher import up as launch
 
+    if executors is None:
+        executors = gpus or 2
     try:
-        cfg = ClusterConfig(executors=executors, etcd=etcd or None, db=db or None, memory=memory,
-                            port=port, ready_timeout_s=timeout,
+        cfg = ClusterConfig(executors=executors, engines=engines, gpus=gpus, etcd=etcd or None,
+                            db=db or None, memory=memory, port=port, ready_timeout_s=timeout,
                             scheduler_args=[] if keep_jobs is None else ["--keep-jobs", str(keep_jobs)])
         with err_console.status(f"starting a scheduler and {executors} executors ..."):
             info = launch(cfg, home)
     except (LaunchError, ValueError) as e:
-        console.print(f"[red]triplane up failed:[/red] {e}")
+        console.print(f"[red]triplane up failed:[/red] {escape(str(e))}", soft_wrap=True)
         raise typer.Exit(1) from None
     if as_json:
         typer.echo(json.dumps(info if show_token else {k: v for k, v in info.items() if k != "token"},
