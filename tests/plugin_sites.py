@@ -55,11 +55,25 @@ BAD_PLUGINS = textwrap.dedent('''
 
         def free(self):
             return 2 * super().free()
+
+
+    from triplane.engines.network.tcp import TcpEngine
+
+
+    class Garbler(TcpEngine):
+        """A tcp engine whose replies lose their last byte."""
+
+        def __init__(self):
+            super().__init__(name="garbler")
+
+        async def request(self, address, port, frame, *, timeout_s=2.0):
+            return (await super().request(address, port, frame, timeout_s=timeout_s))[:-1]
 ''')
 
 ENTRY_POINTS = {
     "triplane.engines.op": {"broken": "bad_plugins:Broken", "explodes": "bad_import:Engine"},
     "triplane.engines.memory": {"liar": "bad_plugins:Liar"},
+    "triplane.engines.network": {"garbler": "bad_plugins:Garbler"},
 }
 
 
@@ -115,8 +129,9 @@ def write_python_ops(dest: Path) -> Path:
 
 def write_bad_plugins(dest: Path, entry_points: dict[str, dict[str, str]] | None = None) -> Path:
     """A distribution ``bad-plugins`` under ``dest``: an op engine that raises on import
-    (``explodes``), one with wrong shapes, dtypes and values (``broken``) and a memory
-    engine lying about its capacity (``liar``)."""
+    (``explodes``), one with wrong shapes, dtypes and values (``broken``), a memory
+    engine lying about its capacity (``liar``) and a network engine cutting the last byte
+    of each reply (``garbler``)."""
     dest.mkdir(parents=True, exist_ok=True)
     (dest / "bad_plugins.py").write_text(BAD_PLUGINS)
     (dest / "bad_import.py").write_text('raise RuntimeError("vendor driver libfoo.so.3 not found")\n')

@@ -115,7 +115,9 @@ def test_the_kit_command_names_the_op_dtype_and_error_of_a_broken_engine(tmp_pat
 
 def test_the_kit_command_lists_the_known_engines_for_an_unknown_name() -> None:
     done = _kit("tpu9", [])
-    assert done.returncode == 2 and "unknown op engine 'tpu9' (known: ['cupy', 'numpy'])" in done.stdout
+    assert done.returncode == 2
+    assert "unknown engine 'tpu9' (known: op: ['cupy', 'numpy']; memory: [" in done.stdout
+    assert "network: ['tcp', 'udp']" in done.stdout
 
 
 # --- the C ABI's own checks ------------------------------------------------------------------
