@@ -339,14 +339,40 @@ class Results:
         if job in self._pins and by_node:
             self._deferred.setdefault(job, []).append(by_node)
             return
+        orphans: list[str] = []  # tiles of holders that are gone: maybe kept in a persistence target
         for node, tiles in by_node.items():
             info = self.shell.nodes.get(node)
             if info is None:
+                orphans.extend(tiles)
                 continue
             try:
                 await self.data_client.delete(info.address, info.data_port, tiles)
             except Exception as e:  # best effort: the executor frees them with its memory anyway
                 log.debug("releasing %d tiles of %s on %s failed: %s", len(tiles), job, node, e)
+        if orphans:
+            await self._delete_persisted(job, orphans)
+
+    async def _delete_persisted(self, job: str, tiles: list[str]) -> None:
+        """Delete ``tiles``, whose holders died, from the shared persistence targets: through
+        the scheduler's own targets, else through a live executor's data port (an executor
+        deletes a tile from its targets as from its memory). Without either they stay."""
+        if self.persist:
+            def erase() -> None:
+                for target in self.persist.values():
+                    for tile in tiles:
+                        target.delete(tile)
+
+            try:
+                await asyncio.to_thread(erase)
+            except Exception as e:  # a target that is down: the tiles stay, as before the release
+                log.warning("deleting %d persisted tiles of %s failed: %s", len(tiles), job, e)
+            return
+        for node, info in list(self.shell.nodes.items()):
+            try:
+                await self.data_client.delete(info.address, info.data_port, tiles)
+                return
+            except Exception as e:
+                log.debug("deleting %d persisted tiles of %s through %s failed: %s", len(tiles), job, node, e)
 
 
 def _not_fetched(job: str, name: str, fetched: Any) -> NotFound:
