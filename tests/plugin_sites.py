@@ -144,3 +144,33 @@ def write_bad_plugins(dest: Path, entry_points: dict[str, dict[str, str]] | None
         lines += [f"{name} = {target}" for name, target in eps.items()]
     (info / "entry_points.txt").write_text("\n".join(lines) + "\n")
     return dest
+
+
+NET_PLUGINS = textwrap.dedent('''
+    """Network engines as plugins: tcp slowed by 30 ms each way, and one whose driver is missing."""
+    from triplane.engines.network.tcp import TcpEngine
+    from triplane.engines.network.wrappers import Delayed
+
+
+    class SlowTcp(Delayed):
+        def __init__(self):
+            super().__init__(TcpEngine(name="slowtcp"), delay_s=0.03)
+
+
+    class NoDriver:
+        def __init__(self):
+            raise RuntimeError("libverbs.so.1 not found")
+''')
+
+
+def write_network_plugins(dest: Path) -> Path:
+    """A distribution ``net-plugins`` under ``dest``: the network engines ``slowtcp`` (tcp
+    with every frame held 30 ms) and ``nodriver`` (raises when made)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / "net_plugins.py").write_text(NET_PLUGINS)
+    info = dest / "net_plugins-0.1.dist-info"
+    info.mkdir(exist_ok=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: net-plugins\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[triplane.engines.network]\nslowtcp = net_plugins:SlowTcp\n"
+                                           "nodriver = net_plugins:NoDriver\n")
+    return dest

@@ -192,6 +192,8 @@ def up(executors: int | None = typer.Option(None, min=0, max=64, help="executor 
                                           "and every installed plugin)"),
        gpus: int = typer.Option(0, min=0, max=64, help="GPUs: the first N executors get one each "
                                 "(CUDA_VISIBLE_DEVICES), the cupy engine and the device memory engine"),
+       network_engine: str | None = typer.Option(None, help="the network engine the executors measure "
+                                                 "their links with (default tcp; udp or a plugin's name)"),
        etcd: str = typer.Option("", help="'embedded' (a local etcd managed here) or etcd://HOST:PORT; "
                                          "default: the scheduler's served in-memory registry"),
        db: str = typer.Option("", help="metadb URL (default: SQLite in the run directory)"),
@@ -215,7 +217,8 @@ def up(executors: int | None = typer.Option(None, min=0, max=64, help="executor 
     if executors is None:
         executors = gpus or 2
     try:
-        cfg = ClusterConfig(executors=executors, engines=engines, gpus=gpus, etcd=etcd or None,
+        cfg = ClusterConfig(executors=executors, engines=engines, gpus=gpus, network_engine=network_engine,
+                            etcd=etcd or None,
                             db=db or None, memory=memory, port=port, ready_timeout_s=timeout,
                             scheduler_args=[] if keep_jobs is None else ["--keep-jobs", str(keep_jobs)])
         with err_console.status(f"starting a scheduler and {executors} executors ..."):

@@ -38,7 +38,7 @@ class _Usage(Exception):
 async def _serve(registry: str, engines: list[str], memory_bytes: int,
                  memory_engine: tuple[str, dict[str, Any]], host: str, name: str | None, secret: bytes,
                  drop_udp: float, fault_seed: int, limits: Limits, persist: str | None = None,
-                 network_delay_ms: float = 0.0) -> int:
+                 network_delay_ms: float = 0.0, network_engines: tuple[str, ...] = ("tcp", "udp")) -> int:
     from triplane.executor.daemon import Executor
     from triplane.registry import RegistryUnavailable, connect_registry
 
@@ -54,7 +54,7 @@ async def _serve(registry: str, engines: list[str], memory_bytes: int,
     executor = Executor(backend, secret, memory_bytes=memory_bytes, engines=engines,
                         memory_engine=memory_engine[0], memory_options=memory_engine[1], persist=persist,
                         host=host, name=name, drop_udp=drop_udp, fault_seed=fault_seed, limits=limits,
-                        network_delay_ms=network_delay_ms)
+                        network_delay_ms=network_delay_ms, network_engines=network_engines)
     try:
         await executor.start()
     except RegistryUnavailable as e:
@@ -93,13 +93,17 @@ def executor_command(
     max_connections: Annotated[int, typer.Option(help="TCP connections per port at most")] = 256,
     network_delay_ms: Annotated[float, typer.Option(help="delay every frame of the network engines "
                                                          "(tests: a slowed peer)")] = 0.0,
+    network_engine: Annotated[str, typer.Option(help="the network engine that measures the links to "
+                                                     "peers: tcp, udp or a plugin's name (every executor "
+                                                     "of the cluster serves it)")] = "tcp",
 ) -> None:
     """Run an executor: register with REGISTRY, serve task packets and tiles until stopped."""
     code = run_executor(registry, engines=engines, memory=memory, memory_engine=memory_engine,
                         persist_to=persist_to, host=host,
                         name=name, secret_file=secret_file, drop_udp=drop_udp,
                         fault_seed=fault_seed, log_level=log_level, idle_timeout=idle_timeout,
-                        max_connections=max_connections, network_delay_ms=network_delay_ms)
+                        max_connections=max_connections, network_delay_ms=network_delay_ms,
+                        network_engine=network_engine)
     if code:
         raise SystemExit(code)
 
@@ -109,7 +113,7 @@ def run_executor(registry: str, *, engines: str = "auto", memory: str = "8GiB", 
                  host: str = "127.0.0.1", name: str | None = None, secret_file: Path | None = None,
                  drop_udp: float = 0.0, fault_seed: int = 0, log_level: str = "info",
                  idle_timeout: float = 10.0, max_connections: int = 256,
-                 network_delay_ms: float = 0.0) -> int:
+                 network_delay_ms: float = 0.0, network_engine: str = "tcp") -> int:
     """``executor_command`` returning its exit status instead of raising ``SystemExit``."""
     try:
         if log_level.lower() not in _LEVELS:
@@ -136,7 +140,8 @@ def run_executor(registry: str, *, engines: str = "auto", memory: str = "8GiB", 
         persist_targets(persist_to)  # a bad spec exits 2 here
         # Names only: a plugin that fails to load is isolated by the executor, not fatal here.
         memories = [mem_name, mem_options.get("primary", "host")]
-        for kind, names in (("op", [e for e in engine_names if e != "auto"]), ("memory", memories)):
+        for kind, names in (("op", [e for e in engine_names if e != "auto"]), ("memory", memories),
+                            ("network", [network_engine])):
             unknown = [e for e in names if e not in known(kind)]
             if unknown:
                 raise _Usage(f"unknown {kind} engine {unknown[0]!r} (known: {known(kind)})")
@@ -147,7 +152,8 @@ def run_executor(registry: str, *, engines: str = "auto", memory: str = "8GiB", 
     runner = event_loop_runner()
     try:
         return runner(_serve(registry, engine_names, memory_bytes, (mem_name, mem_options), host, name,
-                             secret, drop_udp, fault_seed, limits, persist_to, network_delay_ms))
+                             secret, drop_udp, fault_seed, limits, persist_to, network_delay_ms,
+                             (network_engine, *[n for n in ("tcp", "udp") if n != network_engine])))
     except _Usage as e:
         print(f"triplane executor: {e}", file=sys.stderr)
         return 2

@@ -26,7 +26,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from triplane.launcher.gpus import GpuUnavailable, check_engines, check_gpus, executor_engines
+from triplane.launcher.gpus import (
+    GpuUnavailable,
+    check_engines,
+    check_gpus,
+    check_network_engine,
+    executor_engines,
+)
 from triplane.launcher.procs import is_ours, log_tail, spawn, stop_pids, triplane_argv
 from triplane.launcher.rundir import RunDir
 
@@ -48,7 +54,8 @@ class ClusterConfig:
     0: a free one, None: no gRPC); ``executor_args`` / ``scheduler_args`` are appended to
     every executor's / the scheduler's command line (e.g. ``["--drop-udp", "0.2"]``).
     ``engines`` is every executor's ``--engines`` (default numpy; cupy and numpy on a GPU
-    executor); ``gpus`` N gives the first N executors one GPU each (launcher/gpus.py)."""
+    executor); ``gpus`` N gives the first N executors one GPU each (launcher/gpus.py);
+    ``network_engine`` is the one every executor measures its links with (default tcp)."""
 
     executors: int = 2
     etcd: str | None = None
@@ -59,6 +66,7 @@ class ClusterConfig:
     grpc_port: int | None = 0
     engines: str | None = None
     gpus: int = 0
+    network_engine: str | None = None
     executor_args: list[str] = field(default_factory=list)
     scheduler_args: list[str] = field(default_factory=list)
     ready_timeout_s: float = 60.0
@@ -73,6 +81,7 @@ class ClusterConfig:
 
         parse_size(self.memory)  # a bad size fails here, not in N executor logs
         check_engines(self.engines)
+        check_network_engine(self.network_engine)
         if self.gpus < 0:
             raise ValueError(f"--gpus must be 0 or more, got {self.gpus}")
         if self.gpus > self.executors:
@@ -210,7 +219,9 @@ class LocalCluster:
         argv = triplane_argv("executor", "--registry", self.executor_registry, "--engines", engines,
                              "--memory", cfg.memory, "--host", cfg.host, "--name", f"executor-{i}",
                              "--secret-file", str(self.run.secret_file),
-                             "--log-level", cfg.log_level, *gpu_args, *cfg.executor_args)
+                             "--log-level", cfg.log_level, *gpu_args,
+                             *(["--network-engine", cfg.network_engine] if cfg.network_engine else []),
+                             *cfg.executor_args)
         return argv, gpu_env
 
     def _blas_env(self) -> dict[str, str]:

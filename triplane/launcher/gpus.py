@@ -1,4 +1,5 @@
-"""Engines and GPUs of a local cluster's executors: ``triplane up --engines`` and ``--gpus``.
+"""Engines and GPUs of a local cluster's executors: ``triplane up --engines``, ``--gpus``
+and ``--network-engine``.
 
 With ``--gpus N`` the first N executors get one GPU each: ``CUDA_VISIBLE_DEVICES`` names
 that GPU alone (the i-th of the launcher's own ``CUDA_VISIBLE_DEVICES`` when it has one,
@@ -17,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 __all__ = ["GPU_ENGINES", "GPU_MEMORY_ENGINE", "GpuUnavailable", "check_engines", "check_gpus",
-           "executor_engines", "visible_device"]
+           "check_network_engine", "executor_engines", "visible_device"]
 
 GPU_ENGINES = "cupy,numpy"
 GPU_MEMORY_ENGINE = "device"
@@ -44,6 +45,18 @@ def check_engines(engines: str | None) -> list[str]:
     if unknown:
         raise ValueError(f"unknown op engine {unknown[0]!r} in --engines (known: {known}, or auto)")
     return names
+
+
+def check_network_engine(name: str | None) -> None:
+    """ValueError for a ``--network-engine`` that no built-in or installed plugin provides,
+    listing the known ones (None: the executors' default, tcp)."""
+    if name is None:
+        return
+    from triplane.engines.registry import engine_names
+
+    known = engine_names("network")
+    if name not in known:
+        raise ValueError(f"unknown network engine {name!r} in --network-engine (known: {known})")
 
 
 def _gpu_count() -> tuple[int, str]:

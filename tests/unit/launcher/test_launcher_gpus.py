@@ -34,11 +34,18 @@ def test_engines_named_go_to_every_executor_and_executor_args_still_win(tmp_path
     assert gpu[len(gpu) - 1 - gpu[::-1].index("--memory-engine") + 1] == "host"  # the last one given
 
 
+def test_the_network_engine_named_goes_to_every_executor(tmp_path: Path) -> None:
+    c = LocalCluster(tmp_path, ClusterConfig(executors=2, network_engine="udp"))
+    assert [_arg(c.executor_argv(i)[0], "--network-engine") for i in range(2)] == ["udp", "udp"]
+    assert "--network-engine" not in LocalCluster(tmp_path, ClusterConfig()).executor_argv(0)[0]
+
+
 @pytest.mark.parametrize(("config", "message"), [
     ({"engines": "numpy,nosuch"}, "unknown op engine 'nosuch' in --engines (known: ["),
     ({"engines": " , "}, "names no engine"),
     ({"executors": 1, "gpus": 2}, "--gpus 2 needs at least 2 executors (one per GPU), --executors is 1"),
     ({"gpus": -1}, "--gpus must be 0 or more, got -1"),
+    ({"network_engine": "rdma"}, "unknown network engine 'rdma' in --network-engine (known: ["),
 ])
 def test_bad_engines_or_gpus_are_refused_naming_what_was_wrong(config: dict[str, object],
                                                              message: str) -> None:
