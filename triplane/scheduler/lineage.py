@@ -120,7 +120,7 @@ class Lineage:
         if not self.jobs.shell.nodes:
             raise NotFound(f"{what} was held by {holders.get(lost[0])}, which is gone, and no executor "
                            "is registered to compute it again")
-        self._check_inputs(job, plan, need, what)
+        await self._check_inputs(job, plan, need, what)
         attempts, created, owner = await asyncio.to_thread(self._recorded, job)
         done = tuple((s.id, where[s.id] or holders.get(s.id) or "") for s in plan.specs if s.id not in need)
         again = tuple((t, attempts.get(t, 0) + 1) for t in sorted(need))
@@ -143,15 +143,33 @@ class Lineage:
                            f"{live.recompute_error.get('message')}")
         return dict(live.holders)
 
-    def _check_inputs(self, job: str, plan: JobPlan, need: set[str], what: str) -> None:
-        """NotFound when a task to run again reads an upload released since."""
+    async def _check_inputs(self, job: str, plan: JobPlan, need: set[str], what: str) -> None:
+        """NotFound when a task to run again reads an upload released since, or another
+        job's tile (a ref) whose holder is gone too (not computed again in turn)."""
         for t in need:
             tpl = plan.templates.get(t)
             for tile in tpl.uploads if tpl is not None else ():
                 tensor = tile.partition("@")[0]
-                if not is_job_tile(tile) and self.jobs.store.get(tensor) is None:
-                    raise NotFound(f"{what} was lost and cannot be computed again: its input, uploaded "
-                                   f"tensor {tensor}, was released")
+                if not is_job_tile(tile):
+                    if self.jobs.store.get(tensor) is None:
+                        raise NotFound(f"{what} was lost and cannot be computed again: its input, "
+                                       f"uploaded tensor {tensor}, was released")
+                    continue
+                owner, _, task = tile.partition(".")
+                holder = await self._holder_of(owner, task)
+                if holder not in self.jobs.shell.nodes:
+                    raise NotFound(f"{what} was lost and cannot be computed again: its input, tile {tile} "
+                                   f"of job {owner}, was held by {holder}, which is gone too")
+
+    async def _holder_of(self, job: str, task: str) -> str | None:
+        """The node holding another job's tile (None if unknown)."""
+        live = self.jobs.live.get(job)
+        try:
+            view = live if live is not None else await self.results.earlier.get(job)
+        except Exception:  # an unknown job, a record that cannot be rebuilt: no holder known
+            return None
+        plan = view.plan
+        return view.holders.get(plan.task_of(task) if plan is not None else task)
 
     def _recorded(self, job: str) -> tuple[dict[str, int], float, str | None]:
         """(task -> its last attempt, when the job was submitted, its owner) from the metadb."""
