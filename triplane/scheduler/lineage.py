@@ -14,8 +14,9 @@ done throughout, and concurrent readers of one job share one recompute. (An inpu
 because it was freed when the job ended has ``reason: "freed"``.)
 
 Errors: ``NotFound`` when the tiles cannot be computed again (an upload its tasks read
-was released, no executor is registered, a task failed): the message says why and
-names the tile.
+was released, another job's tile they read is lost too, no executor is registered, a
+task failed): the message says why and names the tile; ``Unavailable`` when the
+recompute is not done after ``RECOMPUTE_WAIT_S`` (it goes on; a later read waits for it).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from triplane import metadb as mdb
 from triplane.engines.memory.persist import store_node
 from triplane.scheduler.compiler.jobplan import JobPlan, is_job_tile
 from triplane.scheduler.dispatch.events import TaskSpec
-from triplane.scheduler.errors import NotFound
+from triplane.scheduler.errors import NotFound, Unavailable
 from triplane.scheduler.jobs import Jobs, fetched_tasks_of
 
 if TYPE_CHECKING:
@@ -39,6 +40,8 @@ if TYPE_CHECKING:
 __all__ = ["Lineage", "needed_tasks"]
 
 log = logging.getLogger("triplane.scheduler.service")
+
+RECOMPUTE_WAIT_S = 300.0  # a reader waits this long for a recompute, then is told to come back
 
 
 def needed_tasks(specs: Iterable[TaskSpec], lost: Iterable[str],
@@ -137,7 +140,11 @@ class Lineage:
         self.recomputes += 1
         self.results.earlier.forget(job)  # its recorded holders change
         live = self.jobs.recompute(plan, created, done, again, owner)
-        await live.ended.wait()
+        try:
+            await asyncio.wait_for(live.ended.wait(), RECOMPUTE_WAIT_S)
+        except asyncio.TimeoutError:
+            raise Unavailable(f"{what} was lost and is being computed again: not done after "
+                              f"{RECOMPUTE_WAIT_S:g} s (try again later)") from None
         if live.recompute_error is not None:
             raise NotFound(f"{what} was lost and could not be computed again: "
                            f"{live.recompute_error.get('message')}")
