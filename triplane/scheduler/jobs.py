@@ -434,9 +434,11 @@ class Jobs:
         js = self.shell.state.jobs.get(job)
         total = len(live.plan.specs)
         done = total - js.remaining if js is not None else live.done
+        if live.recomputing:  # lost tiles of a done job run again (lineage.py): it is done
+            done = total
         return {
             "id": job,
-            "state": live.state,
+            "state": "done" if live.recomputing else live.state,
             "progress": {"done": done, "total": total},
             "error": live.error,
             "created": live.created,
@@ -458,7 +460,7 @@ class Jobs:
                 await asyncio.wait_for(self.resumed.wait(), max(0.0, timeout))
             timeout -= time.monotonic() - started
         live = self.live.get(job)
-        if live is not None and live.state == "running":
+        if live is not None and live.state == "running" and not live.recomputing:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(live.ended.wait(), max(0.0, timeout))
         return self.status(job)
