@@ -55,11 +55,25 @@ BAD_PLUGINS = textwrap.dedent('''
 
         def free(self):
             return 2 * super().free()
+
+
+    from triplane.engines.network.tcp import TcpEngine
+
+
+    class Garbler(TcpEngine):
+        """A tcp engine whose replies lose their last byte."""
+
+        def __init__(self):
+            super().__init__(name="garbler")
+
+        async def request(self, address, port, frame, *, timeout_s=2.0):
+            return (await super().request(address, port, frame, timeout_s=timeout_s))[:-1]
 ''')
 
 ENTRY_POINTS = {
     "triplane.engines.op": {"broken": "bad_plugins:Broken", "explodes": "bad_import:Engine"},
     "triplane.engines.memory": {"liar": "bad_plugins:Liar"},
+    "triplane.engines.network": {"garbler": "bad_plugins:Garbler"},
 }
 
 
@@ -115,8 +129,9 @@ def write_python_ops(dest: Path) -> Path:
 
 def write_bad_plugins(dest: Path, entry_points: dict[str, dict[str, str]] | None = None) -> Path:
     """A distribution ``bad-plugins`` under ``dest``: an op engine that raises on import
-    (``explodes``), one with wrong shapes, dtypes and values (``broken``) and a memory
-    engine lying about its capacity (``liar``)."""
+    (``explodes``), one with wrong shapes, dtypes and values (``broken``), a memory
+    engine lying about its capacity (``liar``) and a network engine cutting the last byte
+    of each reply (``garbler``)."""
     dest.mkdir(parents=True, exist_ok=True)
     (dest / "bad_plugins.py").write_text(BAD_PLUGINS)
     (dest / "bad_import.py").write_text('raise RuntimeError("vendor driver libfoo.so.3 not found")\n')
@@ -128,4 +143,34 @@ def write_bad_plugins(dest: Path, entry_points: dict[str, dict[str, str]] | None
         lines.append(f"[{group}]")
         lines += [f"{name} = {target}" for name, target in eps.items()]
     (info / "entry_points.txt").write_text("\n".join(lines) + "\n")
+    return dest
+
+
+NET_PLUGINS = textwrap.dedent('''
+    """Network engines as plugins: tcp slowed by 30 ms each way, and one whose driver is missing."""
+    from triplane.engines.network.tcp import TcpEngine
+    from triplane.engines.network.wrappers import Delayed
+
+
+    class SlowTcp(Delayed):
+        def __init__(self):
+            super().__init__(TcpEngine(name="slowtcp"), delay_s=0.03)
+
+
+    class NoDriver:
+        def __init__(self):
+            raise RuntimeError("libverbs.so.1 not found")
+''')
+
+
+def write_network_plugins(dest: Path) -> Path:
+    """A distribution ``net-plugins`` under ``dest``: the network engines ``slowtcp`` (tcp
+    with every frame held 30 ms) and ``nodriver`` (raises when made)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / "net_plugins.py").write_text(NET_PLUGINS)
+    info = dest / "net_plugins-0.1.dist-info"
+    info.mkdir(exist_ok=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: net-plugins\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[triplane.engines.network]\nslowtcp = net_plugins:SlowTcp\n"
+                                           "nodriver = net_plugins:NoDriver\n")
     return dest

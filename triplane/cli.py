@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from triplane import cli_admin, cli_events, cli_jobs, cli_serve, cli_submit
@@ -187,7 +188,15 @@ HomeOption = typer.Option(None, "--home", help="run directory (default: $TRIPLAN
 
 
 @app.command()
-def up(executors: int = typer.Option(2, min=0, max=64, help="executor processes to start"),
+def up(executors: int | None = typer.Option(None, min=0, max=64, help="executor processes to start "
+                                            "(default 2, or one per GPU with --gpus)"),
+       engines: str | None = typer.Option(None, help="op engines of every executor, comma-separated "
+                                          "(default numpy; cupy,numpy on a GPU executor; auto: numpy "
+                                          "and every installed plugin)"),
+       gpus: int = typer.Option(0, min=0, max=64, help="GPUs: the first N executors get one each "
+                                "(CUDA_VISIBLE_DEVICES), the cupy engine and the device memory engine"),
+       network_engine: str | None = typer.Option(None, help="the network engine the executors measure "
+                                                 "their links with (default tcp; udp or a plugin's name)"),
        etcd: str = typer.Option("", help="'embedded' (a local etcd managed here) or etcd://HOST:PORT; "
                                          "default: the scheduler's served in-memory registry"),
        db: str = typer.Option("", help="metadb URL (default: SQLite in the run directory)"),
@@ -208,14 +217,17 @@ def up(executors: int = typer.Option(2, min=0, max=64, help="executor processes 
     from triplane.launcher import ClusterConfig, LaunchError
     from triplane.launcher import up as launch
 
+    if executors is None:
+        executors = gpus or 2
     try:
-        cfg = ClusterConfig(executors=executors, etcd=etcd or None, db=db or None, memory=memory,
-                            port=port, ready_timeout_s=timeout,
+        cfg = ClusterConfig(executors=executors, engines=engines, gpus=gpus, network_engine=network_engine,
+                            etcd=etcd or None,
+                            db=db or None, memory=memory, port=port, ready_timeout_s=timeout,
                             scheduler_args=[] if keep_jobs is None else ["--keep-jobs", str(keep_jobs)])
         with err_console.status(f"starting a scheduler and {executors} executors ..."):
             info = launch(cfg, home)
     except (LaunchError, ValueError) as e:
-        console.print(f"[red]triplane up failed:[/red] {e}")
+        console.print(f"[red]triplane up failed:[/red] {escape(str(e))}", soft_wrap=True)
         raise typer.Exit(1) from None
     if as_json:
         typer.echo(json.dumps(info if show_token else {k: v for k, v in info.items() if k != "token"},
@@ -240,8 +252,6 @@ def status(as_json: bool = typer.Option(False, "--json", help="machine-readable 
     from triplane.launcher import cluster_status
 
     st = cluster_status(home, jobs)
-    if st["running"]:
-        st["plugins"] = _plugin_problems(st)
     if as_json:
         typer.echo(json.dumps(st, indent=2, sort_keys=True, default=str))
     elif not st["running"]:
@@ -280,23 +290,6 @@ def _print_status(st: dict[str, object]) -> None:
         when = time.strftime("%H:%M:%S", time.localtime(created)) if isinstance(created, (int, float)) else ""
         recent.add_row(str(j.get("id")), str(j.get("state")), progress, when, message)
     console.print(recent)
-
-
-def _plugin_problems(st: dict[str, object]) -> list[dict[str, str]]:
-    """The plugins each process of the cluster isolated (docs/plugins.md): the
-    ``plugin isolated: ...`` lines of its log, once each."""
-    found: list[dict[str, str]] = []
-    for p in st.get("processes") or []:  # type: ignore[attr-defined]
-        try:
-            text = Path(str(p.get("log"))).read_text(errors="replace") if p.get("log") else ""
-        except OSError:
-            continue
-        for line in text.splitlines():
-            problem = line.partition("plugin isolated: ")[2]
-            entry = {"process": str(p.get("name")), "problem": problem}
-            if problem and entry not in found:
-                found.append(entry)
-    return found
 
 
 @app.command()

@@ -14,7 +14,9 @@ disagreement. A vendor's test suite can reuse the pytest mixin::
 
 From a shell, ``python -m triplane.engines.testing --engine NAME`` runs the kit on an
 installed engine and prints a table per op and dtype (pass or fail, the largest error
-against numpy); it exits 1 when a case fails.
+against numpy); it exits 1 when a case fails. The same command runs the memory kit
+(``memory/testing.py``) on a memory engine and the network kit (``network/testing.py``) on
+a network engine: the kind is the one whose registry knows the name (``--kind`` to say).
 
 An engine may convert inputs to its own array type and return its own array type; the
 kit converts results with ``numpy.asarray`` (cupy: ``.get()``) before comparing.
@@ -291,19 +293,38 @@ def format_table(engine_name: str, results: Sequence[Result], missing: Sequence[
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m triplane.engines.testing --engine NAME [--dtypes float32,float64]``."""
+    """``python -m triplane.engines.testing --engine NAME [--kind op|memory|network]``: the
+    conformance kit of the engine's kind (by default the kind whose registry knows the
+    name). Exit 0 when every check passed, 1 when one failed (or the engine cannot be
+    made), 2 for an unknown name or bad options."""
     import argparse
 
     from triplane.engines.errors import UnknownEngineError
-    from triplane.engines.registry import get_op_engine, load_op_plugins
+    from triplane.engines.registry import KINDS, engine_names, get_op_engine, load_op_plugins
 
     parser = argparse.ArgumentParser(prog="python -m triplane.engines.testing",
-                                     description="Run the op-engine conformance kit against numpy.")
-    parser.add_argument("--engine", required=True, help="an op engine's name (built-in or installed)")
-    parser.add_argument("--dtypes", default="float32,float64", help="float dtypes to run the cases in")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+                                     description="Run an engine's conformance kit (op engines: against "
+                                                 "numpy).")
+    parser.add_argument("--engine", required=True, help="an engine's name (built-in or installed)")
+    parser.add_argument("--kind", choices=KINDS, help="op, memory or network (default: the kind that "
+                                                      "has an engine of that name)")
+    parser.add_argument("--dtypes", default="float32,float64",
+                        help="op engines: float dtypes to run the cases in")
+    parser.add_argument("--seed", type=int, default=0, help="op engines: seed of the random inputs")
+    parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                        help="memory engines: an argument of its factory (url=redis://HOST:PORT/0, path=DIR)")
     args = parser.parse_args(argv)
     load_op_plugins()
+    kinds = [args.kind] if args.kind else [k for k in KINDS if args.engine in engine_names(k)]
+    if not kinds:
+        known = "; ".join(f"{k}: {engine_names(k)}" for k in KINDS)
+        print(f"error: unknown engine {args.engine!r} (known: {known})")
+        return 2
+    if len(kinds) > 1:
+        print(f"error: {args.engine!r} names a {' and a '.join(kinds)} engine: say which with --kind")
+        return 2
+    if kinds[0] != "op":
+        return _main_other(kinds[0], args.engine, args.option)
     try:
         engine = get_op_engine(args.engine)
     except UnknownEngineError as e:
@@ -313,6 +334,38 @@ def main(argv: Sequence[str] | None = None) -> int:
     results = run_cases(engine, float_dtypes=dtypes, rng=np.random.default_rng(args.seed))
     print(format_table(args.engine, results, uncovered(engine)))
     return 0 if results and all(r.ok for r in results) else 1
+
+
+def _main_other(kind: str, name: str, options: Sequence[str]) -> int:
+    """The memory or network kit of ``main``."""
+    from triplane.engines.checks import check_table
+    from triplane.engines.errors import UnknownEngineError
+
+    parsed: dict[str, str] = {}
+    for opt in options:
+        key, eq, value = opt.partition("=")
+        if not eq or not key:
+            print(f"error: bad --option {opt!r}: expected KEY=VALUE (e.g. url=redis://127.0.0.1:6379/0)")
+            return 2
+        parsed[key] = value
+    try:
+        if kind == "network":
+            from triplane.engines.network.testing import check_engine
+
+            if parsed:
+                print(f"error: network engines take no --option (got {sorted(parsed)})")
+                return 2
+            checks = check_engine(name)
+        else:
+            from triplane.engines.memory.testing import check_memory_engine, memory_engine_makers
+
+            with memory_engine_makers(name, parsed) as (make, reopen):
+                checks = check_memory_engine(make, reopen)
+    except UnknownEngineError as e:
+        print(f"error: {e}")
+        return 2
+    print(check_table(f"conformance of {kind} engine {name!r}", checks))
+    return 0 if checks and all(c.ok for c in checks) else 1
 
 
 if __name__ == "__main__":

@@ -39,7 +39,7 @@ async def _serve(registry: str, engines: list[str], memory_bytes: int,
                  memory_engine: tuple[str, dict[str, Any]], host: str, name: str | None, secret: bytes,
                  drop_udp: float, fault_seed: int, limits: Limits, persist: str | None = None,
                  network_delay_ms: float = 0.0, advertise: str | None = None,
-                 ports: tuple[int, int] = (0, 0)) -> int:
+                 ports: tuple[int, int] = (0, 0), network_engines: tuple[str, ...] = ("tcp", "udp")) -> int:
     from triplane.executor.daemon import Executor
     from triplane.registry import RegistryUnavailable, connect_registry
 
@@ -56,7 +56,7 @@ async def _serve(registry: str, engines: list[str], memory_bytes: int,
                         memory_engine=memory_engine[0], memory_options=memory_engine[1], persist=persist,
                         host=host, name=name, drop_udp=drop_udp, fault_seed=fault_seed, limits=limits,
                         network_delay_ms=network_delay_ms, advertise=advertise,
-                        packet_port=ports[0], data_port=ports[1])
+                        packet_port=ports[0], data_port=ports[1], network_engines=network_engines)
     try:
         await executor.start()
     except RegistryUnavailable as e:
@@ -105,6 +105,9 @@ def executor_command(
     max_connections: Annotated[int, typer.Option(help="TCP connections per port at most")] = 256,
     network_delay_ms: Annotated[float, typer.Option(help="delay every frame of the network engines "
                                                          "(tests: a slowed peer)")] = 0.0,
+    network_engine: Annotated[str, typer.Option(help="the network engine that measures the links to "
+                                                     "peers: tcp, udp or a plugin's name (every executor "
+                                                     "of the cluster serves it)")] = "tcp",
 ) -> None:
     """Run an executor: join the cluster's registry, serve task packets and tiles until stopped.
 
@@ -130,7 +133,8 @@ def executor_command(
                         secret_file=None if cfg["secret_file"] is None else Path(cfg["secret_file"]),
                         drop_udp=drop_udp, fault_seed=fault_seed, log_level=cfg["log_level"],
                         idle_timeout=idle_timeout, max_connections=max_connections,
-                        network_delay_ms=network_delay_ms, ports=(cfg["packet_port"], cfg["data_port"]))
+                        network_delay_ms=network_delay_ms, ports=(cfg["packet_port"], cfg["data_port"]),
+                        network_engine=network_engine)
     if code:
         raise SystemExit(code)
 
@@ -141,7 +145,8 @@ def run_executor(registry: str, *, engines: str = "auto", memory: str = "8GiB", 
                  advertise: str | None = None, drop_udp: float = 0.0, fault_seed: int = 0,
                  log_level: str = "info",
                  idle_timeout: float = 10.0, max_connections: int = 256,
-                 network_delay_ms: float = 0.0, ports: tuple[int, int] = (0, 0)) -> int:
+                 network_delay_ms: float = 0.0, ports: tuple[int, int] = (0, 0),
+                 network_engine: str = "tcp") -> int:
     """``executor_command`` returning its exit status instead of raising ``SystemExit``."""
     try:
         if log_level.lower() not in _LEVELS:
@@ -173,7 +178,8 @@ def run_executor(registry: str, *, engines: str = "auto", memory: str = "8GiB", 
         persist_targets(persist_to)  # a bad spec exits 2 here
         # Names only: a plugin that fails to load is isolated by the executor, not fatal here.
         memories = [mem_name, mem_options.get("primary", "host")]
-        for kind, names in (("op", [e for e in engine_names if e != "auto"]), ("memory", memories)):
+        for kind, names in (("op", [e for e in engine_names if e != "auto"]), ("memory", memories),
+                            ("network", [network_engine])):
             unknown = [e for e in names if e not in known(kind)]
             if unknown:
                 raise _Usage(f"unknown {kind} engine {unknown[0]!r} (known: {known(kind)})")
@@ -185,7 +191,8 @@ def run_executor(registry: str, *, engines: str = "auto", memory: str = "8GiB", 
     try:
         return runner(_serve(registry, engine_names, memory_bytes, (mem_name, mem_options), host, name,
                              secret, drop_udp, fault_seed, limits, persist_to, network_delay_ms,
-                             address, ports))
+                             address, ports,
+                             (network_engine, *[n for n in ("tcp", "udp") if n != network_engine])))
     except _Usage as e:
         print(f"triplane executor: {e}", file=sys.stderr)
         return 2

@@ -32,15 +32,12 @@ import numpy as np
 from triplane._version import __version__
 from triplane.engines.errors import MissingTileError
 from triplane.engines.memory.persist import PERSIST_ENV, STORE_PREFIX, persist_targets
-from triplane.engines.network.base import NetworkEngine
 from triplane.engines.network.measure import probe_handler
 from triplane.engines.network.wrappers import Delayed
-from triplane.engines.protocols import mismatches
-from triplane.engines.registry import get_network_engine
 from triplane.executor.dataport import EngineTiles
 from triplane.executor.intake import Intake
 from triplane.executor.links import LinkProber
-from triplane.executor.plugins import make_memory_engine, make_op_engines
+from triplane.executor.plugins import make_memory_engine, make_network_engines, make_op_engines
 from triplane.executor.server import PacketServer
 from triplane.executor.tasks import TaskRunner
 from triplane.net.dataport import DataClient, DataPortError, DataServer
@@ -102,15 +99,6 @@ class _Engines:
         return engine.run(op, inputs, attrs, out)
 
 
-def _network_engine(name: str) -> NetworkEngine:
-    engine = get_network_engine(name)
-    problems = mismatches(engine, NetworkEngine)
-    if problems:
-        raise TypeError(f"network engine {name!r} ({type(engine).__name__}) does not implement the "
-                        f"NetworkEngine protocol: {'; '.join(problems)}")
-    return engine
-
-
 class Executor:
     """One executor node. Use ``await start()``, then ``await stop()`` (or ``async with``)."""
 
@@ -154,9 +142,10 @@ class Executor:
         self.packets = PacketServer(self.intake, self.runner, host=host, port=packet_port, drop_udp=drop_udp,
                                     fault_seed=fault_seed, limits=limits)
         self.registration: NodeRegistration | None = None
-        # Network engines serve the pair probe; the first measures this node's links
-        # (executor/links.py). A delay (tests: a slowed peer) wraps each of them.
-        self.network = [_network_engine(n) for n in network_engines]
+        # Network engines serve the pair probe; the first (``--network-engine``) measures this
+        # node's links (executor/links.py); a plugin that cannot be made is isolated and the
+        # next one measures. A delay (tests: a slowed peer) wraps each of them.
+        self.network = make_network_engines(network_engines, self.plugin_problems)
         if network_delay_ms > 0:
             self.network = [Delayed(e, delay_s=network_delay_ms / 1e3) for e in self.network]
         self.links = (LinkProber(self.name, self.network[0], registry, lambda: self.registration,

@@ -22,10 +22,12 @@ from typing import Any
 import numpy as np
 
 from triplane.engines.errors import UnknownEngineError
+from triplane.engines.protocols import mismatches
 from triplane.engines.registry import (
     BUILTINS,
     PluginProblem,
     get_memory_engine,
+    get_network_engine,
     get_op_engine,
     installed_op_engines,
     load_op_plugins,
@@ -34,7 +36,7 @@ from triplane.engines.testing import run_cases
 from triplane.proto.errors import KernelError
 from triplane.proto.ir import TensorType
 
-__all__ = ["CheckedEngine", "make_memory_engine", "make_op_engines"]
+__all__ = ["CheckedEngine", "make_memory_engine", "make_network_engines", "make_op_engines"]
 
 log = logging.getLogger(__name__)
 
@@ -143,6 +145,32 @@ def make_memory_engine(name: str, capacity: int, problems: list[PluginProblem],
         _isolate(problems, PluginProblem("memory", name, f"{lie}; using the host engine"))
         return get_memory_engine("host", capacity=capacity)
     return engine
+
+
+def make_network_engines(names: Sequence[str], problems: list[PluginProblem]) -> list[Any]:
+    """The network engines named, in order (the first measures the node's links). A plugin
+    that cannot be made or does not implement the NetworkEngine protocol is isolated (the
+    next engine measures); a built-in that does not is a TypeError, an unknown name
+    UnknownEngineError."""
+    from triplane.engines.network.base import NetworkEngine
+
+    engines = []
+    for name in dict.fromkeys(names):
+        try:
+            engine = get_network_engine(name)
+            wrong = mismatches(engine, NetworkEngine)
+            if wrong:
+                raise TypeError(f"network engine {name!r} ({type(engine).__name__}) does not implement the "
+                                f"NetworkEngine protocol: {'; '.join(wrong)}")
+        except UnknownEngineError:
+            raise
+        except Exception as e:
+            if name in BUILTINS["network"]:
+                raise
+            _isolate(problems, PluginProblem("network", name, f"cannot be used: {type(e).__name__}: {e}"))
+            continue
+        engines.append(engine)
+    return engines
 
 
 def _accounting_lie(engine: Any, capacity: int) -> str | None:

@@ -26,6 +26,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from triplane.launcher.gpus import (
+    GpuUnavailable,
+    check_engines,
+    check_gpus,
+    check_network_engine,
+    executor_engines,
+)
 from triplane.launcher.procs import is_ours, log_tail, spawn, stop_pids, triplane_argv
 from triplane.launcher.rundir import RunDir
 
@@ -45,7 +52,10 @@ class ClusterConfig:
     """What to start. ``memory`` is each executor's tile capacity (e.g. ``"1GiB"``);
     ``port`` 0 picks a free one; ``grpc_port`` is the scheduler's gRPC port (docs/grpc.md;
     0: a free one, None: no gRPC); ``executor_args`` / ``scheduler_args`` are appended to
-    every executor's / the scheduler's command line (e.g. ``["--drop-udp", "0.2"]``)."""
+    every executor's / the scheduler's command line (e.g. ``["--drop-udp", "0.2"]``).
+    ``engines`` is every executor's ``--engines`` (default numpy; cupy and numpy on a GPU
+    executor); ``gpus`` N gives the first N executors one GPU each (launcher/gpus.py);
+    ``network_engine`` is the one every executor measures its links with (default tcp)."""
 
     executors: int = 2
     etcd: str | None = None
@@ -54,7 +64,9 @@ class ClusterConfig:
     host: str = "127.0.0.1"
     port: int = 0
     grpc_port: int | None = 0
-    engines: str = "numpy"
+    engines: str | None = None
+    gpus: int = 0
+    network_engine: str | None = None
     executor_args: list[str] = field(default_factory=list)
     scheduler_args: list[str] = field(default_factory=list)
     ready_timeout_s: float = 60.0
@@ -68,6 +80,13 @@ class ClusterConfig:
         from triplane.executor.config import parse_size
 
         parse_size(self.memory)  # a bad size fails here, not in N executor logs
+        check_engines(self.engines)
+        check_network_engine(self.network_engine)
+        if self.gpus < 0:
+            raise ValueError(f"--gpus must be 0 or more, got {self.gpus}")
+        if self.gpus > self.executors:
+            raise ValueError(f"--gpus {self.gpus} needs at least {self.gpus} executors (one per GPU), "
+                             f"--executors is {self.executors}")
 
 
 @dataclass
@@ -116,6 +135,10 @@ class LocalCluster:
             if running is not None:
                 raise LaunchError(f"a cluster is already running from {self.run.path} "
                                   f"({running['url']}); stop it with `triplane down` first")
+            try:  # before any process starts: what is missing, in one line
+                check_gpus(self.config.gpus, self.config.engines)
+            except GpuUnavailable as e:
+                raise LaunchError(str(e)) from None
             self.run.create()
             self.token, _ = self.run.new_secrets()
             try:
@@ -176,20 +199,30 @@ class LocalCluster:
 
     def add_executor(self, wait: bool = True, extra_args: list[str] | None = None) -> _Proc:
         """Start one more executor (named ``executor-<i>``); with ``wait``, until registered."""
-        cfg = self.config
         i = self._next_executor
         self._next_executor += 1
         name = f"executor-{i}"
-        argv = triplane_argv("executor", "--registry", self.executor_registry, "--engines", cfg.engines,
-                             "--memory", cfg.memory, "--host", cfg.host, "--name", name,
-                             "--secret-file", str(self.run.secret_file),
-                             "--log-level", cfg.log_level, *cfg.executor_args, *(extra_args or []))
+        argv, gpu_env = self.executor_argv(i)
+        argv += extra_args or []
         proc = _Proc(name, argv, self.run.log(name))
-        proc.popen = spawn(argv, proc.log, {**self.env, **self._blas_env()})
+        proc.popen = spawn(argv, proc.log, {**self.env, **self._blas_env(), **gpu_env})
         self.executors.append(proc)
         if wait:
             self.wait_ready()
         return proc
+
+    def executor_argv(self, i: int) -> tuple[list[str], dict[str, str]]:
+        """Executor ``i``'s command line and what it adds to the environment (a GPU
+        executor's ``CUDA_VISIBLE_DEVICES``)."""
+        cfg = self.config
+        engines, gpu_args, gpu_env = executor_engines(i, cfg.gpus, cfg.engines, self.env)
+        argv = triplane_argv("executor", "--registry", self.executor_registry, "--engines", engines,
+                             "--memory", cfg.memory, "--host", cfg.host, "--name", f"executor-{i}",
+                             "--secret-file", str(self.run.secret_file),
+                             "--log-level", cfg.log_level, *gpu_args,
+                             *(["--network-engine", cfg.network_engine] if cfg.network_engine else []),
+                             *cfg.executor_args)
+        return argv, gpu_env
 
     def _blas_env(self) -> dict[str, str]:
         """BLAS threads per executor: the host's cores shared among the executors started on

@@ -15,7 +15,7 @@ from triplane.launcher.links import links_of
 from triplane.launcher.procs import is_ours
 from triplane.launcher.rundir import RunDir
 
-__all__ = ["cluster_status", "down", "normalise_node", "up"]
+__all__ = ["cluster_status", "down", "normalise_node", "plugins_of", "up"]
 
 
 def up(config: ClusterConfig, home: str | os.PathLike[str] | None = None) -> dict[str, Any]:
@@ -61,7 +61,7 @@ def cluster_status(home: str | os.PathLike[str] | None = None, jobs: int = 10) -
         return {"running": False, "home": str(run.path)}
     out: dict[str, Any] = {"running": True, "home": str(run.path), "url": info["url"],
                            "registry": info.get("registry"), "db": info.get("db"), "error": None,
-                           "nodes": [], "links": [], "jobs": [], "processes": _processes(info)}
+                           "nodes": [], "links": [], "plugins": [], "jobs": [], "processes": _processes(info)}
     headers = {"Authorization": f"Bearer {run.read_token() or ''}"}
     try:
         with httpx.Client(base_url=info["url"], headers=headers, timeout=5.0) as client:
@@ -71,6 +71,7 @@ def cluster_status(home: str | os.PathLike[str] | None = None, jobs: int = 10) -
             raw = nodes.json()["items"]
             nodes_list = [normalise_node(n) for n in raw]
             out["links"] = links_of(raw)  # per-pair network figures (launcher/links.py)
+            out["plugins"] = plugins_of(raw)
             engines = client.get("/v1/engines", params={"limit": 1000})
             if engines.status_code == 200:  # op engines are separate records: join them by node
                 by_node: dict[str, list[str]] = {}
@@ -87,6 +88,21 @@ def cluster_status(home: str | os.PathLike[str] | None = None, jobs: int = 10) -
     except (httpx.HTTPError, ValueError, KeyError, TypeError) as e:
         out["error"] = f"the scheduler at {info['url']} did not answer properly: {type(e).__name__}: {e}"
     return out
+
+
+def plugins_of(nodes: list[Any]) -> list[dict[str, str]]:
+    """The plugins each node isolated (``plugins`` of ``GET /v1/nodes``, which the scheduler
+    reads from the executors' ``stats/<node>`` records), one row each: ``{"process": node,
+    "kind", "name", "message", "problem"}`` (``problem`` as the executor's log words it)."""
+    rows = []
+    for n in nodes:
+        for p in (n.get("plugins") or []) if isinstance(n, dict) else []:
+            if isinstance(p, dict):
+                problem = f"{p.get('kind')} plugin {p.get('name')!r}: {p.get('message')}"
+                rows.append({"process": str(n.get("node") or n.get("id")), "kind": str(p.get("kind")),
+                             "name": str(p.get("name")), "message": str(p.get("message")),
+                             "problem": problem})
+    return sorted(rows, key=lambda r: (r["process"], r["kind"], r["name"]))
 
 
 def _processes(info: dict[str, Any]) -> list[dict[str, Any]]:

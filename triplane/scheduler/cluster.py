@@ -23,6 +23,7 @@ Errors: the registry's (``RegistryError``) propagate; nothing here raises otherw
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -43,7 +44,7 @@ from triplane.scheduler.compiler.costmodel import NodeFigures, task_cost
 from triplane.scheduler.compiler.layout import MODEL, WHOLE_COMPUTE_S, Layout, same_host_figures
 from triplane.scheduler.residency import Residency, read_evictions
 
-__all__ = ["ClusterView", "Factors", "figures_from_records", "figures_from_registry"]
+__all__ = ["ClusterView", "Factors", "figures_from_records", "figures_from_registry", "read_plugin_problems"]
 
 Factors = dict[str, tuple[float, float]]  # node -> (flops, bytes) calibration factors
 _TASK_OVERHEAD_S = MODEL.task_overhead_s  # what placement adds to each kernel
@@ -175,11 +176,14 @@ class ClusterView:
         for link in await list_links(self.registry):
             fields = ("peer", "engine", "bandwidth_gbps", "latency_us", "measured_at")
             links.setdefault(link.node, []).append({k: getattr(link, k) for k in fields})
+        plugins = await read_plugin_problems(self.registry)
         return [
             {
                 **_asdict(n),
                 # measured pairs from this node (executor/links.py), for `triplane status`
                 "links": links.get(n.node, []),
+                # plugins it isolated (executor/plugins.py), from its stats/<node> record
+                "plugins": plugins.get(n.node, []),
                 "health": "up",
                 "running": self.running(n.node),
                 "memory": mem.get(n.node, {"capacity": 0, "free": 0}),
@@ -228,3 +232,18 @@ class ClusterView:
 
 def _asdict(record: Any) -> dict[str, Any]:
     return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(record).items()}
+
+
+async def read_plugin_problems(registry: RegistryBackend) -> dict[str, list[dict[str, str]]]:
+    """node -> the plugins it isolated (``plugins`` of its ``stats/<node>`` record: kind,
+    name, message). A record that is not the JSON an executor writes is skipped: one bad
+    record does not hide the others'."""
+    found: dict[str, list[dict[str, str]]] = {}
+    for entry in await registry.get_prefix("stats/"):
+        try:
+            listed = json.loads(entry.value).get("plugins") or []
+            found[entry.key.removeprefix("stats/")] = [
+                {k: str(p.get(k, "")) for k in ("kind", "name", "message")} for p in listed]
+        except (ValueError, AttributeError, TypeError):
+            continue
+    return found

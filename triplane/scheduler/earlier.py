@@ -185,5 +185,9 @@ class EarlierJobs:
             while len(self._views) > self.size:
                 self._views.popitem(last=False)
 
+    def forget(self, job: str) -> None:
+        """Drop the job's view (its holders change: lineage.py ran its lost tiles again)."""
+        self._views.pop(job, None)
+
     def __len__(self) -> int:
         return len(self._views)

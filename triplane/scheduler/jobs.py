@@ -97,6 +97,9 @@ class LiveJob:
     holders: dict[str, str] = field(default_factory=dict)
     done: int = 0  # tasks done, set when the job ends
     failure: dict[str, Any] | None = None  # set before cancelling it: it fails with this error
+    # lineage.py runs a done job's lost tiles again: it stays done whatever that run gives
+    recomputing: bool = False
+    recompute_error: dict[str, Any] | None = None  # why the last such run did not finish
 
     def name_of(self, task: str) -> str:
         """The submitted node a task came from (a tile task: the tensor it is part of)."""
@@ -339,16 +342,26 @@ class Jobs:
 
     def _dispatch(self, plan: JobPlan, created: float, done: tuple[tuple[str, str], ...],
                   factors: Factors | None = None, deadline_s: float | None = None, *,
-                  owner: str | None = None, resumed: bool = False, persist: str | None = None) -> LiveJob:
-        live = LiveJob(plan, dict(plan.back), created, time.time(), factors=factors)
+                  owner: str | None = None, resumed: bool = False, persist: str | None = None,
+                  attempts: tuple[tuple[str, int], ...] = ()) -> LiveJob:
+        live = LiveJob(plan, dict(plan.back), created, time.time(), factors=factors,
+                       recomputing=bool(attempts))
         self.journal.job_started(plan.job, owner, len(plan.specs), len(done), resumed=resumed)
         live.fetched_tasks = frozenset(fetched_tasks_of(plan))
         self.live[plan.job] = live
         self.templates[plan.job] = dict(plan.templates)
         deadline = None if deadline_s is None else created + deadline_s
-        self.shell.handle(SubmitJob(f"submit:{plan.job}", plan.job, plan.specs, time.time(), done, deadline,
-                                    persist))
+        why = "recompute" if attempts else "submit"
+        self.shell.handle(SubmitJob(f"{why}:{plan.job}", plan.job, plan.specs, time.time(), done, deadline,
+                                    persist, attempts))
         return live
+
+    def recompute(self, plan: JobPlan, created: float, done: tuple[tuple[str, str], ...],
+                  attempts: tuple[tuple[str, int], ...], owner: str | None) -> LiveJob:
+        """Dispatch a done job again to run the tasks ``attempts`` names (with those attempt
+        numbers), the others ``done`` where they are (lineage.py). It stays done; its end
+        sets ``holders`` again, and ``recompute_error`` if those tasks could not run."""
+        return self._dispatch(plan, created, done, owner=owner, resumed=True, attempts=attempts)
 
     # --- resume ------------------------------------------------------------------------------
 
@@ -421,9 +434,11 @@ class Jobs:
         js = self.shell.state.jobs.get(job)
         total = len(live.plan.specs)
         done = total - js.remaining if js is not None else live.done
+        if live.recomputing:  # lost tiles of a done job run again (lineage.py): it is done
+            done = total
         return {
             "id": job,
-            "state": live.state,
+            "state": "done" if live.recomputing else live.state,
             "progress": {"done": done, "total": total},
             "error": live.error,
             "created": live.created,
@@ -445,7 +460,7 @@ class Jobs:
                 await asyncio.wait_for(self.resumed.wait(), max(0.0, timeout))
             timeout -= time.monotonic() - started
         live = self.live.get(job)
-        if live is not None and live.state == "running":
+        if live is not None and live.state == "running" and not live.recomputing:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(live.ended.wait(), max(0.0, timeout))
         return self.status(job)
@@ -485,8 +500,12 @@ class Jobs:
                 live.error = {**live.error, "kind": "lost", "ref": ref}
         elif f.state == "cancelled" and live.failure is not None:  # failed from outside (a lost ref)
             live.state, live.error = "failed", live.failure
+        if live.recomputing:  # what it had stays the job's: only the tiles run again stay lost
+            live.recomputing = False
+            live.recompute_error = live.error if live.state != "done" else None
+            live.state, live.error = "done", None
         live.holders = {tid: t.node for tid, t in js.tasks.items() if t.node}
-        live.done = len(js.tasks) - js.remaining
+        live.done = len(js.tasks) - (js.remaining if live.recompute_error is None else 0)
         self.journal.job_ended(f.job, live.state, live.done, live.error["message"] if live.error else None,
                                live.error, total=len(js.tasks), duration_s=live.updated - live.created)
         # The dispatcher is done with the job: what outlives it is on ``live``.

@@ -30,7 +30,9 @@ for the last reader; the release is answered at once and the ref cannot be used 
 
 Errors (domain errors, the ``ref`` field set): ``NotFound`` for an unknown job, a name it
 did not fetch, a failed or cancelled job or released tensors; ``NotReady`` while the job
-runs; ``Lost`` (HTTP 410) when the executor holding the value is gone; ``BadRequest`` when
+runs; ``Lost`` (HTTP 410) when the executor holding the value is gone and the value cannot
+be computed again from its job's lineage (``lineage.py``: a value whose holder is gone is
+recomputed at resolution, unless an input it needs was released); ``BadRequest`` when
 the value's type is not the input's. A job whose ref's holder goes down while it runs
 fails with job error kind ``lost`` and ``ref`` (the service's node-down hook,
 :meth:`Refs.lost_on`). A resumed job (a restarted scheduler) finds its refs again from the
@@ -167,6 +169,7 @@ class Refs:
         if parsed is None:
             raise BadRequest(f"{ref[:60]!r} is not a ref (<job>:<fetched name>)", ref=ref)
         job, name = parsed
+        await self.results.settled(job)
         plan, holders = await self._done_job(ref, job, name)
         nid = plan.fetch[name]
         node = plan.plan.graph.nodes[nid]
@@ -182,6 +185,17 @@ class Refs:
             holder = owner_holders.get(owner_plan.task_of(task))  # a grouped job's tile: its task g
             return self._alive(Resolved(ref, tensor, holder, owner, shape, dtype))
         grid = plan.fetch_grid(name)
+        # A lost tile of a done job (its holder gone, no persisted copy) is computed again.
+        if nid not in plan.uploads:
+            if grid is not None and len(grid) > 1:
+                tasks = list(grid.tiles.values())
+            else:
+                one = plan.fetch_tile(name)[1]
+                tasks = [one] if one else []
+            try:
+                holders = await self.results.recover(job, plan, holders, tasks)
+            except NotFound as e:  # it cannot be computed again (an input was released): lost
+                raise Lost(f"ref {ref}: {e}", ref=ref) from None
         if grid is not None and len(grid) > 1:
             parts = []
             for cell, task in sorted(grid.tiles.items()):

@@ -18,8 +18,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import defaultdict
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from typing import TYPE_CHECKING, Any
 
 from triplane import metadb as mdb
 from triplane.engines.errors import MissingTileError
@@ -44,6 +44,9 @@ from triplane.scheduler.fetching import FetchError, open_tiled
 from triplane.scheduler.jobrecords import API_STATE
 from triplane.scheduler.jobs import LiveJob, fetched_tasks_of
 from triplane.scheduler.store import TensorStore
+
+if TYPE_CHECKING:
+    from triplane.scheduler.lineage import Lineage
 
 log = logging.getLogger("triplane.scheduler.service")
 
@@ -80,11 +83,14 @@ class Results:
         self._deferred: dict[str, list[dict[str, list[str]]]] = {}
         self.persist: dict[str, Any] = {}  # kind -> persistence target (set by the service)
         self.persisted_reads = 0
+        self.lineage: Lineage | None = None  # recomputes lost tiles of done jobs (set by the service)
 
     # --- tensors -----------------------------------------------------------------------------
 
     async def open_tensor(self, job: str, name: str) -> Opened:
-        """(shape, dtype, bytes, chunks) of a fetched tensor of a done job."""
+        """(shape, dtype, bytes, chunks) of a fetched tensor of a done job; a tile whose
+        holder is gone and that no persistence target keeps is computed again (lineage.py)."""
+        await self.settled(job)
         live = self.live.get(job)
         if live is None:
             return await self._open_earlier(job, name)
@@ -124,6 +130,7 @@ class Results:
         """Stream ``name`` of a done job from the executors that ``holders`` (task -> node) name."""
         grid = plan.fetch_grid(name)
         if grid is not None and len(grid) > 1:
+            holders = await self.recover(job, plan, holders, grid.tiles.values())
             return await self._open_tiled(job, name, grid, holders)
         tile, task = plan.fetch_tile(name)
         if task is None and is_job_tile(tile):  # an input bound to a ref: the other job's tile
@@ -151,7 +158,10 @@ class Results:
             kept = await self._persisted(tile)
             if kept is not None:
                 return kept
-            raise NotFound(_gone(job, name, tile, node))
+            node = (await self.recover(job, plan, holders, [task])).get(task)
+            info = self.shell.nodes.get(node or "")
+            if info is None:
+                raise NotFound(_gone(job, name, tile, node))
         try:
             return await self.data_client.open_tile(info.address, info.data_port, tile)
         except DataPortError as e:
@@ -160,6 +170,19 @@ class Results:
                 return kept
             why = f"cannot read {name!r} of job {job} (tile {tile}) from {node}: {e}"
             raise (NotFound(why) if e.missing else Unavailable(why)) from None
+
+    async def settled(self, job: str) -> None:
+        """Once a recompute of the job's lost tiles under way (lineage.py) ended."""
+        if self.lineage is not None:
+            await self.lineage.settled(job)
+
+    async def recover(self, job: str, plan: JobPlan, holders: dict[str, str],
+                      tasks: Iterable[str]) -> dict[str, str]:
+        """The job's holders after computing again those of ``tasks`` that were lost (no live
+        holder, no persisted copy); NotFound saying why when they cannot be."""
+        if self.lineage is None:
+            return holders
+        return await self.lineage.recover(job, plan, holders, tasks)
 
     async def _persisted(self, tile: str) -> Opened | None:
         """``tile`` read from a persistence target that keeps it (its holder is gone), else None."""
@@ -339,14 +362,40 @@ class Results:
         if job in self._pins and by_node:
             self._deferred.setdefault(job, []).append(by_node)
             return
+        orphans: list[str] = []  # tiles of holders that are gone: maybe kept in a persistence target
         for node, tiles in by_node.items():
             info = self.shell.nodes.get(node)
             if info is None:
+                orphans.extend(tiles)
                 continue
             try:
                 await self.data_client.delete(info.address, info.data_port, tiles)
             except Exception as e:  # best effort: the executor frees them with its memory anyway
                 log.debug("releasing %d tiles of %s on %s failed: %s", len(tiles), job, node, e)
+        if orphans:
+            await self._delete_persisted(job, orphans)
+
+    async def _delete_persisted(self, job: str, tiles: list[str]) -> None:
+        """Delete ``tiles``, whose holders died, from the shared persistence targets: through
+        the scheduler's own targets, else through a live executor's data port (an executor
+        deletes a tile from its targets as from its memory). Without either they stay."""
+        if self.persist:
+            def erase() -> None:
+                for target in self.persist.values():
+                    for tile in tiles:
+                        target.delete(tile)
+
+            try:
+                await asyncio.to_thread(erase)
+            except Exception as e:  # a target that is down: the tiles stay, as before the release
+                log.warning("deleting %d persisted tiles of %s failed: %s", len(tiles), job, e)
+            return
+        for node, info in list(self.shell.nodes.items()):
+            try:
+                await self.data_client.delete(info.address, info.data_port, tiles)
+                return
+            except Exception as e:
+                log.debug("deleting %d persisted tiles of %s through %s failed: %s", len(tiles), job, node, e)
 
 
 def _not_fetched(job: str, name: str, fetched: Any) -> NotFound:

@@ -62,6 +62,7 @@ from triplane.scheduler.freeing import TileFreer
 from triplane.scheduler.jobs import RETAIN_FINISHED, Jobs, LiveJob
 from triplane.scheduler.journal import Journal
 from triplane.scheduler.leading import Leading
+from triplane.scheduler.lineage import Lineage
 from triplane.scheduler.metrics import Counts, Metrics
 from triplane.scheduler.refs import Refs
 from triplane.scheduler.results import Opened, Results
@@ -142,6 +143,7 @@ class Scheduler(Leading):
                          cluster=self.cluster, results=self.results, live=live, templates=self.templates,
                          require_leader=self.require_leader, refs=self.refs, retain=retain_finished,
                          group=group_tiny_jobs)
+        self.results.lineage = Lineage(self.jobs, self.results)  # lost tiles of done jobs, run again
         # Persistence targets ($TRIPLANE_PERSIST_TO, engines/memory/persist.py): a job asking to
         # persist names one; a fetch reads a tile there when its holder is gone.
         self.jobs.persist = self.results.persist = persist_targets(os.environ.get(PERSIST_ENV))

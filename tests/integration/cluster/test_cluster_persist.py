@@ -1,7 +1,8 @@
 """Persistence on a real cluster (docs/storage.md): the tiles of a job that asks to persist
 to ``file`` (a directory every process shares) outlive the executor that made them. When
 it is SIGKILLed mid-job, the job finishes and its events show reads of the persisted tiles,
-not re-runs; a finished job's persisted result is still fetchable after its holder died."""
+not re-runs; a finished job's persisted result is still fetchable after its holder died,
+and its release then deletes the tiles from the target."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from cluster_rows import task_rows
 
 import triplane as tp
 from triplane import metadb as mdb
+from triplane.engines.memory.file import FileMemoryEngine
 from triplane.engines.memory.persist import PERSIST_ENV
 from triplane.executor.tasks import STALL_ENV
 from triplane.sdk.remote import RemoteSession
@@ -148,6 +150,19 @@ def test_a_finished_jobs_persisted_result_is_fetchable_after_its_holder_died(
         assert r.status_code == 200, r.text
         r = h.get(f"/v1/jobs/{plain}/tensors/n1")
         assert r.status_code == 404 and "which is gone" in r.text, r.text
+
+        # Released after their holders died: the scheduler deletes the tiles from the target.
+        def persisted(job: str) -> list[str]:
+            held = FileMemoryEngine(1 << 40, path=tmp_path / "persist").keys()  # not iterable itself
+            return [k for k in held if k.startswith(f"{job}.")]
+
+        assert persisted(kept) and len(persisted(tiled)) > 1
+        for job in (kept, tiled):
+            assert h.delete(f"/v1/jobs/{job}").status_code == 200
+        deadline = time.monotonic() + 10
+        while persisted(kept) or persisted(tiled):
+            assert time.monotonic() < deadline, (persisted(kept), persisted(tiled))
+            time.sleep(0.2)
         h.close()
 
 

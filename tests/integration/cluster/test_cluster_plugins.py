@@ -181,35 +181,44 @@ def _stats(c: LocalCluster, node: str) -> dict[str, Any]:
 def test_bad_plugins_leave_the_executor_serving_with_the_message_in_log_registry_and_status(
         installed: None, tmp_path: Path) -> None:
     home = tmp_path / "home"
-    with running_cluster(home, bound_s=240.0, executors=1, engines="auto",
-                         executor_args=["--memory-engine", "liar"]) as c:
+    with running_cluster(home, bound_s=240.0, executors=1, engines="numpy") as c:
+        # Started after `up` wrote cluster.json: status finds it through the registry.
+        c.add_executor(extra_args=["--engines", "auto", "--memory-engine", "liar"])
+        assert "executor-1" not in json.dumps(c.run.read_cluster())
         h = api(c)
-        engines = sorted(e["engine"] for e in _engines(h))
+        engines = sorted(e["engine"] for e in _engines(h) if e["node"] == "executor-1")
         assert engines == ["numpy", "pyops", "vendor_c"]  # 'explodes' and 'broken' left out
         x = np.arange(12, dtype=np.float32).reshape(3, 4) / 4
         _, got = run_job(h, {"x": inp(upload(h, x), [3, 4]), "y": op("mul", ["x", "x"], [3, 4]),
                              "z": op("exp", ["y"], [3, 4])}, ["z"])
         np.testing.assert_allclose(got["z"], np.exp(x * x), rtol=1e-6)
 
-        log = c.run.log("executor-0").read_text()
+        log = c.run.log("executor-1").read_text()
         for name in ("op plugin 'explodes': cannot be made: RuntimeError: vendor driver libfoo.so.3 "
                      "not found",
                      "op plugin 'broken': fails the conformance kit on 2 case(s): add (float32)",
                      "memory plugin 'liar': claims a capacity of"):
             assert f"plugin isolated: {name}" in log, log
-        problems = {p["name"]: p for p in _stats(c, "executor-0")["plugins"]}
+        problems = {p["name"]: p for p in _stats(c, "executor-1")["plugins"]}
         assert set(problems) == {"explodes", "broken", "liar"}
         assert problems["liar"]["kind"] == "memory"
 
         env = {**os.environ, "TRIPLANE_HOME": str(home)}
-        done = subprocess.run([sys.executable, "-m", "triplane", "status", "--json"], capture_output=True,
-                              text=True, env=env, timeout=60)
-        assert done.returncode == 0, done.stderr
-        listed = json.loads(done.stdout)["plugins"]
-        assert {p["process"] for p in listed} == {"executor-0"} and len(listed) == 3, listed
+        listed: list[dict[str, str]] = []
+        deadline = time.monotonic() + 20
+        while len(listed) < 3:  # the scheduler reads the stats record the executor publishes each second
+            assert time.monotonic() < deadline, listed
+            done = subprocess.run([sys.executable, "-m", "triplane", "status", "--json"], capture_output=True,
+                                  text=True, env=env, timeout=60)
+            assert done.returncode == 0, done.stderr
+            listed = json.loads(done.stdout)["plugins"]
+        assert {p["process"] for p in listed} == {"executor-1"} and len(listed) == 3, listed
+        assert {p["name"]: p["kind"] for p in listed} == {"explodes": "op", "broken": "op", "liar": "memory"}
+        nodes = {n["node"]: n for n in h.get("/v1/nodes").json()["items"]}
+        assert nodes["executor-0"]["plugins"] == [] and len(nodes["executor-1"]["plugins"]) == 3
         shown = subprocess.run([sys.executable, "-m", "triplane", "status"], capture_output=True, text=True,
                                env={**env, "COLUMNS": "200"}, timeout=60).stdout
-        assert "executor-0: plugin isolated: op plugin 'explodes'" in shown, shown
+        assert "executor-1: plugin isolated: op plugin 'explodes'" in shown, shown
 
 
 def _engines(h: httpx.Client) -> list[dict[str, Any]]:

@@ -64,11 +64,14 @@ def test_up_status_connect_down_round_trip(home: Path) -> None:
     for p, mode in ((home, 0o755), (home / "logs", 0o755), (home / "logs" / "old.log", 0o644)):
         os.chmod(p, mode)
     t0 = time.monotonic()
-    r = _cli(home, "up", "--executors", "2", "--memory", "128MiB", "--keep-jobs", "500")
+    r = _cli(home, "up", "--executors", "2", "--memory", "128MiB", "--keep-jobs", "500", "--engines", "auto")
     assert r.returncode == 0, r.stdout + r.stderr
     info = json.loads((home / "cluster.json").read_text())
     argv = Path(f"/proc/{info['scheduler']['pid']}/cmdline").read_bytes().split(b"\0")
     assert argv[argv.index(b"--keep-jobs") + 1] == b"500"  # the metadb's retention bound
+    for e in info["executors"]:  # --engines reaches every executor; no GPU asked, none given
+        argv = Path(f"/proc/{e['pid']}/cmdline").read_bytes().split(b"\0")
+        assert argv[argv.index(b"--engines") + 1] == b"auto" and b"--memory-engine" not in argv
     token = (home / "token").read_text().strip()
     assert info["url"] in r.stdout and token not in r.stdout and "--show-token" in r.stdout
     for f in ("token", "secret", "cluster.json"):
@@ -151,6 +154,27 @@ def test_bad_options_fail_before_starting_anything(home: Path) -> None:
     assert not (home / "cluster.json").exists() and not _pids_of(home)
     r = _cli(home, "up", "--etcd", "zookeeper://x")
     assert r.returncode == 1 and "etcd://HOST:PORT" in r.stdout
+    r = _cli(home, "up", "--engines", "numpy,nosuch")
+    assert r.returncode == 1 and "unknown op engine 'nosuch'" in r.stdout and "'numpy'" in r.stdout
+    r = _cli(home, "up", "--gpus", "3", "--executors", "2")
+    assert r.returncode == 1 and "--gpus 3 needs at least 3 executors" in r.stdout
+    assert not (home / "cluster.json").exists() and not _pids_of(home)
+
+
+def test_gpus_where_cupy_or_a_gpu_is_missing_fail_in_one_line_naming_it(home: Path) -> None:
+    from triplane.engines.op.cupy_engine import gpu_available
+
+    ok, why = gpu_available()
+    if ok:
+        pytest.skip("this machine has cupy and a GPU: nothing is missing")
+    missing = "cupy is not installed" if "not installed" in why else "cupy finds no"
+    for args, what in ((["--gpus", "1"], "--gpus 1"), (["--engines", "cupy", "--executors", "1"],
+                                                       "--engines cupy")):
+        r = _cli(home, "up", *args)
+        assert r.returncode == 1, r.stdout + r.stderr
+        assert f"triplane up failed: {what} needs cupy and a GPU: {missing}" in r.stdout, r.stdout
+        assert "Traceback" not in r.stdout + r.stderr
+    assert not (home / "cluster.json").exists() and not _pids_of(home)
 
 
 def test_a_failing_executor_makes_start_fail_clearly_and_stop_everything(home: Path) -> None:

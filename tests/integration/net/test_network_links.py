@@ -8,8 +8,10 @@ sockets on 127.0.0.1; every wait is bounded.
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
+from plugin_sites import write_network_plugins
 
 from triplane.engines.network.measure import probe_handler
 from triplane.engines.network.tcp import TcpEngine
@@ -114,3 +116,45 @@ def test_an_executor_refuses_a_network_engine_that_is_not_one(monkeypatch: pytes
     with pytest.raises(TypeError, match=r"network engine 'bogus' \(object\) does not implement the "
                                         r"NetworkEngine protocol: name: missing"):
         Executor(MemoryBackend(), SECRET, memory_bytes=1 << 20, network_engines=("bogus",))
+
+
+def test_the_network_engine_named_measures_the_links_and_a_bad_one_is_isolated(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(write_network_plugins(tmp_path / "site")))  # entry points only
+
+    async def go() -> None:
+        store = MemoryStore()
+        execs = [Executor(MemoryBackend(store), SECRET, memory_bytes=64 << 20, name=name, benchmark_size=64,
+                          link_interval_s=0.2, network_engines=(first, "tcp", "udp"))
+                 for name, first in (("a", "slowtcp"), ("b", "slowtcp"), ("c", "nodriver"))]
+        for e in execs:
+            await e.start()
+        try:
+            backend = MemoryBackend(store)
+            served = {(n.node, n.engine) for n in await list_network_engines(backend)}
+            assert {("a", "slowtcp"), ("b", "slowtcp"), ("c", "tcp")} <= served
+            assert ("c", "nodriver") not in served
+            links = await _wait_links(backend, 4)
+            pairs = {(ln.node, ln.peer): ln for ln in links}
+            for src, dst in (("a", "b"), ("b", "a")):  # through the plugin: 30 ms each way, at least
+                assert pairs[src, dst].engine == "slowtcp" and pairs[src, dst].latency_us >= DELAY_MS * 1e3
+            assert {pairs["c", p].engine for p in ("a", "b")} == {"tcp"}  # its plugin isolated: tcp measures
+            assert pairs["c", "a"].latency_us < DELAY_MS * 1e3
+            problems = execs[2].stats()["plugins"]
+            assert [(p["kind"], p["name"]) for p in problems] == [("network", "nodriver")]
+            assert "libverbs.so.1 not found" in problems[0]["message"]
+        finally:
+            for e in execs:
+                await e.stop()
+
+    asyncio.run(asyncio.wait_for(go(), 60))
+
+
+def test_an_unknown_network_engine_is_a_usage_error_listing_the_known(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from triplane.executor.cli import run_executor
+
+    monkeypatch.setenv("TRIPLANE_SECRET", SECRET.decode() * 2)
+    assert run_executor("memory://", network_engine="rdma") == 2
+    err = capsys.readouterr().err
+    assert "unknown network engine 'rdma' (known: [" in err and "'tcp'" in err, err

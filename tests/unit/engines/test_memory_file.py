@@ -57,6 +57,18 @@ def test_a_tile_another_process_stored_is_read_on_demand(tmp_path):
     assert reader.used() == 0  # not its tile: not counted
 
 
+def test_a_tile_another_process_stored_is_deleted_by_a_release_here(tmp_path):
+    writer, other = FileMemoryEngine(1 << 20, path=tmp_path), FileMemoryEngine(1 << 20, path=tmp_path)
+    writer.put("job.t:0", np.arange(4.0))  # after `other` was made: it did not count it
+    assert "job.t:0" in other and other.used() == 0
+    other.delete("job.t:0")
+    assert "job.t:0" not in FileMemoryEngine(1 << 20, path=tmp_path)
+    with pytest.raises(MissingTileError):
+        writer.get("job.t:0")
+    assert other.used() == 0
+    other.delete("job.t:0")  # still idempotent
+
+
 def test_the_registry_makes_a_file_engine_by_name(tmp_path):
     m = get_memory_engine("file", capacity=1000, path=str(tmp_path))
     assert isinstance(m, FileMemoryEngine) and m.kind == "file" and m.path == tmp_path

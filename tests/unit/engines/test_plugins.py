@@ -115,7 +115,9 @@ def test_the_kit_command_names_the_op_dtype_and_error_of_a_broken_engine(tmp_pat
 
 def test_the_kit_command_lists_the_known_engines_for_an_unknown_name() -> None:
     done = _kit("tpu9", [])
-    assert done.returncode == 2 and "unknown op engine 'tpu9' (known: ['cupy', 'numpy'])" in done.stdout
+    assert done.returncode == 2
+    assert "unknown engine 'tpu9' (known: op: ['cupy', 'numpy']; memory: [" in done.stdout
+    assert "network: ['tcp', 'udp']" in done.stdout
 
 
 # --- the C ABI's own checks ------------------------------------------------------------------
@@ -155,8 +157,8 @@ def _build(tmp_path: Path, name: str, *defines: str) -> Path:
 
 
 def test_the_abi_refuses_another_version_and_missing_symbols(tmp_path: Path) -> None:
-    with pytest.raises(AbiError, match="implements ABI version 2; this triplane loads version 1"):
-        CAbiEngine(_build(tmp_path, "v2", "VERSION=2", "OVERRUN=0"))
+    with pytest.raises(AbiError, match="implements ABI version 3; this triplane loads versions 1 and 2"):
+        CAbiEngine(_build(tmp_path, "v3", "VERSION=3", "OVERRUN=0"))
     with pytest.raises(AbiError, match="does not export tp_engine_run"):
         CAbiEngine(_build(tmp_path, "norun", "VERSION=1", "NO_RUN"))
 
@@ -175,6 +177,60 @@ def test_errors_come_back_as_codes_with_messages_and_overruns_are_caught(tmp_pat
     with pytest.raises(KernelError, match="wrote past the end of its 16-byte output") as e:
         bad.run("neg", [np.ones(4, np.float32)], Attrs(), out)
     assert e.value.kind == "infra"
+
+
+_CHAIN = r"""
+#include <string.h>
+#include "triplane_engine.h"
+struct tp_engine { int x; };
+static struct tp_engine one;
+uint32_t tp_abi_version(void) { return TRIPLANE_ENGINE_ABI_VERSION; }
+int tp_engine_create(const char *o, tp_engine **out, char *err, size_t n) {
+    (void)o; *out = &one; (void)err; (void)n; return 0; }
+void tp_engine_destroy(tp_engine *e) { (void)e; }
+const char *tp_engine_capabilities(tp_engine *e) {
+    (void)e; return "{\"name\": \"fma\", \"ops\": {\"mul\": [\"float32\"], \"add\": [\"float32\"]}}"; }
+/* claims mul then add (a fused multiply-add), nothing else */
+int32_t tp_engine_claim(tp_engine *e, const char *chain) {
+    (void)e; return strstr(chain, "[\"mul\", \"add\"") ? 2 : 0; }
+int tp_engine_run(tp_engine *e, const char *op, const char *a, int32_t n, const tp_buffer *in,
+                  tp_buffer *out, char *err, size_t len) {
+    (void)e; (void)a;
+    const float *x = in[0].data, *y = in[1].data; float *z = out->data;
+    int64_t k = out->nbytes / 4;
+    if (strcmp(op, "chain:mul+add") == 0 && n == 3) {
+        const float *w = in[2].data;
+        for (int64_t i = 0; i < k; i++) z[i] = x[i] * y[i] + w[i];
+    } else if (strcmp(op, "mul") == 0) { for (int64_t i = 0; i < k; i++) z[i] = x[i] * y[i]; }
+    else if (strcmp(op, "add") == 0) { for (int64_t i = 0; i < k; i++) z[i] = x[i] + y[i]; }
+    else { strncpy(err, op, len); return TP_ERR_UNSUPPORTED; }
+    return TP_OK;
+}
+"""
+
+
+def test_a_version_2_library_claims_a_fused_chain_and_runs_it_as_one_kernel(tmp_path: Path) -> None:
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    src, lib = tmp_path / "fma.c", tmp_path / "libfma.so"
+    src.write_text(_CHAIN)
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(lib), str(src), f"-I{header_path().parent}"],
+                   check=True)
+    fma = CAbiEngine(lib)
+    assert fma.abi_version == 2
+    assert fma.claim(["mul", "add"], "float32") == 2
+    assert fma.claim(["add", "mul"], "float32") == 0  # not claimed
+    assert fma.claim(["mul", "add"], "float64") == 0  # not a dtype it runs: not asked
+    x, y, w = (np.arange(6, dtype=np.float32) + i for i in range(3))
+    out = TensorType((6,), dt.float32)
+    got = fma.run_chain(["mul", "add"], [Attrs(), Attrs()], [x, y, w], out)
+    np.testing.assert_array_equal(got, x * y + w)
+    with pytest.raises(KernelError, match="does not claim the chain add\\+mul on float32") as e:
+        fma.run_chain(["add", "mul"], [Attrs(), Attrs()], [x, y, w], out)
+    assert e.value.kind == "infra"
+    old = CAbiEngine(_build(tmp_path, "v1", "VERSION=1", "OVERRUN=0"))  # version 1: no claims
+    assert old.abi_version == 1 and old.claim(["neg", "neg"], "float32") == 0
 
 
 # --- bad plugins are isolated ------------------------------------------------------------------

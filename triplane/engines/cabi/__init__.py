@@ -2,6 +2,6 @@
 :func:`header_path`) and :class:`CAbiEngine`, the one generic engine that loads a shared
 library implementing it."""
 
-from triplane.engines.cabi.engine import ABI_VERSION, AbiError, CAbiEngine, header_path
+from triplane.engines.cabi.engine import ABI_VERSION, ABI_VERSIONS, AbiError, CAbiEngine, header_path
 
-__all__ = ["ABI_VERSION", "AbiError", "CAbiEngine", "header_path"]
+__all__ = ["ABI_VERSION", "ABI_VERSIONS", "AbiError", "CAbiEngine", "header_path"]

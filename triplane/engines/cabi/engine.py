@@ -28,9 +28,10 @@ from triplane.proto import optable
 from triplane.proto.errors import KernelError, TriplaneError
 from triplane.proto.ir import TensorType
 
-__all__ = ["ABI_VERSION", "AbiError", "CAbiEngine", "header_path"]
+__all__ = ["ABI_VERSION", "ABI_VERSIONS", "AbiError", "CAbiEngine", "header_path"]
 
-ABI_VERSION = 1
+ABI_VERSION = 2  # the header's; libraries of version 1 (no tp_engine_claim) load too
+ABI_VERSIONS = (1, 2)
 _ERR_LEN = 1024
 _GUARD = 64  # bytes after the output that a kernel must not touch
 _GUARD_BYTE = 0xA5
@@ -90,9 +91,15 @@ class CAbiEngine:
             raise AbiError(f"cannot load {self.path}: {e}") from None
         _bind(self._lib, self.path)
         version = int(self._lib.tp_abi_version())
-        if version != ABI_VERSION:
+        if version not in ABI_VERSIONS:
             raise AbiError(f"{self.path} implements ABI version {version}; this triplane loads "
-                           f"version {ABI_VERSION}")
+                           f"versions {' and '.join(map(str, ABI_VERSIONS))}")
+        self.abi_version = version
+        # Optional since version 2: fused chains claimed in the manner of ONNX Runtime's
+        # GetCapability (claim, run_chain).
+        self._claim = getattr(self._lib, "tp_engine_claim", None) if version >= 2 else None
+        if self._claim is not None:
+            self._claim.argtypes, self._claim.restype = [ctypes.c_void_p, ctypes.c_char_p], ctypes.c_int32
         handle, err = ctypes.c_void_p(), ctypes.create_string_buffer(_ERR_LEN)
         rc = self._lib.tp_engine_create(json.dumps(dict(options or {})).encode(), ctypes.byref(handle),
                                         err, _ERR_LEN)
@@ -132,7 +139,36 @@ class CAbiEngine:
         if not self.supports(op, [a.dtype.name for a in arrays]):
             raise KernelError(f"engine {self.name!r} does not run {op} on "
                               f"{[a.dtype.name for a in arrays]}", op=op, kind="infra")
-        if _elementwise(op):
+        return self._call(op, arrays, attrs, out, broadcast=_elementwise(op))
+
+    def claim(self, ops: Sequence[str], dtype: str) -> int:
+        """How many of the leading ops of the chain ``ops`` (each after the first reads the
+        previous one's output as its first input; every input of ``dtype``) the library runs
+        as one kernel (``tp_engine_claim``); 0 when it fuses none of it, has no claim
+        function (ABI version 1) or does not run every op of the chain on ``dtype``."""
+        if self._claim is None or self._handle is None or len(ops) < 2:
+            return 0
+        if not all(self.supports(op, [dtype]) for op in ops):
+            return 0
+        n = int(self._claim(self._handle, json.dumps({"ops": list(ops), "dtype": dtype}).encode()))
+        return n if 2 <= n <= len(ops) else 0
+
+    def run_chain(self, ops: Sequence[str], attrs: Sequence[Mapping[str, Any]], inputs: Sequence[Any],
+                  out: TensorType) -> np.ndarray:
+        """Run a claimed chain as one kernel: ``tp_engine_run`` with op ``chain:<op>+<op>...``,
+        attributes ``{"attrs": [each op's]}`` and ``inputs`` (the first op's, then each later
+        op's other inputs, in order). KernelError (infra) for a chain it did not claim whole."""
+        arrays = [np.asarray(x) for x in inputs]
+        dtype = arrays[0].dtype.name if arrays else out.dtype.name
+        if self._handle is None or self.claim(ops, dtype) != len(ops):
+            raise KernelError(f"engine {self.name!r} does not claim the chain {'+'.join(ops)} on {dtype}",
+                              op=ops[0] if ops else "chain", kind="infra")
+        return self._call("chain:" + "+".join(ops), arrays, {"attrs": [dict(a) for a in attrs]}, out,
+                          broadcast=all(_elementwise(op) for op in ops))
+
+    def _call(self, op: str, arrays: list[np.ndarray], attrs: Mapping[str, Any], out: TensorType, *,
+              broadcast: bool) -> np.ndarray:
+        if broadcast:
             arrays = [np.broadcast_to(a, out.shape) for a in arrays]
         arrays = [np.ascontiguousarray(a) for a in arrays]
         shapes = [np.asarray(a.shape, dtype=np.int64) for a in arrays]

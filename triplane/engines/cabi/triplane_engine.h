@@ -1,4 +1,4 @@
-/* triplane op-engine C ABI, version 1.
+/* triplane op-engine C ABI, version 2 (version 1: the same without tp_engine_claim).
  *
  * A shared library exporting these functions is an op engine: the generic engine
  * triplane.engines.cabi.CAbiEngine loads it with ctypes. No Python is needed on the
@@ -16,7 +16,7 @@
 extern "C" {
 #endif
 
-#define TRIPLANE_ENGINE_ABI_VERSION 1u
+#define TRIPLANE_ENGINE_ABI_VERSION 2u
 
 /* Status codes. TP_ERR_INVALID is the data's fault (a user error, not retried); the
  * others are the engine's (the scheduler may run the task elsewhere). */
@@ -62,6 +62,16 @@ const char *tp_engine_capabilities(tp_engine *engine);
 int tp_engine_run(tp_engine *engine, const char *op, const char *attrs_json,
                   int32_t n_inputs, const tp_buffer *inputs, tp_buffer *out,
                   char *err, size_t err_len);
+
+/* Optional (version 2; a loader finds it by name): claim a fused chain, in the manner of
+ * ONNX Runtime's GetCapability. chain_json: {"ops": ["mul", "add", ...], "dtype": "float32"},
+ * a chain in which each op after the first reads the previous op's output as its first
+ * input, every input of that dtype. Returns how many of the leading ops the engine runs
+ * as one kernel (0 or 1: it fuses none). A claimed chain of k ops then comes to
+ * tp_engine_run as op "chain:mul+add" (the ops joined by '+'), attrs_json
+ * {"attrs": [<each op's attributes>]}, and the inputs: the first op's, then each later
+ * op's other inputs, in order. */
+int32_t tp_engine_claim(tp_engine *engine, const char *chain_json);
 
 #ifdef __cplusplus
 }

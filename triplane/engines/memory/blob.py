@@ -103,10 +103,15 @@ class BlobMemoryEngine(CacheAccounts):
         raise MissingTileError(f"no such tile: {key} (memory engine {self.name!r})")
 
     def delete(self, key: str) -> None:
+        """Forget tile ``key`` (idempotent). On a shared store (a directory, a redis server)
+        a tile another engine stored there is deleted too: a release by a process that did
+        not write it (the scheduler, for a holder that died) removes it."""
         with self._lock:
             n = self._tiles.pop(key, None)
             if n is not None:
                 self._used -= n
+                self._erase(key, False)
+            elif self._stored(key):
                 self._erase(key, False)
             self._drop_cached_locked(key)
 

@@ -60,6 +60,8 @@ class SpillingMemoryEngine(TileAccounts):
     The accounting (tiles of both tiers, reservations) is :class:`TileAccounts`'s; the cache
     entries are the fast tier's."""
 
+    persistent = False  # its fast tier's tiles die with the process: a reopen finds only spilled ones
+
     def __init__(self, capacity: int, memory: int | None = None, path: str | None = None,
                  primary: str | Any = "host", name: str = "spill") -> None:
         from triplane.engines.registry import get_memory_engine

@@ -15,21 +15,38 @@ given capacity::
         @pytest.fixture
         def make_memory_engine(self):
             return lambda capacity: MyEngine(capacity=capacity)
+
+From a shell, ``python -m triplane.engines.testing --engine NAME`` (or ``--kind memory``)
+runs the same tests on an installed engine, grouped into named checks (:data:`CHECKS`),
+and prints a table of pass, FAIL or skip with the first failure of each; built-ins that
+keep their tiles somewhere take ``--option`` (``--option url=redis://HOST:PORT/0``). Each
+engine the kit makes gets storage of its own (a new directory for a ``path``, a new key
+prefix for a ``prefix``), and a second engine over the same storage is the reopen check.
 """
 
 from __future__ import annotations
 
+import inspect
+import itertools
+import os
+import shutil
+import tempfile
 import threading
-from collections.abc import Callable
+import time
+import traceback
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
+from triplane.engines.checks import Check
 from triplane.engines.errors import MemoryFullError, MissingTileError
 from triplane.engines.protocols import MemoryEngine, mismatches
 
-__all__ = ["MemoryEngineConformance"]
+__all__ = ["CHECKS", "MemoryEngineConformance", "check_memory_engine", "memory_engine_makers"]
 
 Make = Callable[[int], Any]
 
@@ -207,6 +224,127 @@ class MemoryEngineConformance:
         m.put("gone", _arr(80))
         m.delete("gone")
         again = reopen_memory_engine(4096)
-        assert "job.t:0" in again and "gone" not in again
+        assert "job.t:0" in again, "a second engine over the same storage does not find the first one's tile"
+        assert "gone" not in again, "a second engine over the same storage finds a deleted tile"
         np.testing.assert_array_equal(_host(again, again.get("job.t:0")), _arr(800, 3.0))
         assert again.used() == 800 and again.keys() == ["job.t:0"]
+
+
+# The kit's named checks, each the mixin's tests it runs (in this order).
+CHECKS: dict[str, tuple[str, ...]] = {
+    "protocol": ("test_implements_every_member_of_the_protocol",),
+    "tiles": ("test_put_get_delete", "test_a_missing_tile_raises_missing_tile_error",
+              "test_dtypes_and_shapes_come_back_exactly", "test_a_stored_array_is_read_only"),
+    "accounting": ("test_accounting_is_honest_across_puts_replacements_deletes",
+                   "test_reservations_claim_bytes_until_put_or_release"),
+    "capacity": ("test_a_tile_that_does_not_fit_raises_memory_full",),
+    "cache entries": ("test_cache_entries_share_the_capacity_but_give_way_to_tiles",
+                      "test_an_entry_in_use_is_never_evicted", "test_cache_drop_forgets_an_entry"),
+    "concurrency": ("test_concurrent_use_from_threads_keeps_the_books",),
+    "reopen/persistence": ("test_a_persistent_engine_finds_its_tiles_again",),
+}
+
+
+def check_memory_engine(make: Make, reopen: Make | None = None) -> list[Check]:
+    """Every check of :data:`CHECKS` against ``make`` (a callable taking a capacity);
+    ``reopen`` makes a second engine over the last one's storage (None: not persistent,
+    that check is skipped). An engine that raises fails the check, naming the test and
+    the exception; it does not stop the kit."""
+    t = time.perf_counter()
+    try:
+        make(1 << 20)
+    except Exception as e:  # one line, not the same error under every check
+        return [Check("made", False, f"cannot be made: {type(e).__name__}: {e}", time.perf_counter() - t)]
+    kit = MemoryEngineConformance()
+    out = []
+    for name, tests in CHECKS.items():
+        t, problems, skipped = time.perf_counter(), [], []
+        for test in tests:
+            fn = getattr(kit, test)
+            try:
+                if "reopen_memory_engine" in inspect.signature(fn).parameters:
+                    fn(make, reopen)
+                else:
+                    fn(make)
+            except pytest.skip.Exception as e:
+                skipped.append(str(e.msg) if hasattr(e, "msg") else str(e))
+            except BaseException as e:  # AssertionError and whatever the engine raised
+                if isinstance(e, KeyboardInterrupt):
+                    raise
+                problems.append(f"{test.removeprefix('test_')}: {_why(e)}")
+        seconds = time.perf_counter() - t
+        if problems:
+            out.append(Check(name, False, "; ".join(problems), seconds))
+        else:
+            only_skips = len(skipped) == len(tests)
+            detail = "; ".join(skipped) if only_skips else ""
+            out.append(Check(name, True, detail, seconds, skipped=only_skips))
+    return out
+
+
+def _why(e: BaseException) -> str:
+    """The exception in one line; a bare failed ``assert`` names its line of this kit."""
+    words = str(e).strip().splitlines()
+    if words:
+        return f"{type(e).__name__}: {words[0]}"
+    frames = [f for f in traceback.extract_tb(e.__traceback__) if f.filename == __file__]
+    return f"{type(e).__name__} at `{frames[-1].line}`" if frames and frames[-1].line else type(e).__name__
+
+
+@contextmanager
+def memory_engine_makers(name: str, options: Mapping[str, Any] | None = None
+                         ) -> Iterator[tuple[Make, Make | None]]:
+    """(make, reopen) for the installed memory engine ``name`` made with ``options``
+    (keyword arguments of its factory). Where the factory takes a ``path`` or a ``prefix``
+    each engine made gets a fresh one (under ``path`` / after ``prefix`` when given) and
+    ``reopen`` makes another over the last one's; otherwise ``reopen`` is None. On exit the
+    directories made are removed and the tiles left in the engines deleted."""
+    from triplane.engines.registry import engine_factory
+
+    factory = engine_factory("memory", name)
+    try:
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        params = {}  # type: ignore[assignment]
+    options = dict(options or {})
+    root = Path(options.pop("path")) if "path" in params and "path" in options else None
+    scratch = tempfile.mkdtemp(prefix="triplane-kit-") if "path" in params and root is None else None
+    base = str(options.pop("prefix", "triplane-kit")) if "prefix" in params else ""
+    counter, last, made = itertools.count(), {}, []
+
+    def storage() -> dict[str, Any]:
+        n = f"{os.getpid()}-{next(counter)}"
+        if "path" in params:
+            return {"path": str((root or Path(str(scratch))) / f"kit-{n}")}
+        if "prefix" in params:
+            return {"prefix": f"{base}-{n}"}
+        return {}
+
+    def make(capacity: int) -> Any:
+        last.clear()
+        last.update(storage())
+        engine = factory(capacity=capacity, **options, **last)
+        made.append(engine)
+        return engine
+
+    def again(capacity: int) -> Any:
+        engine = factory(capacity=capacity, **options, **last)
+        made.append(engine)
+        return engine
+
+    try:
+        # An engine over a directory or key prefix is reopened unless it says it is not
+        # persistent (a spilling engine: its fast tier dies with the process).
+        persistent = ("path" in params or "prefix" in params) and getattr(factory, "persistent", True)
+        yield make, (again if persistent else None)
+    finally:
+        for engine in made:
+            try:
+                for key in list(engine.keys()):
+                    engine.delete(key)
+                for key in list(engine.cache_keys()):
+                    engine.cache_drop(key)
+            except Exception:  # an engine that broke while checked: nothing more to tidy
+                pass
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)

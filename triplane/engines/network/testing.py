@@ -27,9 +27,9 @@ import random
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 
+from triplane.engines.checks import Check, check_table
 from triplane.engines.errors import UnknownEngineError
 from triplane.engines.network.base import NetworkEngine, NetworkEngineError
 from triplane.engines.network.measure import measure, probe_handler
@@ -41,16 +41,6 @@ __all__ = ["CHECKS", "Check", "NetworkEngineConformance", "check_engine", "main"
 Make = Callable[[], Any]
 SIZES = (0, 1, 1000, 40_000, 300_000)
 _HOST = "127.0.0.1"
-
-
-@dataclass(frozen=True)
-class Check:
-    """One check's outcome: its name, whether it passed, what it saw, how long it took."""
-
-    name: str
-    ok: bool
-    detail: str
-    seconds: float
 
 
 async def _echo(frame: bytes) -> bytes:
@@ -190,9 +180,7 @@ def check_engine(make: Make | str) -> list[Check]:
 
 def table(engine: str, checks: list[Check]) -> str:
     """The checks as a text table (one row each)."""
-    rows = [f"network engine {engine}", f"{'check':<18} {'result':<6} {'s':>6}  detail"]
-    rows += [f"{c.name:<18} {'pass' if c.ok else 'FAIL':<6} {c.seconds:>6.2f}  {c.detail}" for c in checks]
-    return "\n".join(rows)
+    return check_table(f"conformance of network engine {engine!r}", checks)
 
 
 def main(argv: list[str] | None = None) -> int:

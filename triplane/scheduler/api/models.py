@@ -221,6 +221,14 @@ class Link(BaseModel):
     measured_at: float
 
 
+class PluginProblem(BaseModel):
+    """A plugin the node isolated (docs/plugins.md)."""
+
+    kind: str = Field(description="op, memory, network or ops")
+    name: str
+    message: str
+
+
 class Node(BaseModel):
     node: str
     address: str
@@ -238,6 +246,7 @@ class Node(BaseModel):
     drained: bool = Field(description="an admin drained it: no new tasks go there")
     drained_at: float | None
     links: list[Link] = Field(default_factory=list, description="per-pair network figures it measured")
+    plugins: list[PluginProblem] = Field(default_factory=list, description="plugins it isolated")
 
 
 class Engine(BaseModel):

@@ -74,6 +74,9 @@ class SubmitJob(Event):
     done: tuple[tuple[str, str], ...] = ()
     deadline: float | None = None
     persist: str | None = None  # its tiles are kept by the persistence target of this kind
+    # (task, first attempt) of tasks run again after their job had ended (lineage.py): a
+    # new attempt number, so that no executor answers the run from its replay memory
+    attempts: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -140,6 +140,8 @@ class DispatchState:
                         deadline=ev.deadline, submitted=ev.now, persist=ev.persist)
         if ev.deadline is not None:
             heapq.heappush(self._job_deadlines, (ev.deadline, ev.job))
+        for task_id, attempt in ev.attempts:
+            tasks[task_id].attempt = attempt
         for task_id, node in ev.done:
             t = tasks[task_id]  # KeyError for an unknown task: a caller bug
             t.state, t.node = DONE, node
