@@ -39,6 +39,7 @@ from triplane.metadb.errors import (
 from triplane.metadb.events import max_event_seq, stream_events
 from triplane.metadb.jobs import (
     create_job,
+    insert_job,
     get_graph,
     get_job,
     get_plan,
@@ -92,7 +93,7 @@ __all__ = [
     "head_revision", "migrate", "open_db",
     "BatchWriteError", "ConflictError", "InvalidInputError", "MetaDBError", "NotFoundError",
     "PayloadTooLargeError", "SchemaError", "UnknownJobError", "UnknownTaskError",
-    "create_job", "get_graph", "get_job", "get_plan", "list_jobs", "put_graph", "set_job_state",
+    "create_job", "insert_job", "get_graph", "get_job", "get_plan", "list_jobs", "put_graph", "set_job_state",
     "upsert_plan",
     "EventInfo", "GraphInfo", "JobInfo", "NewEvent", "NewTask", "PlanInfo", "ResumeJob", "TaskInfo",
     "TileInfo", "TileLocation",

@@ -86,6 +86,27 @@ def insert_tasks(session: Session, job_id: str, tasks: Iterable[NewTask]) -> int
     A task id repeated in ``tasks`` or already stored raises ConflictError (nothing inserted).
     """
     require_jobs(session, [job_id])
+    rows, seen = task_rows(job_id, tasks)
+    if not rows:
+        return 0
+    # A new job (the usual case) has no tasks yet: one indexed probe instead of a 10^4-id IN.
+    has_tasks = session.scalars(sa.select(Task.task_id).where(Task.job_id == job_id).limit(1)).first()
+    clash = None if has_tasks is None else session.scalars(sa.select(Task.task_id).where(
+        Task.job_id == job_id, Task.task_id.in_(seen)).limit(1)).first()
+    if clash is not None:
+        raise ConflictError(f"task {clash!r} of job {job_id!r} already exists")
+    insert_many(session.connection(), Task.__table__, TASK_COLUMNS, rows)
+    session.execute(sa.update(Job).where(Job.id == job_id).values(
+        tasks_total=Job.tasks_total + len(rows), updated_at=time.time()))
+    return len(rows)
+
+
+TASK_COLUMNS = ("job_id", "task_id", "op", "state", "attempt", "node", "predicted_s")
+
+
+def task_rows(job_id: str, tasks: Iterable[NewTask]) -> tuple[list[tuple[Any, ...]], set[str]]:
+    """The checked ``TASK_COLUMNS`` values of new tasks, and their ids; ConflictError for
+    an id given twice."""
     rows: list[tuple[Any, ...]] = []
     seen: set[str] = set()
     # The checks of validate.py, inlined for the common case (a job of 10^4 tasks is
@@ -109,19 +130,7 @@ def insert_tasks(session: Session, job_id: str, tasks: Iterable[NewTask]) -> int
         if predicted is not None and not (type(predicted) is float and math.isfinite(predicted)):
             predicted = v.check_time("predicted_s", predicted)
         rows.append((job_id, tid, op, t.state, 0, node, predicted))
-    if not rows:
-        return 0
-    # A new job (the usual case) has no tasks yet: one indexed probe instead of a 10^4-id IN.
-    has_tasks = session.scalars(sa.select(Task.task_id).where(Task.job_id == job_id).limit(1)).first()
-    clash = None if has_tasks is None else session.scalars(sa.select(Task.task_id).where(
-        Task.job_id == job_id, Task.task_id.in_(seen)).limit(1)).first()
-    if clash is not None:
-        raise ConflictError(f"task {clash!r} of job {job_id!r} already exists")
-    insert_many(session.connection(), Task.__table__,
-                ("job_id", "task_id", "op", "state", "attempt", "node", "predicted_s"), rows)
-    session.execute(sa.update(Job).where(Job.id == job_id).values(
-        tasks_total=Job.tasks_total + len(rows), updated_at=time.time()))
-    return len(rows)
+    return rows, seen
 
 
 def get_task(session: Session, job_id: str, task_id: str) -> TaskInfo:
