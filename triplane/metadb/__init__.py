@@ -39,10 +39,10 @@ from triplane.metadb.errors import (
 from triplane.metadb.events import max_event_seq, stream_events
 from triplane.metadb.jobs import (
     create_job,
-    insert_job,
     get_graph,
     get_job,
     get_plan,
+    insert_job,
     list_jobs,
     put_graph,
     set_job_labels,

@@ -149,10 +149,11 @@ def insert_job(session: Session, *, graph_hash: str, graph_json: bytes, fetch: S
     conn = session.connection()
     mark = "?" if conn.dialect.paramstyle == "qmark" else "%s"
     added = conn.exec_driver_sql(
-        f"INSERT INTO graphs (hash, canonical, node_count, created_at) VALUES ({mark}, {mark}, {mark}, {mark}) "
+        f"INSERT INTO graphs (hash, canonical, node_count, created_at) VALUES ({', '.join([mark] * 4)}) "
         "ON CONFLICT (hash) DO NOTHING", (graph_hash, canonical, count, now)).rowcount
     if added != 1:  # stored before: the same bytes, or a collision
-        (stored,) = conn.exec_driver_sql(f"SELECT canonical FROM graphs WHERE hash = {mark}", (graph_hash,)).one()
+        (stored,) = conn.exec_driver_sql(f"SELECT canonical FROM graphs WHERE hash = {mark}",
+                                         (graph_hash,)).one()
         if bytes(stored) != canonical:
             raise ConflictError(f"graph hash {graph_hash!r} is already stored with different bytes")
     try:

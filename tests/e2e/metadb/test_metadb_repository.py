@@ -284,7 +284,8 @@ def test_insert_job_stores_what_create_job_insert_tasks_and_add_events_do(db: Me
     assert (fast.state, fast.fetch, fast.owner, fast.tasks_total, fast.created_at) == \
         ("running", ("y",), "tok-1", 2, 123.5)
     assert (fast.graph_hash, fast.name, fast.tags, fast.error) == (slow.graph_hash, None, (), None)
-    assert [(t.task_id, t.state, t.predicted_s) for t in tasks] == [("t0", "ready", 0.01), ("t1", "pending", None)]
+    assert [(t.task_id, t.state, t.predicted_s) for t in tasks] == \
+        [("t0", "ready", 0.01), ("t1", "pending", None)]
     assert (ev.kind, ev.payload, ev.at) == ("job.bindings", {"args": ["u-1"]}, 123.5)
     assert [t.task_id for t in resumable["j-fast"].tasks] == ["t0", "t1"]  # a restart resumes it
     with pytest.raises(mdb.ConflictError, match="already exists"), db.transaction() as s:
