@@ -21,9 +21,9 @@ from sqlalchemy.orm import Session
 from triplane.metadb import validate as v
 from triplane.metadb.errors import ConflictError, InvalidInputError, NotFoundError, UnknownJobError
 from triplane.metadb.fast import insert_many, json_text
-from triplane.metadb.models import Event, Graph, Job, JobTag, Plan, Task
+from triplane.metadb.models import Graph, Job, JobTag, Plan, Task
 from triplane.metadb.records import GraphInfo, JobInfo, NewEvent, NewTask, PlanInfo
-from triplane.metadb.tasks import TASK_COLUMNS, event_row, task_rows
+from triplane.metadb.tasks import TASK_COLUMNS, event_row, insert_event_rows, task_rows
 
 
 def upsert_insert(session: Session, table: Any) -> Any:
@@ -163,13 +163,11 @@ def insert_job(session: Session, *, graph_hash: str, graph_json: bytes, fetch: S
     except sa.exc.IntegrityError:
         raise ConflictError(f"job id {job_id!r} already exists") from None
     insert_many(conn, Task.__table__, TASK_COLUMNS, rows)
-    insert_many(conn, Event.__table__, EVENT_COLUMNS, [tuple(
-        json_text(e[c]) if c == "payload" else e[c] for c in EVENT_COLUMNS) for e in evs])
+    insert_event_rows(conn, evs)
 
 
 JOB_COLUMNS = ("id", "state", "graph_hash", "plan_id", "fetch", "error", "owner", "name", "tags",
                "tasks_total", "tasks_done", "tasks_failed", "created_at", "updated_at")
-EVENT_COLUMNS = ("job_id", "task_id", "kind", "stimulus_id", "at", "payload", "seq", "node")
 
 
 def set_job_labels(session: Session, job_id: str, name: str | None, tags: Sequence[str]) -> JobInfo:

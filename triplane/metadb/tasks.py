@@ -322,9 +322,27 @@ def add_events(session: Session, events: Iterable[NewEvent], *, now: float | Non
     rows = [event_row(e, t) for e in events]
     if not rows:
         return 0
-    require_jobs(session, {r["job_id"] for r in rows if r["job_id"] is not None})
-    session.execute(sa.insert(Event.__table__), rows)
+    conn = session.connection()
+    wanted = {r["job_id"] for r in rows if r["job_id"] is not None}
+    if len(wanted) > 64:
+        require_jobs(session, wanted)
+    elif wanted:  # the usual case (a job's event on the request path): one driver-level probe
+        mark = "?" if conn.dialect.paramstyle == "qmark" else "%s"
+        found = {r[0] for r in conn.exec_driver_sql(
+            f"SELECT id FROM jobs WHERE id IN ({', '.join([mark] * len(wanted))})", tuple(wanted))}
+        if found != wanted:
+            raise UnknownJobError(min(wanted - found))
+    insert_event_rows(conn, rows)
     return len(rows)
+
+
+EVENT_COLUMNS = ("job_id", "task_id", "kind", "stimulus_id", "at", "payload", "seq", "node")
+
+
+def insert_event_rows(conn: sa.Connection, rows: Iterable[dict[str, Any]]) -> None:
+    """INSERT checked event rows (``event_row``'s), their jobs known to exist."""
+    insert_many(conn, Event.__table__, EVENT_COLUMNS, [tuple(
+        json_text(r[c]) if c == "payload" else r[c] for c in EVENT_COLUMNS) for r in rows])
 
 
 def list_events(session: Session, job_id: str, *, task_id: str | None = None, after_id: int = 0,
