@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -127,6 +127,31 @@ class Keeper:
 
     def pending(self) -> int:
         return len(self._queue)
+
+    def take(self, kind: str, limit: int) -> list[str]:
+        """Up to ``limit`` queued releases of ``kind``, off the queue: a submit carries them
+        (``release`` of ``POST /v1/jobs``) instead of a request each. :meth:`put_back`
+        returns them if that submit fails."""
+        taken: list[str] = []
+        others: list[tuple[str, str]] = []
+        if not self._lock.acquire(blocking=False):
+            return taken  # the thread is sending them: the submit does not wait for it
+        try:
+            while self._queue and len(taken) < limit:
+                k, ident = self._queue.popleft()
+                if k == kind:
+                    taken.append(ident)
+                else:
+                    others.append((k, ident))
+            self._queue.extendleft(reversed(others))
+        finally:
+            self._lock.release()
+        return taken
+
+    def put_back(self, kind: str, idents: Sequence[str]) -> None:
+        """Queue again releases :meth:`take` took (their submit did not arrive)."""
+        for ident in idents:
+            self.queue(kind, ident)
 
     def flush(self, *, give_up_on_error: bool = False) -> None:
         """Send every queued release now (``disconnect`` and tests). With
