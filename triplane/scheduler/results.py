@@ -303,7 +303,10 @@ class Results:
         """Delete an upload's files and its cache entries on the executors known to keep
         them (residency); whether the store knew it. An executor that keeps a copy the
         scheduler did not learn of evicts it as any cache entry, when memory is asked."""
-        known = await asyncio.to_thread(self.store.delete, upload)
+        # a compiled step's inline input: its deletion only queues behind its write, so no
+        # worker-thread hop for it
+        known = self.store.delete(upload) if self.store.deletes_behind(upload) else \
+            await asyncio.to_thread(self.store.delete, upload)
         await self._delete_tiles(upload, self.cluster.residency.drop(upload))
         return known
 
