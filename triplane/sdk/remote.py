@@ -69,6 +69,7 @@ log = logging.getLogger(__name__)
 
 TERMINAL = ("done", "failed", "cancelled")
 MAX_RELEASE = 1000  # job releases one submit carries (the scheduler's bound, api/waiting.py)
+CARRY_S = 1.0  # ... and how long one waits for a submit before the keeper sends a DELETE
 
 class RemoteSession:
     """Evaluates graphs on the cluster whose scheduler answers at ``url``.
@@ -118,7 +119,7 @@ class RemoteSession:
         self._closed = False
         self.last_job: str | None = None
         self.last_stats: dict[str, Any] = {}
-        self._carry_releases = release  # job releases ride on the next submit (_post_releasing)
+        self.keeper.carry_s = CARRY_S if release else 0.0  # job releases ride on submits (_post_releasing)
         _open_sessions.add(self)
 
     # --- the session protocol ------------------------------------------------------------
@@ -331,9 +332,8 @@ class RemoteSession:
         return dict(answer)
 
     def _post_releasing(self, body: dict[str, Any], waits: bool) -> httpx.Response:
-        """``POST /v1/jobs`` with the queued job releases (``release``, freed once it is answered:
-        a step releases the step before without a ``DELETE``); requeued if the submit fails."""
-        release = self.keeper.take("jobs", MAX_RELEASE) if self._carry_releases else []
+        """``POST /v1/jobs`` carrying the queued job releases (a step frees the one before)."""
+        release = self.keeper.take("jobs", MAX_RELEASE) if self.keeper.carry_s else []
         if not release:
             return self._post_job(body, waits)
         try:
@@ -342,7 +342,7 @@ class RemoteSession:
             self.keeper.put_back("jobs", release)
             if e.status != 400 or "'release'" not in str(e):
                 raise
-            self._carry_releases = False
+            self.keeper.carry_s = 0.0  # a scheduler that predates "release": DELETEs from now on
         except BaseException:
             self.keeper.put_back("jobs", release)
             raise
