@@ -384,8 +384,11 @@ class Scheduler(Leading):
 
     async def _release_job(self, job: str) -> dict[str, Any]:
         body = await self.jobs.cancel(job)
-        for upload in self._inline.pop(job, ()):
-            await self.release_upload(upload)
+        inline = self._inline.pop(job, ())
+        for upload in inline:
+            self.sessions.untag_upload(upload)
+        if inline:
+            await self.results.release_uploads(inline)
         return body
 
     async def end_session(self, sid: str) -> Held:
