@@ -106,6 +106,12 @@ class Owners:
             self._cache.popitem(last=False)
         return owner
 
+    def remember(self, job: str, owner: str | None) -> None:
+        """A job submitted here: its owner known without a read (the next step releases it)."""
+        self._cache[job] = owner
+        if len(self._cache) > self.size:
+            self._cache.popitem(last=False)
+
     def check(self, p: Principal, job: str) -> None:
         """403 unless ``p`` may see ``job``: admin and read see every job, a submit token only
         its own. An unknown job passes, so that the route answers its 404."""
@@ -239,6 +245,7 @@ def create_app(
             owners.check(p, ref.partition(":")[0])
         if isinstance(parsed, BoundRequest):  # a compiled step: new inputs for a known plan
             body_out = await scheduler.submit_bound(*parsed, owner=p.name)
+            owners.remember(body_out["id"], p.name)
             if lease is not None:
                 scheduler.sessions.tag_job(lease, body_out["id"])
             answer = {"id": body_out["id"], "state": body_out["state"]}
