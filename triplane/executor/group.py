@@ -6,7 +6,10 @@ normalised and output type inferred from the declared input types (the sender's 
 are never trusted: they are re-inferred here, as for a single task), the engine's support
 checked, and for each step the values that die after it -- and keeps the result in a
 small LRU keyed by the program text. A training loop sends the same program every step,
-so a step costs one dict lookup before its kernels run.
+so a step costs one dict lookup before its kernels run. An engine with ``bind`` (the numpy
+engine's, as ``executor/local.py``'s ``KernelList`` uses it) has each kernel call prepared
+then too -- a small fused program planned once, no lookups per call -- and the steps run
+under one ``np.errstate`` (``engine.run`` sets it per kernel).
 
 Failures are :class:`GroupError` with the ``kind`` of a task failure (``user``: fails
 the job; ``infra``: the task drifts whole to another node) and ``at``, the id of the
@@ -45,6 +48,7 @@ class Step(NamedTuple):
     attrs: Any
     out: TensorType
     free: tuple[int, ...]  # slots no later step reads (never an output's)
+    call: Any = None  # the engine's bound kernel (``bind``), else None: ``engine.run``
 
 
 class Prepared(NamedTuple):
@@ -80,6 +84,7 @@ def prepare(text: Any, n_in: int, n_out: int, engine: Any) -> Prepared:
             dead[i].append(s)
     steps = []
     touched = sum(t.nbytes for t in in_types)
+    bind = getattr(engine, "bind", None)
     for i, n in enumerate(prog.nodes):
         try:
             op_def = optable.get(n.op)
@@ -91,9 +96,10 @@ def prepare(text: Any, n_in: int, n_out: int, engine: Any) -> Prepared:
         if not engine.supports(n.op, in_dtypes):
             raise GroupError("infra", f"engine {engine.name!r} does not support {n.op} on {in_dtypes}",
                              n.id, n.op)
+        call = bind(n.op, attrs, out_t, [types[s] for s in n.inputs]) if bind is not None else None
         types.append(out_t)
         touched += out_t.nbytes
-        steps.append(Step(n.id, n.op, n.inputs, attrs, out_t, tuple(dead[i])))
+        steps.append(Step(n.id, n.op, n.inputs, attrs, out_t, tuple(dead[i]), call))
     return Prepared(in_types, tuple(steps), prog.out, tuple(types[s] for s in prog.out),
                     frozenset(n.op for n in prog.nodes), touched)
 
@@ -135,15 +141,18 @@ def run_prepared(prep: Prepared, inputs: Sequence[np.ndarray], engine: Any) -> l
     run = engine.run
     values: dict[int, np.ndarray] = dict(enumerate(inputs))
     slot = len(inputs)
-    for step in prep.steps:
-        try:
-            values[slot] = run(step.op, [values[s] for s in step.inputs], step.attrs, step.out)
-        except KernelError as e:
-            raise GroupError("infra" if e.kind == "infra" else "user", str(e), step.id, step.op) from None
-        except Exception as e:
-            raise GroupError("infra", f"engine {engine.name!r} crashed: {type(e).__name__}: {e}",
-                             step.id, step.op) from None
-        slot += 1
-        for s in step.free:
-            del values[s]
+    with np.errstate(all="ignore"):  # as engine.run sets it per kernel; the bound calls need it
+        for step in prep.steps:
+            try:
+                args = [values[s] for s in step.inputs]
+                call = step.call
+                values[slot] = run(step.op, args, step.attrs, step.out) if call is None else call(args)
+            except KernelError as e:
+                raise GroupError("infra" if e.kind == "infra" else "user", str(e), step.id, step.op) from None
+            except Exception as e:
+                raise GroupError("infra", f"engine {engine.name!r} crashed: {type(e).__name__}: {e}",
+                                 step.id, step.op) from None
+            slot += 1
+            for s in step.free:
+                del values[s]
     return [values[s] for s in prep.out]

@@ -80,11 +80,10 @@ def insert_many(conn: sa.Connection, table: sa.FromClause, columns: Sequence[str
         tail = f" ON CONFLICT ({', '.join(_names(conn, conflict))}) DO UPDATE SET {sets}"
     one = f"({', '.join([mark] * len(cols))})"
     per = max(1, _max_values(conn) // len(cols))
-    full_sql = head + ", ".join([one] * per) + tail
     chunks = [rows[i:i + per] for i in range(0, len(rows), per)]
     whole = [tuple(v for row in c for v in row) for c in chunks if len(c) == per]
-    if whole:
-        conn.exec_driver_sql(full_sql, whole)
+    if whole:  # (the text of a full statement is built only when one is sent: ~50 us)
+        conn.exec_driver_sql(head + ", ".join([one] * per) + tail, whole)
     rest = chunks[-1] if len(chunks[-1]) < per else None
     if rest:
         flat = tuple(v for row in rest for v in row)

@@ -86,6 +86,27 @@ def insert_tasks(session: Session, job_id: str, tasks: Iterable[NewTask]) -> int
     A task id repeated in ``tasks`` or already stored raises ConflictError (nothing inserted).
     """
     require_jobs(session, [job_id])
+    rows, seen = task_rows(job_id, tasks)
+    if not rows:
+        return 0
+    # A new job (the usual case) has no tasks yet: one indexed probe instead of a 10^4-id IN.
+    has_tasks = session.scalars(sa.select(Task.task_id).where(Task.job_id == job_id).limit(1)).first()
+    clash = None if has_tasks is None else session.scalars(sa.select(Task.task_id).where(
+        Task.job_id == job_id, Task.task_id.in_(seen)).limit(1)).first()
+    if clash is not None:
+        raise ConflictError(f"task {clash!r} of job {job_id!r} already exists")
+    insert_many(session.connection(), Task.__table__, TASK_COLUMNS, rows)
+    session.execute(sa.update(Job).where(Job.id == job_id).values(
+        tasks_total=Job.tasks_total + len(rows), updated_at=time.time()))
+    return len(rows)
+
+
+TASK_COLUMNS = ("job_id", "task_id", "op", "state", "attempt", "node", "predicted_s")
+
+
+def task_rows(job_id: str, tasks: Iterable[NewTask]) -> tuple[list[tuple[Any, ...]], set[str]]:
+    """The checked ``TASK_COLUMNS`` values of new tasks, and their ids; ConflictError for
+    an id given twice."""
     rows: list[tuple[Any, ...]] = []
     seen: set[str] = set()
     # The checks of validate.py, inlined for the common case (a job of 10^4 tasks is
@@ -109,19 +130,7 @@ def insert_tasks(session: Session, job_id: str, tasks: Iterable[NewTask]) -> int
         if predicted is not None and not (type(predicted) is float and math.isfinite(predicted)):
             predicted = v.check_time("predicted_s", predicted)
         rows.append((job_id, tid, op, t.state, 0, node, predicted))
-    if not rows:
-        return 0
-    # A new job (the usual case) has no tasks yet: one indexed probe instead of a 10^4-id IN.
-    has_tasks = session.scalars(sa.select(Task.task_id).where(Task.job_id == job_id).limit(1)).first()
-    clash = None if has_tasks is None else session.scalars(sa.select(Task.task_id).where(
-        Task.job_id == job_id, Task.task_id.in_(seen)).limit(1)).first()
-    if clash is not None:
-        raise ConflictError(f"task {clash!r} of job {job_id!r} already exists")
-    insert_many(session.connection(), Task.__table__,
-                ("job_id", "task_id", "op", "state", "attempt", "node", "predicted_s"), rows)
-    session.execute(sa.update(Job).where(Job.id == job_id).values(
-        tasks_total=Job.tasks_total + len(rows), updated_at=time.time()))
-    return len(rows)
+    return rows, seen
 
 
 def get_task(session: Session, job_id: str, task_id: str) -> TaskInfo:
@@ -313,9 +322,27 @@ def add_events(session: Session, events: Iterable[NewEvent], *, now: float | Non
     rows = [event_row(e, t) for e in events]
     if not rows:
         return 0
-    require_jobs(session, {r["job_id"] for r in rows if r["job_id"] is not None})
-    session.execute(sa.insert(Event.__table__), rows)
+    conn = session.connection()
+    wanted = {r["job_id"] for r in rows if r["job_id"] is not None}
+    if len(wanted) > 64:
+        require_jobs(session, wanted)
+    elif wanted:  # the usual case (a job's event on the request path): one driver-level probe
+        mark = "?" if conn.dialect.paramstyle == "qmark" else "%s"
+        found = {r[0] for r in conn.exec_driver_sql(
+            f"SELECT id FROM jobs WHERE id IN ({', '.join([mark] * len(wanted))})", tuple(wanted))}
+        if found != wanted:
+            raise UnknownJobError(min(wanted - found))
+    insert_event_rows(conn, rows)
     return len(rows)
+
+
+EVENT_COLUMNS = ("job_id", "task_id", "kind", "stimulus_id", "at", "payload", "seq", "node")
+
+
+def insert_event_rows(conn: sa.Connection, rows: Iterable[dict[str, Any]]) -> None:
+    """INSERT checked event rows (``event_row``'s), their jobs known to exist."""
+    insert_many(conn, Event.__table__, EVENT_COLUMNS, [tuple(
+        json_text(r[c]) if c == "payload" else r[c] for c in EVENT_COLUMNS) for r in rows])
 
 
 def list_events(session: Session, job_id: str, *, task_id: str | None = None, after_id: int = 0,

@@ -39,26 +39,29 @@ def store_job(db: mdb.MetaDB, plan: JobPlan, fetch: list[str], bindings: dict[st
     scheduler needs to compile it again."""
     cgraph = plan.graph
     assert cgraph is not None
+    tasks = [mdb.NewTask(t.id, t.op, "ready" if not t.deps else "pending", predicted_s=t.cost_s)
+             for t in plan.specs]
+    events = [mdb.NewEvent(plan.job, BINDINGS, at=now, payload=bindings)]
+    lay = plan.layout
     with db.transaction() as s:
+        if lay is None or lay.placement is None:  # a small job (a compiled step): a few statements
+            mdb.insert_job(s, graph_hash=cgraph.hash(), graph_json=cgraph.to_json(), fetch=fetch,
+                           tasks=tasks, events=events, owner=owner, job_id=plan.job, state="running",
+                           now=now, node_count=len(cgraph.nodes))
+            return
         mdb.create_job(s, graph_hash=cgraph.hash(), graph_json=cgraph.to_json(), fetch=fetch,
                        owner=owner, job_id=plan.job, state="running", now=now,
                        node_count=len(cgraph.nodes))
-        mdb.insert_tasks(s, plan.job, [
-            mdb.NewTask(t.id, t.op, "ready" if not t.deps else "pending", predicted_s=t.cost_s)
-            for t in plan.specs
-        ])
-        mdb.add_events(s, [mdb.NewEvent(plan.job, BINDINGS, at=now, payload=bindings)])
-        lay = plan.layout
-        if lay is not None and lay.placement is not None:
-            # The prediction on record, so the run's actual times can be set beside it.
-            doc = plan_document(plan.job, lay, plan.back, {}, complete=False)
-            info = mdb.upsert_plan(s, graph_hash=cgraph.hash(), plan=doc, now=now,
-                                   structure_hash=structure_hash(lay.figures),
-                                   predicted_makespan=lay.placement.makespan)
-            row = s.get(JobRow, plan.job)
-            if row is not None:
-                row.plan_id = info.id
-
+        mdb.insert_tasks(s, plan.job, tasks)
+        mdb.add_events(s, events)
+        # The prediction on record, so the run's actual times can be set beside it.
+        doc = plan_document(plan.job, lay, plan.back, {}, complete=False)
+        info = mdb.upsert_plan(s, graph_hash=cgraph.hash(), plan=doc, now=now,
+                               structure_hash=structure_hash(lay.figures),
+                               predicted_makespan=lay.placement.makespan)
+        row = s.get(JobRow, plan.job)
+        if row is not None:
+            row.plan_id = info.id
 
 
 def bindings_of(plan: JobPlan) -> dict[str, Any]:

@@ -45,7 +45,7 @@ from triplane.scheduler.cluster import ClusterView, Factors
 from triplane.scheduler.compiler.compile import ClusterSnapshot, compile_job
 from triplane.scheduler.compiler.group import GROUP_OP
 from triplane.scheduler.compiler.jobplan import JobPlan, TaskTemplate, unsupported_op
-from triplane.scheduler.compiler.pipeline import PlanCache
+from triplane.scheduler.compiler.pipeline import CompileOptions, PlanCache
 from triplane.scheduler.dispatch.shell import DispatchShell
 from triplane.scheduler.dispatch.state import CancelJob, JobFinished, SubmitJob
 from triplane.scheduler.earlier import BINDINGS, REBUILD_ERRORS, plan_again
@@ -67,6 +67,7 @@ RETAIN_FINISHED = 64  # finished jobs kept in memory; older ones are served from
 # metadb must find them all.
 RETAIN_MIN_S = 2.0
 MAX_FETCH = 10_000
+INLINE_COMPILE_NODES = 256  # a compiled step of at most this many nodes is laid out on the loop
 
 
 GradRequest = tuple[str, list[str]]  # a job's ``grad``: (of, wrt)
@@ -235,7 +236,13 @@ class Jobs:
                 return compile_job(cgraph, fetch_map, Refs.snapshot(cluster, held), cache=self.plans,
                                    args=[bind.get(a, a) for a in args], group=self.group)
 
-            plan = await self._with_refs(await asyncio.to_thread(compile_now), held, owner, compile_now)
+            # A small structure whose plan is cached lays out in a fraction of a millisecond:
+            # on the loop, without the worker-thread hop that cost more under load.
+            if len(cgraph.nodes) <= INLINE_COMPILE_NODES and self.plans.holds(cgraph, CompileOptions()):
+                plan = compile_now()
+            else:
+                plan = await asyncio.to_thread(compile_now)
+            plan = await self._with_refs(plan, held, owner, compile_now)
             return await self._start(plan, fetch, deadline_s, owner, engines, factors, held)
         except BaseException:
             self.refs.drop(held)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import defaultdict
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from triplane import metadb as mdb
@@ -326,8 +326,22 @@ class Results:
         """Delete an upload's files and its cache entries on the executors known to keep
         them (residency); whether the store knew it. An executor that keeps a copy the
         scheduler did not learn of evicts it as any cache entry, when memory is asked."""
-        known = await asyncio.to_thread(self.store.delete, upload)
-        await self._delete_tiles(upload, self.cluster.residency.drop(upload))
+        return (await self.release_uploads([upload]))[0]
+
+    async def release_uploads(self, uploads: Sequence[str]) -> list[bool]:
+        """:meth:`release_upload` of each, their cache entries deleted with one data-port
+        request per executor (a compiled step's inline inputs, when its job is released)."""
+        known: list[bool] = []
+        by_node: dict[str, list[str]] = defaultdict(list)
+        for upload in uploads:
+            # a compiled step's inline input: its deletion only queues behind its write, so
+            # no worker-thread hop for it
+            known.append(self.store.delete(upload) if self.store.deletes_behind(upload) else
+                         await asyncio.to_thread(self.store.delete, upload))
+            for node, tiles in self.cluster.residency.drop(upload).items():
+                by_node[node].extend(tiles)
+        if by_node:
+            await self._delete_tiles(uploads[0], dict(by_node))
         return known
 
     async def record_released(self, job: str) -> None:

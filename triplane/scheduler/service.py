@@ -56,7 +56,7 @@ from triplane.scheduler.dispatch.state import (
     Transitioned,
 )
 from triplane.scheduler.earlier import EarlierJobs
-from triplane.scheduler.errors import Conflict, SchedulerError, Standby
+from triplane.scheduler.errors import Conflict, NotFound, SchedulerError, Standby
 from triplane.scheduler.events import EventBus
 from triplane.scheduler.freeing import TileFreer
 from triplane.scheduler.jobs import RETAIN_FINISHED, Jobs, LiveJob
@@ -376,10 +376,24 @@ class Scheduler(Leading):
         self.sessions.untag_job(job)
         return await self._release_job(job)
 
+    async def release_jobs(self, jobs: Sequence[str]) -> None:
+        """The ``release`` of a job request (``api/waiting.py``): each job released as by
+        :meth:`release_job`; an unknown one is skipped, a failure logged."""
+        for job in jobs:
+            try:
+                await self.release_job(job)
+            except NotFound:
+                pass
+            except Exception as e:  # the answer is sent: nobody to tell but the log
+                log.warning("releasing job %s after a submit failed: %s", job, e)
+
     async def _release_job(self, job: str) -> dict[str, Any]:
         body = await self.jobs.cancel(job)
-        for upload in self._inline.pop(job, ()):
-            await self.release_upload(upload)
+        inline = self._inline.pop(job, ())
+        for upload in inline:
+            self.sessions.untag_upload(upload)
+        if inline:
+            await self.results.release_uploads(inline)
         return body
 
     async def end_session(self, sid: str) -> Held:

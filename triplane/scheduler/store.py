@@ -105,6 +105,7 @@ class TensorStore:
         # files of ``put(later=True)`` uploads: written (and deleted) in order by one thread
         self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tensor-store")
         self._writes: dict[str, Future[None]] = {}
+        self._behind: set[str] = set()  # put(later=True): their files are written and deleted by _io
         for meta in self.root.glob("u-*.json"):
             try:
                 d = json.loads(meta.read_text())
@@ -133,6 +134,7 @@ class TensorStore:
                 self._keep(tid, raw)
                 fut = self._io.submit(self._write, t, raw)
                 self._writes[tid] = fut
+                self._behind.add(tid)
                 fut.add_done_callback(lambda f, tid=tid: self._wrote(tid, f))
                 return t
             data = raw
@@ -229,7 +231,8 @@ class TensorStore:
         raw = self._small.pop(tid, None)
         if raw is not None:
             self._small_bytes -= len(raw)
-        if tid in self._writes:
+        if tid in self._writes or tid in self._behind:
+            self._behind.discard(tid)
             self._io.submit(self._unlink, tid)  # behind its write (one thread, in order)
         else:
             self._unlink(tid)
@@ -239,6 +242,11 @@ class TensorStore:
         for suffix in (".npy", ".json"):
             with contextlib.suppress(FileNotFoundError):
                 (self.root / f"{tid}{suffix}").unlink()
+
+    def deletes_behind(self, tid: str) -> bool:
+        """Was upload ``tid`` put with ``later=True`` (a compiled step's inline input)? Its
+        :meth:`delete` then does no I/O itself: the unlink goes to the thread that wrote it."""
+        return tid in self._behind
 
     def in_memory(self, tid: str) -> bool:
         """Are the bytes of upload ``tid`` (a whole one) held in memory?"""

@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -112,7 +112,10 @@ class Keeper:
         self._release, self._renew = release, renew
         self.batch_s = batch_s
         self.renew_every_s: float | None = None  # set once a lease is open
-        self._queue: collections.deque[tuple[str, str]] = collections.deque()
+        self._queue: collections.deque[tuple[str, str, float]] = collections.deque()  # kind, id, queued at
+        # how long a job release waits for a submit to carry it (``take``) before the thread
+        # sends it itself (0: at once; the remote session sets it while its scheduler takes them)
+        self.carry_s = 0.0
         self._wake = threading.Event()
         self._stop = False
         self._stopping = threading.Event()
@@ -122,19 +125,51 @@ class Keeper:
 
     def queue(self, kind: str, ident: str) -> None:
         """Release ``ident`` soon. Safe from a finalizer or a weakref callback (no I/O)."""
-        self._queue.append((kind, ident))
+        self._queue.append((kind, ident, time.monotonic()))
         self._start()
 
     def pending(self) -> int:
         return len(self._queue)
 
-    def flush(self, *, give_up_on_error: bool = False) -> None:
+    def take(self, kind: str, limit: int) -> list[str]:
+        """Up to ``limit`` queued releases of ``kind``, off the queue: a submit carries them
+        (``release`` of ``POST /v1/jobs``) instead of a request each. :meth:`put_back`
+        returns them if that submit fails."""
+        taken: list[str] = []
+        others: list[tuple[str, str, float]] = []
+        if not self._lock.acquire(blocking=False):
+            return taken  # the thread is sending them: the submit does not wait for it
+        try:
+            while self._queue and len(taken) < limit:
+                item = self._queue.popleft()
+                if item[0] == kind:
+                    taken.append(item[1])
+                else:
+                    others.append(item)
+            self._queue.extendleft(reversed(others))
+        finally:
+            self._lock.release()
+        return taken
+
+    def put_back(self, kind: str, idents: Sequence[str]) -> None:
+        """Queue again releases :meth:`take` took (their submit did not arrive)."""
+        for ident in idents:
+            self.queue(kind, ident)
+
+    def flush(self, *, give_up_on_error: bool = False, due: bool = False) -> bool:
         """Send every queued release now (``disconnect`` and tests). With
         ``give_up_on_error``, the first failure drops the rest (an unreachable scheduler is
-        not retried once per value at exit; the lease frees them)."""
+        not retried once per value at exit; the lease frees them). ``due`` (the thread):
+        job releases queued less than ``carry_s`` ago stay for a submit to carry; whether
+        any stayed."""
+        kept: list[tuple[str, str, float]] = []
         with self._lock:
+            since = time.monotonic() - self.carry_s
             while self._queue:
-                kind, ident = self._queue.popleft()
+                kind, ident, at = item = self._queue.popleft()
+                if due and kind == "jobs" and at > since:
+                    kept.append(item)
+                    continue
                 try:
                     self._release(kind, ident)
                     self.sent += 1
@@ -142,6 +177,8 @@ class Keeper:
                     log.debug("releasing %s/%s failed: %s", kind, ident, e)
                     if give_up_on_error:
                         self._queue.clear()
+            self._queue.extendleft(reversed(kept))
+        return bool(kept)
 
     def drop(self) -> None:
         """Forget the queued releases (ending the lease releases them all at once)."""
@@ -167,15 +204,17 @@ class Keeper:
 
     def _run(self) -> None:
         renewed = time.monotonic()
+        waiting = False  # job releases wait for a submit to carry them
         while not self._stop:
             every = self.renew_every_s
-            self._wake.wait(timeout=every if every else None)
+            timeout = min(every or self.carry_s, self.carry_s) if waiting else every
+            self._wake.wait(timeout=timeout if timeout else None)
             self._wake.clear()
             if self._stop:
                 break
             if self._stopping.wait(self.batch_s):  # let a burst of finalizers queue up: one batch
                 break
-            self.flush()
+            waiting = self.flush(due=True)
             if every and time.monotonic() - renewed >= every * 0.9:
                 try:
                     self._renew()

@@ -52,7 +52,7 @@ from triplane.proto.canonjson import canonical_json
 from triplane.proto.ir import Attrs, TensorType
 from triplane.sdk.lifecycle import Keeper, ProgressBar, Uploads
 from triplane.sdk.remote_errors import RemoteError, http_error, job_error, lost_holder
-from triplane.sdk.remote_steps import BoundSteps, decode_values
+from triplane.sdk.remote_steps import BoundSteps, decode_values, fetched_array
 from triplane.sdk.remote_values import Holders, RemoteJob, RemoteValue, Resident
 
 if TYPE_CHECKING:
@@ -68,6 +68,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 TERMINAL = ("done", "failed", "cancelled")
+MAX_RELEASE = 1000  # job releases one submit carries (the scheduler's bound, api/waiting.py)
+CARRY_S = 1.0  # ... and how long one waits for a submit before the keeper sends a DELETE
 
 class RemoteSession:
     """Evaluates graphs on the cluster whose scheduler answers at ``url``.
@@ -117,6 +119,7 @@ class RemoteSession:
         self._closed = False
         self.last_job: str | None = None
         self.last_stats: dict[str, Any] = {}
+        self.keeper.carry_s = CARRY_S if release else 0.0  # job releases ride on submits (_post_releasing)
         _open_sessions.add(self)
 
     # --- the session protocol ------------------------------------------------------------
@@ -313,10 +316,11 @@ class RemoteSession:
             # On a terminal a job longer than the bar's delay is polled, so that its bar shows.
             wait_s = min(self.wait_s, lifecycle.DELAY_S) if lifecycle.progress_enabled() else self.wait_s
             body = {**request, "wait_s": wait_s, "inline": list(inline)}
+        waits = body is not request
         try:
-            r = self._post_job(body, waits=body is not request)
+            r = self._post_releasing(body, waits)
         except RemoteError as e:
-            if body is request or e.status != 400 or "wait_s" not in str(e):
+            if not waits or e.status != 400 or "wait_s" not in str(e):
                 raise
             self.wait_s = 0  # a scheduler that predates wait_s refused the request: poll instead
             r = self._call("POST", "/v1/jobs", content=canonical_json(request), retry_sent=False,
@@ -326,6 +330,23 @@ class RemoteSession:
             self.last_submit = answer
         self.last_job = str(answer["id"])
         return dict(answer)
+
+    def _post_releasing(self, body: dict[str, Any], waits: bool) -> httpx.Response:
+        """``POST /v1/jobs`` carrying the queued job releases (a step frees the one before)."""
+        release = self.keeper.take("jobs", MAX_RELEASE) if self.keeper.carry_s else []
+        if not release:
+            return self._post_job(body, waits)
+        try:
+            return self._post_job({**body, "release": release}, waits)
+        except RemoteError as e:
+            self.keeper.put_back("jobs", release)
+            if e.status != 400 or "'release'" not in str(e):
+                raise
+            self.keeper.carry_s = 0.0  # a scheduler that predates "release": DELETEs from now on
+        except BaseException:
+            self.keeper.put_back("jobs", release)
+            raise
+        return self._post_job(body, waits)  # (without them)
 
     def _post_job(self, body: dict[str, Any], waits: bool) -> httpx.Response:
         """``POST /v1/jobs``. A submit that waits (``wait_s``) runs on a helper thread: a
@@ -396,7 +417,7 @@ class RemoteSession:
 
     def fetch(self, job: str, node: str) -> np.ndarray:
         """``GET /v1/jobs/{job}/tensors/{node}`` as a read-only array."""
-        return self._array(self._call("GET", f"/v1/jobs/{job}/tensors/{node}", retry_sent=True), job, node)
+        return fetched_array(self._call("GET", f"/v1/jobs/{job}/tensors/{node}", retry_sent=True), job, node)
 
     def copy_values(self, refs: Sequence[str]) -> list[str]:
         """``POST /v1/tensors/copy``: each ref's value copied into the scheduler's upload
@@ -408,23 +429,6 @@ class RemoteSession:
                            headers={"Content-Type": "application/json", **self._lease_header()})
             ids.extend(str(u) for u in r.json()["ids"])
         return ids
-
-    def _array(self, r: httpx.Response, job: str, node: str) -> np.ndarray:
-        shape_h = r.headers.get("X-Triplane-Shape", "")
-        try:
-            shape = tuple(int(s) for s in shape_h.split(",") if s.strip())
-            d = dt.dtype(r.headers.get("X-Triplane-Dtype", ""))
-        except (ValueError, E.TriplaneError):
-            raise RemoteError(f"job {job}: tensor {node} came with bad headers "
-                              f"shape={shape_h!r} dtype={r.headers.get('X-Triplane-Dtype')!r}") from None
-        want = int(np.prod(shape, dtype=np.int64)) * d.itemsize
-        if len(r.content) != want:
-            raise RemoteError(f"job {job}: tensor {node} is {len(r.content)} bytes, "
-                              f"{d.name}{list(shape)} needs {want}")
-        arr = np.frombuffer(r.content, dtype=d.np.newbyteorder("<")).astype(d.np, copy=False)
-        arr = arr.reshape(shape)
-        arr.flags.writeable = False
-        return arr
 
     def counters(self) -> dict[str, int]:
         """Compiled steps sent as one small request (``trace_hits``), structures sent as a

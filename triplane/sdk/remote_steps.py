@@ -22,11 +22,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from triplane.proto import dtypes as dt
+from triplane.proto.errors import TriplaneError
 from triplane.proto.values import encode_data
 from triplane.sdk.compile import TraceCache, signature
 from triplane.sdk.remote_values import RemoteValue
 
 if TYPE_CHECKING:
+    import httpx
+
     from triplane.sdk.remote import RemoteSession
     from triplane.sdk.tensor import Tensor
 
@@ -138,3 +141,25 @@ def decode_values(values: Any) -> dict[str, np.ndarray]:
         arr.flags.writeable = False
         out[name] = arr
     return out
+
+
+def fetched_array(r: httpx.Response, job: str, node: str) -> np.ndarray:
+    """The read-only array of a ``GET /v1/jobs/{job}/tensors/{node}`` answer (raw
+    little-endian C-order bytes, ``X-Triplane-Shape`` / ``X-Triplane-Dtype``)."""
+    from triplane.sdk.remote import RemoteError
+
+    shape_h = r.headers.get("X-Triplane-Shape", "")
+    try:
+        shape = tuple(int(s) for s in shape_h.split(",") if s.strip())
+        d = dt.dtype(r.headers.get("X-Triplane-Dtype", ""))
+    except (ValueError, TriplaneError):
+        raise RemoteError(f"job {job}: tensor {node} came with bad headers "
+                          f"shape={shape_h!r} dtype={r.headers.get('X-Triplane-Dtype')!r}") from None
+    want = int(np.prod(shape, dtype=np.int64)) * d.itemsize
+    if len(r.content) != want:
+        raise RemoteError(f"job {job}: tensor {node} is {len(r.content)} bytes, "
+                          f"{d.name}{list(shape)} needs {want}")
+    arr = np.frombuffer(r.content, dtype=d.np.newbyteorder("<")).astype(d.np, copy=False)
+    arr = arr.reshape(shape)
+    arr.flags.writeable = False
+    return arr

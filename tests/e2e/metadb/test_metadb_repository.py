@@ -265,3 +265,39 @@ def test_insert_tasks_checks_every_field_and_inserts_nothing(db: MetaDB, bad: Ne
     with db.read() as s:
         assert [(t.task_id, t.predicted_s, t.node) for t in mdb.list_tasks(s, job)] == [
             ("t0", 0.01, None), ("t4", 2.0, "n1")]
+
+
+def test_insert_job_stores_what_create_job_insert_tasks_and_add_events_do(db: MetaDB) -> None:
+    """The submit path's few-statement store: the same job, tasks, event and graph rows as
+    the ORM functions, and the same conflicts (a job id in use, a graph hash with other bytes)."""
+    orm = make_job(db, n_tasks=2, owner="tok-1")
+    with db.transaction() as s:
+        mdb.insert_job(s, graph_hash=H, graph_json=GRAPH, fetch=["y"], owner="tok-1", job_id="j-fast",
+                       state="running", now=123.5, node_count=2,
+                       tasks=[NewTask("t0", "relu", "ready", predicted_s=0.01), NewTask("t1", "relu")],
+                       events=[NewEvent("j-fast", "job.bindings", at=123.5, payload={"args": ["u-1"]})])
+    with db.read() as s:
+        fast, slow = mdb.get_job(s, "j-fast"), mdb.get_job(s, orm)
+        tasks = mdb.list_tasks(s, "j-fast")
+        (ev,) = mdb.list_events(s, "j-fast")
+        resumable = {r.job.id: r for r in mdb.jobs_to_resume(s)}
+    assert (fast.state, fast.fetch, fast.owner, fast.tasks_total, fast.created_at) == \
+        ("running", ("y",), "tok-1", 2, 123.5)
+    assert (fast.graph_hash, fast.name, fast.tags, fast.error) == (slow.graph_hash, None, (), None)
+    assert [(t.task_id, t.state, t.predicted_s) for t in tasks] == \
+        [("t0", "ready", 0.01), ("t1", "pending", None)]
+    assert (ev.kind, ev.payload, ev.at) == ("job.bindings", {"args": ["u-1"]}, 123.5)
+    assert [t.task_id for t in resumable["j-fast"].tasks] == ["t0", "t1"]  # a restart resumes it
+    with pytest.raises(mdb.ConflictError, match="already exists"), db.transaction() as s:
+        mdb.insert_job(s, graph_hash=H, graph_json=GRAPH, fetch=[], tasks=[], job_id="j-fast", now=1.0)
+    with pytest.raises(mdb.ConflictError, match="different bytes"), db.transaction() as s:
+        mdb.insert_job(s, graph_hash=H, graph_json=GRAPH.replace(b"relu", b"tanh"), fetch=[], tasks=[],
+                       job_id="j-other", now=1.0)
+    with pytest.raises(mdb.ConflictError, match="appears twice"), db.transaction() as s:
+        mdb.insert_job(s, graph_hash=H, graph_json=GRAPH, fetch=[], job_id="j-twice", now=1.0,
+                       tasks=[NewTask("t0", "relu"), NewTask("t0", "relu")])
+    with pytest.raises(mdb.UnknownJobError), db.transaction() as s:
+        mdb.insert_job(s, graph_hash=H, graph_json=GRAPH, fetch=[], tasks=[], job_id="j-ev", now=1.0,
+                       events=[NewEvent("j-elsewhere", "job.bindings")])
+    with db.read() as s:
+        assert sorted(j.id for j in mdb.list_jobs(s)) == sorted([orm, "j-fast"])  # failures left nothing

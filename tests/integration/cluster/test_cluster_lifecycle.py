@@ -115,8 +115,10 @@ def test_disconnect_releases_the_uploads_it_holds(cluster: LocalCluster) -> None
     before = upload_files(cluster)
     s = tp.connect(cluster.url, cluster.token, poll_s=1.0)
     try:
-        kept = [tp.Tensor.from_array(np.full(1000, i, np.float32)) for i in range(3)]
-        assert [float((k * 2).sum().numpy()) for k in kept] == [0.0, 2000.0, 4000.0]
+        # three shapes: three graph submits, each uploading its tensor (one structure would
+        # be a compiled step after the first, its input inline and released with its job)
+        kept = [tp.Tensor.from_array(np.full(1000 + i, i, np.float32)) for i in range(3)]
+        assert [float((k * 2).sum().numpy()) for k in kept] == [0.0, 2002.0, 4008.0]
         assert len(upload_files(cluster) - before) == 3
         tp.disconnect()
         assert upload_files(cluster) - before == set()

@@ -9,11 +9,15 @@ import socket
 import time
 
 import httpx
+import pytest
 from fastapi import FastAPI
 
-from triplane.net.http import guarded_config
+from triplane.net.http import GuardedH11Protocol, GuardedHttpToolsProtocol, guarded_config
 
 HOST = "127.0.0.1"
+# both protocols carry the guard (httptools is in the [cluster] extra; h11 is the fallback)
+PARSERS = ["h11", pytest.param("httptools", marks=pytest.mark.skipif(
+    GuardedHttpToolsProtocol is None, reason="httptools is not installed"))]
 
 
 def app() -> FastAPI:
@@ -31,13 +35,13 @@ def app() -> FastAPI:
     return a
 
 
-async def serve(head_timeout_s: float, max_connections: int = 64):  # type: ignore[no-untyped-def]
+async def serve(parser: str, head_timeout_s: float, max_connections: int = 64):  # type: ignore[no-untyped-def]
     import uvicorn
 
     sock = socket.socket()
     sock.bind((HOST, 0))
     config = guarded_config(app(), head_timeout_s=head_timeout_s, max_connections=max_connections,
-                            log_level="warning", lifespan="off")
+                            parser=parser, log_level="warning", lifespan="off")
     server = uvicorn.Server(config)
     task = asyncio.get_running_loop().create_task(server.serve(sockets=[sock]))
     while not server.started:
@@ -54,9 +58,10 @@ async def closed_within(reader: asyncio.StreamReader, seconds: float) -> float:
             return time.monotonic() - started
 
 
-def test_a_half_open_request_is_closed_after_the_head_timeout_and_others_are_served() -> None:
+@pytest.mark.parametrize("parser", PARSERS)
+def test_a_half_open_request_is_closed_after_the_head_timeout_and_others_are_served(parser: str) -> None:
     async def go() -> None:
-        server, task, port = await serve(head_timeout_s=0.5)
+        server, task, port = await serve(parser, head_timeout_s=0.5)
         try:
             r, w = await asyncio.open_connection(HOST, port)
             w.write(b"GE")  # two bytes of a request line, then nothing
@@ -74,9 +79,10 @@ def test_a_half_open_request_is_closed_after_the_head_timeout_and_others_are_ser
     asyncio.run(go())
 
 
-def test_a_kept_alive_connection_gets_a_new_head_deadline_after_each_response() -> None:
+@pytest.mark.parametrize("parser", PARSERS)
+def test_a_kept_alive_connection_gets_a_new_head_deadline_after_each_response(parser: str) -> None:
     async def go() -> None:
-        server, task, port = await serve(head_timeout_s=0.5)
+        server, task, port = await serve(parser, head_timeout_s=0.5)
         try:
             r, w = await asyncio.open_connection(HOST, port)
             w.write(b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -96,9 +102,10 @@ def test_a_kept_alive_connection_gets_a_new_head_deadline_after_each_response() 
     asyncio.run(go())
 
 
-def test_connections_beyond_the_cap_are_closed_at_once() -> None:
+@pytest.mark.parametrize("parser", PARSERS)
+def test_connections_beyond_the_cap_are_closed_at_once(parser: str) -> None:
     async def go() -> None:
-        server, task, port = await serve(head_timeout_s=30.0, max_connections=4)
+        server, task, port = await serve(parser, head_timeout_s=30.0, max_connections=4)
         held = []
         try:
             for _ in range(4):
@@ -117,3 +124,11 @@ def test_connections_beyond_the_cap_are_closed_at_once() -> None:
             await task
 
     asyncio.run(go())
+
+
+def test_auto_takes_httptools_when_installed_and_an_unknown_parser_is_refused() -> None:
+    config = guarded_config(app(), parser="auto")
+    assert issubclass(config.http, GuardedHttpToolsProtocol or GuardedH11Protocol)  # type: ignore[arg-type]
+    assert issubclass(guarded_config(app(), parser="h11").http, GuardedH11Protocol)
+    with pytest.raises(ValueError, match="known: auto, httptools, h11"):
+        guarded_config(app(), parser="picohttp")

@@ -398,3 +398,39 @@ def test_a_kernel_error_inside_a_group_is_the_kernels_kind() -> None:
     text = _program([("n1", "neg", [0], {}), ("n2", "exp", [1], {})], [2], [([4], "float32")])
     reply = run(runner, _group("j.g.a0", text, ("x",), ("j.n2",)))
     assert not reply.ok and reply.error.kind == "infra" and reply.error.at == "n2"  # drifts, whole
+
+
+def test_a_grouped_program_runs_bound_kernels_with_the_values_and_errors_of_engine_run() -> None:
+    """The numpy engine's bound kernels (``bind``) in a grouped run give what ``engine.run``
+    gives per kernel (an engine without ``bind``), IEEE's inf included and no warning, and a
+    kernel failing at run time still names its node."""
+    import warnings
+
+    from triplane.executor.group import GroupError, prepare, run_prepared
+
+    class Unbound:  # the numpy engine without bind: every kernel through engine.run
+        def __init__(self, inner: Any) -> None:
+            self.inner, self.name = inner, inner.name
+
+        def supports(self, op: str, dtypes: Any) -> bool:
+            return bool(self.inner.supports(op, dtypes))
+
+        def run(self, *a: Any) -> Any:
+            return self.inner.run(*a)
+
+    numpy_engine = get_op_engine("numpy")
+    text = _program([("n2", "div", [0, 1], {}), ("n3", "exp", [2], {}), ("n4", "add", [3, 0], {}),
+                     ("n5", "sum", [4], {"axes": [1]})], [4, 5], [([2, 3], "float32"), ([2, 3], "float32")])
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    y = np.array([[1, 0, 2], [4, 5, 0]], np.float32)  # two divisions by zero
+    bound, plain = prepare(text, 2, 2, numpy_engine), prepare(text, 2, 2, Unbound(numpy_engine))
+    assert all(s.call is not None for s in bound.steps) and all(s.call is None for s in plain.steps)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got, want = run_prepared(bound, [x, y], numpy_engine), run_prepared(plain, [x, y], numpy_engine)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(g, w)
+    assert np.isinf(got[0]).sum() == 2
+    with pytest.raises(GroupError) as e:  # the declared types hold, the data does not
+        run_prepared(bound, [x, np.ones((3, 2), np.float32)], numpy_engine)
+    assert e.value.at == "n2" and e.value.kind == "user"

@@ -1,4 +1,4 @@
-"""``wait_s`` and ``inline`` on ``POST /v1/jobs`` at the front door (``api/waiting.py``):
+"""``wait_s``, ``inline`` and ``release`` on ``POST /v1/jobs`` at the front door (``api/waiting.py``):
 400 naming the field, and a submit that waits answering after ``wait_s`` when its job does
 not end (no executor runs it here). Values are tested on a real cluster
 (tests/integration/cluster/test_cluster_refs.py)."""
@@ -25,6 +25,10 @@ def cluster(tmp_path: Path) -> Cluster:
     ({"inline": ["y"]}, "'inline' needs 'wait_s'"),
     ({"wait_s": 1, "inline": "y"}, "'inline' must be a list"),
     ({"wait_s": 1, "inline": ["x"]}, "inline[0] = 'x' is not in 'fetch'"),
+    ({"release": "j1"}, "'release' must be a list of at most 1000 job ids"),
+    ({"release": ["j1"] * 1001}, "'release' must be a list"),
+    ({"release": [3]}, "release[0] = '3' is not a job id"),
+    ({"release": ["j1", "../x"]}, "release[1] = '../x' is not a job id"),
 ])
 def test_a_malformed_wait_is_400_naming_the_field(cluster: Cluster, extra: dict, says: str) -> None:
     body = {**job_body(cluster.upload()), **extra}
@@ -51,3 +55,28 @@ def test_a_submit_that_waits_answers_after_wait_s_if_the_job_runs_on(cluster: Cl
     # without wait_s the answer is as before
     r = cluster.client.post("/v1/jobs", json=job_body(cluster.upload()), headers=cluster.headers("submit"))
     assert set(r.json()) == {"id", "state", "plan", "args"}
+
+
+def test_release_frees_the_jobs_named_once_the_submit_is_answered(cluster: Cluster) -> None:
+    """Both forms: the named jobs are released as DELETE releases them (a running one is
+    cancelled: no executor runs it here); an unknown id is skipped; another token's job is
+    403 and nothing is submitted or released."""
+    alice, bob = cluster.headers("submit"), cluster.headers("bob")
+    first, second, bobs = cluster.submit(), cluster.submit(), cluster.submit("bob")
+    before = len(cluster.client.get("/v1/jobs", headers=alice).json()["items"])
+    r = cluster.client.post("/v1/jobs", json={**job_body(cluster.upload()), "release": [first, bobs]},
+                            headers=alice)
+    assert r.status_code == 403 and bobs in r.json()["error"]["message"], r.text
+    assert len(cluster.client.get("/v1/jobs", headers=alice).json()["items"]) == before  # none submitted
+    assert cluster.client.get(f"/v1/jobs/{first}", headers=alice).json()["state"] == "running"
+    r = cluster.client.post("/v1/jobs", json={**job_body(cluster.upload()), "release": [first, "j0000"]},
+                            headers=alice)
+    assert r.status_code == 201, r.text
+    plan, new = r.json()["plan"], r.json()["id"]
+    assert cluster.client.get(f"/v1/jobs/{first}", headers=alice).json()["state"] == "cancelled"
+    step = {"plan": plan, "args": [cluster.upload()], "fetch": ["y"], "release": [second]}
+    r = cluster.client.post("/v1/jobs", json=step, headers=alice)
+    assert r.status_code == 201, r.text
+    states = {j: cluster.client.get(f"/v1/jobs/{j}", headers=alice).json()["state"] for j in (second, new)}
+    assert states == {second: "cancelled", new: "running"}
+    assert cluster.client.get(f"/v1/jobs/{bobs}", headers=bob).json()["state"] == "running"

@@ -35,3 +35,18 @@ def test_put_later_writes_the_files_behind_and_delete_queues_after_them(tmp_path
     assert sorted(p.name for p in tmp_path.iterdir()) == [f"{kept.id}.json", f"{kept.id}.npy"]
     again = TensorStore(tmp_path)  # a restarted scheduler finds the written one
     assert again.get(kept.id) == kept and bytes(again.data(kept.id)) == x.tobytes()
+
+
+def test_an_inline_inputs_delete_queues_its_unlink_on_the_writer_thread(tmp_path: Path) -> None:
+    """A ``later`` upload's delete does no I/O on the caller (the unlink follows its write on
+    the store's one thread), after its write too; a plain upload's delete unlinks at once."""
+    store = TensorStore(tmp_path)
+    raw = np.arange(4, dtype=np.float32).tobytes()
+    inline, plain = store.put(raw, (4,), "float32", later=True), store.put(raw, (4,), "float32")
+    store._written(inline.id)  # its files are on disk now
+    assert store.deletes_behind(inline.id) and not store.deletes_behind(plain.id)
+    assert (tmp_path / f"{inline.id}.npy").exists() and (tmp_path / f"{plain.id}.npy").exists()
+    assert store.delete(plain.id) and not (tmp_path / f"{plain.id}.npy").exists()
+    assert store.delete(inline.id) and not store.deletes_behind(inline.id)
+    store._io.submit(lambda: None).result()  # the thread's queue, in order, is done
+    assert not (tmp_path / f"{inline.id}.npy").exists() and not (tmp_path / f"{inline.id}.json").exists()

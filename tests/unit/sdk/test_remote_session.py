@@ -45,6 +45,9 @@ class FakeScheduler:
         self.released: set[str] = set()  # jobs released (DELETE /v1/jobs/{id})
         self.copies = 0  # POST /v1/tensors/copy requests
         self.can_copy = True  # False: a scheduler that predates the copy request (405)
+        self.knows_release = True  # False: a scheduler that predates a submit's "release" (400)
+        self.carried = 0  # jobs released by a submit's "release"
+        self.refused_release = 0  # submits refused for their "release" (knows_release False)
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
         path = request.url.path
@@ -68,7 +71,19 @@ class FakeScheduler:
             self.jobs[m.group(1)].pop("_values", None)
             return httpx.Response(200, json={"id": m.group(1), "state": "done"})
         if request.method == "POST" and path == "/v1/jobs":
-            return self._submit(json.loads(request.content))
+            body = json.loads(request.content)
+            release = body.pop("release", [])
+            if release and not self.knows_release:
+                self.refused_release += 1
+                return httpx.Response(400, json={"error": {"kind": "bad_request", "message": (
+                    "unknown field(s) ['release'] (known: ['deadline_s', 'fetch', 'graph', ...])")}})
+            r = self._submit(body)
+            if r.status_code == 201:  # released once answered, as DELETE does
+                self.carried += len(release)
+                for job in release:
+                    self.released.add(job)
+                    self.jobs[job].pop("_values", None)
+            return r
         m = re.fullmatch(r"/v1/jobs/(j\w+)/wait", path)
         if m:
             job = self.jobs[m.group(1)]

@@ -94,21 +94,43 @@ def test_parameters_and_state_stay_on_the_cluster_and_reads_fetch(fake: Compilin
     s.close()
 
 
-def test_a_steady_state_step_is_one_request_plus_a_release(fake: CompilingFake) -> None:
+def test_a_steady_state_step_is_one_request_that_releases_the_step_before(fake: CompilingFake) -> None:
     s = _session(fake)
+    s.keeper.batch_s = 60.0  # the keeper's own DELETEs would come later than the next submit
     with use_session(s):
         tr = Trainer()
         for _ in range(3):  # Adam's first step is another structure: two graphs, then compiled
             tr.step()
-        s.keeper.flush()
-        before = Counter(fake.calls)
+        before, carried = Counter(fake.calls), fake.carried
         for _ in range(10):
             tr.step()
-        s.keeper.flush()
+        holding = {p._value.job_id for p in tr.model.parameters()}
     calls = Counter(fake.calls)
     calls.subtract(before)
-    assert +calls == Counter({"POST /v1/jobs": 10, "DELETE /v1/jobs/*": 10}), +calls
+    assert +calls == Counter({"POST /v1/jobs": 10}), +calls
     assert all(b.get("wait_s") and b["inline"] for b in fake.bound[-10:])  # the loss comes back inline
+    assert fake.carried - carried == 10  # each submit released the job before the one it reads
+    unreleased = set(fake.jobs) - fake.released
+    assert holding < unreleased and len(unreleased) == 2  # and the step before, queued for the next
+    assert len(s.keeper.take("jobs", 100)) == 1  # (uploads of the first steps wait for the keeper)
+    s.close()
+
+
+def test_a_scheduler_without_release_gets_deletes(fake: CompilingFake) -> None:
+    """One that refuses the field (400, unknown field) is sent the submit again without it,
+    and the releases go as DELETEs from then on; nothing is lost."""
+    fake.knows_release = False
+    s = _session(fake)
+    s.keeper.batch_s = 60.0
+    with use_session(s):
+        tr = Trainer()
+        for _ in range(6):
+            tr.step()
+        s.keeper.flush()
+        holding = {p._value.job_id for p in tr.model.parameters()}
+        assert fake.calls["DELETE /v1/jobs/*"] >= 4 and fake.carried == 0
+        assert fake.refused_release == 1  # asked once, then never again
+        _wait_released(fake, set(fake.jobs) - holding - {max(fake.jobs)})
     s.close()
 
 

@@ -23,7 +23,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
-from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi import APIRouter, BackgroundTasks, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from triplane import metadb as mdb
@@ -107,6 +107,12 @@ class Owners:
         if len(self._cache) > self.size:
             self._cache.popitem(last=False)
         return owner
+
+    def remember(self, job: str, owner: str | None) -> None:
+        """A job submitted here: its owner known without a read (the next step releases it)."""
+        self._cache[job] = owner
+        if len(self._cache) > self.size:
+            self._cache.popitem(last=False)
 
     def check(self, p: Principal, job: str) -> None:
         """403 unless ``p`` may see ``job``: admin and read see every job, a submit token only
@@ -224,19 +230,24 @@ def create_app(
 
     @api.post("/jobs", status_code=201, response_model=m.SubmitAnswer, response_model_exclude_unset=True,
               tags=["jobs"], openapi_extra=m.body_of(m.JobRequestBody))
-    async def submit(request: Request, p: Principal = changer) -> dict[str, Any]:
+    async def submit(request: Request, background: BackgroundTasks, p: Principal = changer) -> dict[str, Any]:
         body = await read_body(request, max_graph_bytes, "job request")
         if len(body) > 65536:
-            parsed, waiting = await asyncio.to_thread(parse_job_request, body)
+            parsed, waiting, release = await asyncio.to_thread(parse_job_request, body)
         else:
-            parsed, waiting = parse_job_request(body)
+            parsed, waiting, release = parse_job_request(body)
         lease = session_of(request, p)
+        for job in release:  # as DELETE /v1/jobs/{job} checks, before anything is submitted
+            owners.check(p, job)
+        if release:  # once the answer is sent: off this request's path (api/waiting.py)
+            background.add_task(scheduler.release_jobs, release)
         # whoever may fetch a tensor may use it as a ref (a submit token: its own jobs')
         named = refs_in_args(parsed.args) if isinstance(parsed, BoundRequest) else refs_in_graph(parsed.graph)
         for ref in named:
             owners.check(p, ref.partition(":")[0])
         if isinstance(parsed, BoundRequest):  # a compiled step: new inputs for a known plan
             body_out = await scheduler.submit_bound(*parsed, owner=p.name)
+            owners.remember(body_out["id"], p.name)
             if lease is not None:
                 scheduler.sessions.tag_job(lease, body_out["id"])
             answer = {"id": body_out["id"], "state": body_out["state"]}

@@ -3,7 +3,7 @@ gRPC SubmitJob's, which carries the same JSON) before anything else reads it.
 
 Strict JSON (a duplicate key anywhere is a 400), the known fields, the ids and declared
 ranks of ``check_submission`` (400 naming the node or field), ``deadline_s`` (the job
-fails with kind "deadline" if not ended by then), ``wait_s``/``inline`` (``waiting.py``),
+fails with kind "deadline" if not ended by then), ``wait_s``/``inline`` and ``release`` (``waiting.py``),
 ``grad`` ((of, wrt): ``proto/autograd.py``; the gradients ``grad:<w>`` join the fetch
 list), ``persist`` (``"file"`` or ``"redis"``: docs/storage.md) and ``name``/``tags``
 (``admin.pop_labels``). A body with ``plan`` instead of ``graph`` is a compiled step: a
@@ -20,7 +20,7 @@ from triplane.proto.errors import GraphError, LimitError
 from triplane.proto.validate import check_submission, loads_json
 from triplane.scheduler.api.admin import pop_labels
 from triplane.scheduler.api.bound import BoundRequest, parse_bound_request
-from triplane.scheduler.api.waiting import Waiting, check_inline, pop_waiting
+from triplane.scheduler.api.waiting import Waiting, check_inline, pop_release, pop_waiting
 from triplane.scheduler.errors import BadRequest
 
 __all__ = ["PERSIST_KINDS", "JobRequest", "parse_job_request"]
@@ -43,8 +43,10 @@ class JobRequest:
     tags: tuple[str, ...] = ()
 
 
-def parse_job_request(body: bytes | bytearray) -> tuple[JobRequest | BoundRequest, Waiting | None]:
-    """(the request, how to wait for it) of a job body; BadRequest naming what is wrong."""
+def parse_job_request(body: bytes | bytearray
+                      ) -> tuple[JobRequest | BoundRequest, Waiting | None, tuple[str, ...]]:
+    """(the request, how to wait for it, the jobs to release after it) of a job body;
+    BadRequest naming what is wrong."""
     try:
         doc = loads_json(body)
     except GraphError as e:  # a duplicate key, NaN or Infinity
@@ -52,16 +54,17 @@ def parse_job_request(body: bytes | bytearray) -> tuple[JobRequest | BoundReques
     except (ValueError, RecursionError) as e:
         raise BadRequest(f"the body is not JSON: {e}") from None
     waiting = pop_waiting(doc) if isinstance(doc, dict) else None
+    release = pop_release(doc) if isinstance(doc, dict) else ()
     if isinstance(doc, dict) and "plan" in doc and "graph" not in doc:
         bound = parse_bound_request(doc)
         check_inline(waiting, bound.fetch)
-        return bound, waiting
+        return bound, waiting, release
     if not isinstance(doc, dict) or "graph" not in doc:
         raise BadRequest('expected {"graph": <graph document>, "fetch": [node ids]}')
     name, tags = pop_labels(doc)
     unknown = set(doc) - set(_FIELDS)
     if unknown:
-        known = sorted([*_FIELDS, "inline", "name", "tags", "wait_s"])
+        known = sorted([*_FIELDS, "inline", "name", "release", "tags", "wait_s"])
         raise BadRequest(f"unknown field(s) {sorted(unknown)} (known: {known})")
     persist = doc.get("persist")
     if persist is not None and persist not in PERSIST_KINDS:
@@ -82,4 +85,4 @@ def parse_job_request(body: bytes | bytearray) -> tuple[JobRequest | BoundReques
         kind = "limit" if isinstance(e, LimitError) else "graph"
         raise BadRequest(str(e), kind=kind, node=e.node, op=e.op) from None
     check_inline(waiting, fetch)
-    return JobRequest(graph, fetch, deadline_s, grad, persist, name, tags), waiting
+    return JobRequest(graph, fetch, deadline_s, grad, persist, name, tags), waiting, release

@@ -8,6 +8,13 @@ terminal or ``wait_s`` has passed, with its state, progress and ``error`` as
 :data:`~triplane.scheduler.api.bound.INLINE_MAX_BYTES` bytes in ``values`` (larger ones are
 left out: fetch them as usual). Checked here (400 naming the field); without ``wait_s``
 nothing changes.
+
+``"release"`` (a list of at most :data:`MAX_RELEASE` job ids, either form, with or without
+``wait_s``): jobs whose values the client no longer holds, released as ``DELETE
+/v1/jobs/{id}`` releases them once this job is submitted and its answer sent (so a step
+releases the step before it without a request of its own). The caller must be allowed
+to cancel each (else 403 and nothing is submitted); a job that is unknown or already
+released is skipped, and a release that fails is logged, not answered.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from typing import Any, NamedTuple
 from triplane.scheduler.errors import BadRequest
 
 MAX_WAIT_S = 60.0
+MAX_RELEASE = 1000
 
 
 class Waiting(NamedTuple):
@@ -49,3 +57,17 @@ def check_inline(waiting: Waiting | None, fetch: Any) -> None:
     for i, name in enumerate(waiting.inline):
         if name not in fetched:
             raise BadRequest(f"inline[{i}] = {name[:60]!r} is not in 'fetch'", node=name[:128])
+
+
+def pop_release(doc: dict[str, Any]) -> tuple[str, ...]:
+    """Take ``release`` out of a job request: the job ids to release after it (in order, once
+    each); BadRequest naming a malformed one."""
+    release = doc.pop("release", None)
+    if release is None:
+        return ()
+    if not isinstance(release, list) or len(release) > MAX_RELEASE:
+        raise BadRequest(f"'release' must be a list of at most {MAX_RELEASE} job ids")
+    for i, job in enumerate(release):
+        if type(job) is not str or not 0 < len(job) <= 128 or not job.replace("-", "").isalnum():
+            raise BadRequest(f"release[{i}] = {str(job)[:60]!r} is not a job id")
+    return tuple(dict.fromkeys(release))

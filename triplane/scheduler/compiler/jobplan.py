@@ -33,13 +33,14 @@ from __future__ import annotations
 import dataclasses
 import re
 import secrets
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from triplane.proto import optable
 from triplane.proto.errors import GraphError
-from triplane.proto.ir import Graph, TensorType, thaw
+from triplane.proto.ir import Graph, Node, TensorType, thaw
 from triplane.proto.packet import canonical
 from triplane.proto.validate import Limits
 from triplane.scheduler.compiler.costmodel import NodeFigures
@@ -274,22 +275,13 @@ def _plan_job(
     outputs = set(g.outputs)
     specs: list[TaskSpec] = []
     templates: dict[str, TaskTemplate] = {}
-    nodes = g.nodes
     # Once per node of a graph of up to 10^4-10^5 tasks, on the submit's critical path (the
-    # executors wait for it): each type is built once, and the attributes' packet size is
-    # only measured when a cheap bound cannot rule out MAX_ATTRS_BYTES.
-    types = {nid: node.type for nid, node in nodes.items()}
-    for nid, node in nodes.items():
-        op = node.op
-        if op == "input":
-            continue
-        out_type = types[nid]
+    # executors wait for it): what depends on the graph alone is worked out once per graph.
+    for nid, node, op, out_type, c, attrs, size in _node_facts(g):
         ins = node.inputs
-        c = optable.get(op).cost([types[i] for i in ins], out_type, node.attrs)
-        attrs = thaw(node.attrs) if node.attrs else {}
-        if attrs and not _surely_small(attrs) and len(canonical(attrs)) > MAX_ATTRS_BYTES:
+        if size > MAX_ATTRS_BYTES:
             raise (_PacketTooSmall if op == "fused" and options.fuse else GraphError)(
-                f"attributes of {len(canonical(attrs))} bytes do not fit a task packet "
+                f"attributes of {size} bytes do not fit a task packet "
                 f"(at most {MAX_ATTRS_BYTES}); upload large data as a tensor",
                 node=back.get(nid, nid),
                 op=op,
@@ -321,6 +313,40 @@ def _plan_job(
         cgraph,
         tuple(args),
     )
+
+
+# graph -> what _plan_job reads of each non-input node that depends on the graph alone: a
+# compiled training step plans the same graph every step (the plan cache's object), and
+# its fused programs' costs and attribute sizes took about a tenth of the scheduler's step.
+_FACTS: OrderedDict[int, tuple[Graph, list[tuple[str, Node, str, TensorType, Any, dict[str, Any], int]]]] = \
+    OrderedDict()
+_FACTS_KEPT = 128
+
+
+def _node_facts(g: Graph) -> list[tuple[str, Node, str, TensorType, Any, dict[str, Any], int]]:
+    """Per non-input node of ``g``, in order: (id, node, op, output type, cost, thawed
+    attributes, their canonical size or 0 when surely small). The attributes are shared by
+    the jobs of ``g``: nothing changes a template's attributes."""
+    kept = _FACTS.get(id(g))
+    if kept is not None and kept[0] is g:
+        _FACTS.move_to_end(id(g))
+        return kept[1]
+    nodes = g.nodes
+    types = {nid: node.type for nid, node in nodes.items()}
+    facts = []
+    for nid, node in nodes.items():
+        op = node.op
+        if op == "input":
+            continue
+        out_type = types[nid]
+        c = optable.get(op).cost([types[i] for i in node.inputs], out_type, node.attrs)
+        attrs = thaw(node.attrs) if node.attrs else {}
+        size = 0 if not attrs or _surely_small(attrs) else len(canonical(attrs))
+        facts.append((nid, node, op, out_type, c, attrs, size))
+    _FACTS[id(g)] = (g, facts)
+    if len(_FACTS) > _FACTS_KEPT:
+        _FACTS.popitem(last=False)
+    return facts
 
 
 _SMALL_SCALARS = (bool, int, float, type(None))

@@ -80,6 +80,10 @@ class PlanCache:
         self._lock = threading.Lock()
         self.hits = self.misses = 0
 
+    def holds(self, graph: Graph, options: CompileOptions | None = None) -> bool:
+        """Whether :meth:`get_or_compile` would find the plan (without counting a hit)."""
+        return graph.hash() + (repr(options) if options else "") in self._plans
+
     def get_or_compile(self, graph: Graph, options: CompileOptions | None = None) -> Plan:
         key = graph.hash() + (repr(options) if options else "")
         with self._lock:

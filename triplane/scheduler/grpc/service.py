@@ -151,11 +151,13 @@ class TriplaneService(pb_grpc.TriplaneServicer):
         if len(body) > self.max_graph_bytes:
             raise TooLarge(f"job request is over the limit of {self.max_graph_bytes} bytes")
         if len(body) > 65536:  # as REST: a large document is parsed off the event loop
-            parsed, waiting = await asyncio.to_thread(parse_job_request, body)
+            parsed, waiting, release = await asyncio.to_thread(parse_job_request, body)
         else:
-            parsed, waiting = parse_job_request(body)
+            parsed, waiting, release = parse_job_request(body)
         if waiting is not None and waiting.inline:
             raise BadRequest("'inline' values are the REST API's: fetch them with FetchTensor")
+        if release:
+            raise BadRequest("'release' is the REST API's: release jobs with CancelJob")
         named = refs_in_args(parsed.args) if isinstance(parsed, BoundRequest) else refs_in_graph(parsed.graph)
         for ref in named:  # whoever may fetch a tensor may use it as a ref
             self.owners.check(p, ref.partition(":")[0])
