@@ -288,6 +288,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     from triplane.launcher import ClusterConfig, LocalCluster
 
+    load_before = os.getloadavg()[0]  # a shared machine: other work moves the figures
     with tempfile.TemporaryDirectory(prefix="triplane-bench-serve-") as tmp:
         home = Path(tmp)
         v1, v2 = save_models(home)
@@ -336,7 +337,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             cluster.stop()
     rows.sort(key=lambda r: (not r["batching"], args.protocols.index(r["protocol"]),
                              args.clients.index(r["clients"])))
-    return {"rows": rows, "chaos": chaos}
+    return {"rows": rows, "chaos": chaos, "load": [load_before, os.getloadavg()[0]]}
 
 
 def report(result: dict[str, Any], args: argparse.Namespace) -> str:
@@ -359,7 +360,8 @@ def report(result: dict[str, Any], args: argparse.Namespace) -> str:
         f"- a local cluster of {args.executors} executors, `triplane serve` with {args.replicas} replicas, "
         f"the digits CNN, one image per request (on loopback: JSON over HTTP, raw bytes over gRPC); "
         f"batching: max batch {args.max_batch}, max wait {args.max_wait_ms} ms. Clients run in the "
-        "benchmark's process on the same machine.", "",
+        "benchmark's process on the same machine; its load average (1 min) was "
+        f"{result['load'][0]:.1f} at the start and {result['load'][1]:.1f} at the end.", "",
         markdown_table(head, body, [False, False] + [True] * 8), "",
         "With batching and 8 clients over HTTP, an event a third of the way in:", "",
         markdown_table(chaos_head, chaos, [False] + [True] * 6 + [False, True]), "",
