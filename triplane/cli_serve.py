@@ -92,7 +92,8 @@ def serve_command(
     port: Annotated[int, typer.Option(min=0, max=65535, help="HTTP port (0: any free port)")] = 8080,
     grpc_port: Annotated[int | None, typer.Option(min=0, max=65535, help="gRPC port (default: none)")] = None,
     host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
-    replicas: Annotated[int, typer.Option(min=1, max=64, help="replicas (each its own cluster session)")] = 1,
+    replicas: Annotated[int, typer.Option(min=1, max=64, help="replicas (each its own session "
+                                                                    "and executor)")] = 1,
     max_batch: Annotated[int, typer.Option(min=1, max=4096, help="rows per batch (1: no batching)")] = 32,
     max_wait_ms: Annotated[float, typer.Option(min=0, max=10_000, help="how long a batch waits to "
                                                                         "fill")] = 5.0,

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import time
@@ -118,6 +119,19 @@ def fetched_tasks_of(plan: JobPlan) -> set[str]:
     return keep
 
 
+def prefer_node(plan: JobPlan, node: str | None) -> JobPlan:
+    """``plan`` whose tasks the dispatcher places (no computed placement, no ref holder to
+    prefer: a small job, a compiled step) prefer executor ``node``: the dispatcher sends
+    them there while it is up and has not failed them, else places them as usual
+    (``DispatchState._preferred``), so a preference for a node that is down, drained or
+    unknown costs nothing. A client that keeps its uploads' tiles on one executor this
+    way (the model server's replicas, docs/serving.md) reads them there locally."""
+    if node is None or not plan.specs or all(s.node is not None for s in plan.specs):
+        return plan
+    specs = tuple(s if s.node is not None else dataclasses.replace(s, node=node) for s in plan.specs)
+    return dataclasses.replace(plan, specs=specs)
+
+
 class Jobs:
     """Submit, status, wait, cancel, list and resume; ``live`` is the table of the jobs
     this process runs or finished recently (shared with :class:`~triplane.scheduler.
@@ -163,13 +177,14 @@ class Jobs:
 
     async def submit(self, graph_doc: Any, fetch: Any, deadline_s: float | None = None, *,
                      owner: str | None = None, grad: GradRequest | None = None,
-                     persist: str | None = None) -> dict[str, Any]:
+                     persist: str | None = None, prefer: str | None = None) -> dict[str, Any]:
         """Validate, compile, store and dispatch a job; its status body (see the module doc)
         with ``plan`` (the canonical graph's hash) and ``args`` (the uploads bound to
         ``arg0, arg1, ...``), for :meth:`submit_bound` to run the same structure again.
         ``deadline_s``: the job fails (kind "deadline") if not ended that long after submit;
         ``owner``: the name of the token that submitted it (a submit token sees only its own);
-        ``grad``: (of, wrt), gradients appended as nodes ``grad:<w>`` (``compile``)."""
+        ``grad``: (of, wrt), gradients appended as nodes ``grad:<w>`` (``compile``);
+        ``prefer``: an executor's name (:func:`prefer_node`)."""
         await self.require_leader()
         if not isinstance(fetch, list) or len(fetch) > MAX_FETCH or not all(type(f) is str for f in fetch):
             raise BadRequest(f"'fetch' must be a list of at most {MAX_FETCH} node ids")
@@ -184,7 +199,8 @@ class Jobs:
                 return self.compile(graph_doc, fetch, Refs.snapshot(cluster, held), held.bind,
                                     grad=grad, bound=self._bound_types(held))
 
-            plan = await self._with_refs(await asyncio.to_thread(compile_now), held, owner, compile_now)
+            plan = prefer_node(await self._with_refs(await asyncio.to_thread(compile_now), held, owner,
+                                                     compile_now), prefer)
             assert plan.graph is not None
             key = plan.graph.hash()  # computed (and kept on the graph) by the plan cache already
             self.structures[key] = (plan.graph, dict(plan.fetch), tuple(fetch))
@@ -212,7 +228,8 @@ class Jobs:
         return Refs.prefer_holders(plan, held)
 
     async def submit_bound(self, plan_hash: str, args: list[str], fetch: list[str],
-                           deadline_s: float | None = None, *, owner: str | None = None) -> dict[str, Any]:
+                           deadline_s: float | None = None, prefer: str | None = None, *,
+                           owner: str | None = None) -> dict[str, Any]:
         """A job of a structure submitted before: its canonical graph (known by ``plan_hash``)
         with the uploads ``args`` bound to ``arg0, arg1, ...`` and the same ``fetch`` list.
         Skips parsing, canonicalising, hashing and the passes (the plan cache holds the
@@ -242,7 +259,7 @@ class Jobs:
                 plan = compile_now()
             else:
                 plan = await asyncio.to_thread(compile_now)
-            plan = await self._with_refs(plan, held, owner, compile_now)
+            plan = prefer_node(await self._with_refs(plan, held, owner, compile_now), prefer)
             return await self._start(plan, fetch, deadline_s, owner, engines, factors, held)
         except BaseException:
             self.refs.drop(held)

@@ -288,15 +288,16 @@ class Scheduler(Leading):
     async def submit(self, graph_doc: Any, fetch: Any, deadline_s: float | None = None, *,
                      owner: str | None = None, grad: tuple[str, list[str]] | None = None,
                      persist: str | None = None, name: str | None = None,
-                     tags: Sequence[str] = ()) -> dict[str, Any]:
+                     tags: Sequence[str] = (), prefer: str | None = None) -> dict[str, Any]:
         """Submit a job (``Jobs.submit``); its ``name`` and ``tags`` are recorded before
         this answers (``Admin.label``)."""
-        body = await self.jobs.submit(graph_doc, fetch, deadline_s, owner=owner, grad=grad, persist=persist)
+        body = await self.jobs.submit(graph_doc, fetch, deadline_s, owner=owner, grad=grad, persist=persist,
+                                      prefer=prefer)
         await self.admin.label(body["id"], name, tags)
         return body
 
     async def submit_bound(self, plan_hash: str, args: Sequence[str | tuple[bytes, tuple[int, ...], str]],
-                           fetch: list[str], deadline_s: float | None = None, *,
+                           fetch: list[str], deadline_s: float | None = None, prefer: str | None = None, *,
                            owner: str | None = None) -> dict[str, Any]:
         """A compiled step (``Jobs.submit_bound``); inline arguments (raw bytes, shape,
         dtype) are stored as uploads first, once the plan is known to exist."""
@@ -308,7 +309,7 @@ class Scheduler(Leading):
                   for i, a in enumerate(args) if not isinstance(a, str)}
         ids = [inline.get(i, a) for i, a in enumerate(args)]
         try:
-            body = await self.jobs.submit_bound(plan_hash, ids, fetch, deadline_s, owner=owner)
+            body = await self.jobs.submit_bound(plan_hash, ids, fetch, deadline_s, prefer, owner=owner)
         except BaseException:
             for u in inline.values():
                 await self.release_upload(u)

@@ -108,6 +108,7 @@ class RemoteSession:
         self.steps = BoundSteps()  # compiled steps: structures the scheduler planned before
         self.wait_s = wait_s
         self.persist: str | None = None  # "file" or "redis": graph jobs keep their tiles there too
+        self.prefer: str | None = None  # an executor's name: every job's tasks prefer it (docs/runtime.md)
         self._submitter: Any = None  # the helper thread of submits that wait (_post_job)
         self._submitted_at: float | None = None
         self.holders = Holders()  # the Tensors holding values kept on the cluster
@@ -308,6 +309,8 @@ class RemoteSession:
         when the scheduler does not know a compiled step's ``plan``."""
         if self.persist is not None and "graph" in request:
             request = {**request, "persist": self.persist}
+        if self.prefer is not None:
+            request = {**request, "prefer": self.prefer}
         body = request
         self._submitted_at = time.monotonic()
         if inline is not None and self.wait_s:

@@ -6,8 +6,14 @@ its parameters are uploaded once and bound by id in every step, the executors ke
 tiles cached (``scheduler/residency.py``), and every batch size the batcher uses (its
 buckets) is run once at load, so each later predict is one small compiled-step request
 binding the batch to a cached plan (``sdk/remote_steps.py``). Replicas take batches
-from one :class:`~triplane.serving.batcher.Batcher`; the scheduler places their jobs,
-so several replicas keep several executors busy.
+from one :class:`~triplane.serving.batcher.Batcher`.
+
+Spread. On a cluster each replica prefers one executor (:func:`spread_replicas`: round
+robin over the executors up, by name, when the model is loaded): every job it sends
+names it (``prefer``), so the warm-up leaves that replica's parameters cached there and
+its batches run there, and 2 replicas on 2 executors keep both busy. A preference is not
+a pin: while its executor is down (SIGKILLed, drained) the scheduler places the
+replica's jobs elsewhere, and a reload spreads the replicas again over the executors up.
 
 Reload. :meth:`ModelHost.reload` loads the new file into every replica's session and
 warms it *beside* the version in service; then one assignment makes it current. A batch
@@ -104,6 +110,20 @@ def pin_params(model: Any, session: Any) -> list[np.ndarray]:
     return kept
 
 
+def spread_replicas(sessions: Sequence[Any]) -> list[str | None]:
+    """Give each cluster session (``.nodes()``, ``.prefer``) an executor to prefer: the
+    executors up and not drained (``GET /v1/nodes``), by name, round robin; what each got.
+    Sessions without executors (embedded) or a cluster with none up are left alone."""
+    if not sessions or not all(hasattr(s, "prefer") and hasattr(s, "nodes") for s in sessions):
+        return [None] * len(sessions)
+    names = sorted(n["node"] for n in sessions[0].nodes() if n.get("health") == "up" and not n.get("drained"))
+    if not names:
+        return [None] * len(sessions)
+    for i, session in enumerate(sessions):
+        session.prefer = names[i % len(names)]
+    return [s.prefer for s in sessions]
+
+
 def run_model(model: Any, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
     """The model's outputs on ``arrays`` in the current session, as host arrays."""
     out = model(*arrays)
@@ -144,6 +164,9 @@ class ModelHost:
     # --- loading ---------------------------------------------------------------------
 
     def _load(self, path: Path) -> Version:
+        placed = spread_replicas(self.sessions)
+        if any(placed):
+            log.info("replicas prefer executors %s", placed)
         version = ""
         models, kept, inputs, outputs = [], [], None, None
         for session in self.sessions:

@@ -1,6 +1,7 @@
 """The model server on a real local cluster (2 executors, 2 replicas): predictions equal
 the in-process model's; once loaded, each batch is one compiled-step request (no graph,
-no upload); an executor SIGKILLed under load fails no request. And ``triplane serve`` as
+no upload); each replica prefers its own executor, so both executors run batches; an
+executor SIGKILLed under load fails no request. And ``triplane serve`` as
 its own process: ready file, predict, SIGHUP reloads the file, SIGTERM stops it."""
 
 from __future__ import annotations
@@ -34,6 +35,17 @@ def _cnn(path: Path, seed: int = 0) -> tp.Model:
                           nn.Linear(4 * 4 * 4, 10))
     tp.save_model(model, [np.zeros((2, 1, 8, 8), np.float32)], path, names={"inputs": ["image"]})
     return tp.load_model(path)
+
+
+def tasks_by_node(cluster: LocalCluster) -> Counter[str]:
+    """Tasks that succeeded on each executor, from the scheduler's /metrics."""
+    text = httpx.get(f"{cluster.url}/metrics", headers={"Authorization": f"Bearer {cluster.token}"}).text
+    done: Counter[str] = Counter()
+    for line in text.splitlines():
+        if line.startswith("triplane_tasks_succeeded_total{") or line.startswith("triplane_tasks_succeeded{"):
+            node = line.split('node="', 1)[1].split('"', 1)[0]
+            done[node] += int(float(line.split()[-1]))
+    return done
 
 
 @pytest.fixture(scope="module")
@@ -76,9 +88,15 @@ def test_served_on_a_cluster_one_request_per_batch_and_an_executor_lost(cluster:
             got = np.array(r.json()["outputs"]["output"])
             return 200, float(np.abs(got - model(xs[i]).numpy()).max())
 
+        executors = sorted(n["node"] for n in server.host.sessions[0].nodes())
+        assert [s.prefer for s in server.host.sessions] == executors  # one replica per executor
+        ran = tasks_by_node(cluster)
         with ThreadPoolExecutor(4) as pool:
             results = list(pool.map(one, range(20)))
         assert all(code == 200 for code, _ in results) and max(d for _, d in results) < 1e-5, results
+        ran = tasks_by_node(cluster) - ran
+        # each replica's batches ran on its executor: both executors took a fair share
+        assert set(ran) == set(executors) and min(ran.values()) >= sum(ran.values()) / 4, ran
         metrics = c.get("/metrics").text.splitlines()
         batches = int(next(float(m.split()[1]) for m in metrics
                            if m.startswith("triplane_serve_batch_rows_count")))

@@ -98,3 +98,21 @@ def test_releasing_a_step_deletes_the_inputs_it_sent_inline(cluster: Cluster) ->
     assert cluster.client.delete(f"/v1/jobs/{job}", headers=cluster.headers("submit")).status_code == 200
     assert files() == before
     assert cluster.scheduler.store.get(inline) is None
+
+
+def test_prefer_names_the_executor_of_a_submit_and_a_step_and_a_bad_one_is_400(cluster: Cluster) -> None:
+    def nodes(r) -> set:  # type: ignore[no-untyped-def]
+        assert r.status_code == 201, r.text
+        return {s.node for s in cluster.scheduler.jobs.live[r.json()["id"]].plan.specs}
+
+    post, submit = cluster.client.post, cluster.headers("submit")
+    r = post("/v1/jobs", json={**job_body(cluster.upload()), "prefer": "exec-b"}, headers=submit)
+    assert nodes(r) == {"exec-b"}
+    step = {"plan": r.json()["plan"], "args": [cluster.upload()], "fetch": ["y"]}
+    assert nodes(post("/v1/jobs", json=step, headers=submit)) == {None}  # the dispatcher places it
+    assert nodes(post("/v1/jobs", json={**step, "prefer": "exec-a"}, headers=submit)) == {"exec-a"}
+    for bad in ("", "a/b", 7, "x" * 129):
+        for doc in ({**job_body(cluster.upload()), "prefer": bad}, {**step, "prefer": bad}):
+            r = post("/v1/jobs", json=doc, headers=submit)
+            assert r.status_code == 400, r.text
+            assert "'prefer' must be an executor's name" in r.json()["error"]["message"]

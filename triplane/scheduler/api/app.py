@@ -254,7 +254,7 @@ def create_app(
         else:
             body_out = await scheduler.submit(parsed.graph, parsed.fetch, parsed.deadline_s, owner=p.name,
                                               grad=parsed.grad, persist=parsed.persist, name=parsed.name,
-                                              tags=parsed.tags)
+                                              tags=parsed.tags, prefer=parsed.prefer)
             if lease is not None:
                 scheduler.sessions.tag_job(lease, body_out["id"])
             answer = {"id": body_out["id"], "state": body_out["state"], "plan": body_out["plan"],

@@ -1,5 +1,6 @@
 """The compiled-step request: ``POST /v1/jobs`` with ``{"plan": <hash>, "args": [...],
-"fetch": [...]}`` instead of a graph (docs/runtime.md, "Compiled steps").
+"fetch": [...]}`` instead of a graph (docs/runtime.md, "Compiled steps"); ``prefer``
+names the executor its tasks should run on, as on a graph submit (``jobrequest.py``).
 
 ``plan`` is the hash a full submit of the same structure answered with; ``args`` binds
 ``arg0, arg1, ...`` in order, each an uploaded tensor id (``"u-..."``), a ref to a fetched
@@ -33,14 +34,15 @@ class BoundRequest(NamedTuple):
     args: list[Arg]
     fetch: list[str]
     deadline_s: float | None
+    prefer: str | None = None
 
 
 def parse_bound_request(doc: dict[str, Any]) -> BoundRequest:
     """The fields of a parsed compiled-step request; BadRequest naming a bad one."""
-    unknown = set(doc) - {"plan", "args", "fetch", "deadline_s"}
+    unknown = set(doc) - {"plan", "args", "fetch", "deadline_s", "prefer"}
     if unknown:
         raise BadRequest(f"unknown field(s) {sorted(unknown)} "
-                         "(known: ['args', 'deadline_s', 'fetch', 'plan'])")
+                         "(known: ['args', 'deadline_s', 'fetch', 'plan', 'prefer'])")
     plan = doc.get("plan")
     if not isinstance(plan, str) or not 1 <= len(plan) <= 128 or not plan.isalnum():
         raise BadRequest("'plan' must be the hash a submit of the graph answered with")
@@ -52,7 +54,19 @@ def parse_bound_request(doc: dict[str, Any]) -> BoundRequest:
     deadline_s = doc.get("deadline_s")
     if deadline_s is not None and (type(deadline_s) not in (int, float) or not 0 < deadline_s <= 604800):
         raise BadRequest(f"'deadline_s' must be seconds in (0, 604800], got {deadline_s!r:.40}")
-    return BoundRequest(plan, [_arg(i, a) for i, a in enumerate(args)], fetch, deadline_s)
+    return BoundRequest(plan, [_arg(i, a) for i, a in enumerate(args)], fetch, deadline_s,
+                        check_prefer(doc.get("prefer")))
+
+
+def check_prefer(prefer: Any) -> str | None:
+    """A job's ``prefer``: the name of the executor its tasks should run on (``Jobs.prefer``),
+    or None; BadRequest unless a node name (a registry key segment) of at most 128 characters."""
+    if prefer is None:
+        return None
+    if not isinstance(prefer, str) or not 1 <= len(prefer) <= 128 or "/" in prefer or "\x00" in prefer \
+            or prefer in (".", ".."):
+        raise BadRequest(f"'prefer' must be an executor's name (GET /v1/nodes), got {prefer!r:.40}")
+    return prefer
 
 
 def _arg(i: int, a: Any) -> Arg:

@@ -6,7 +6,8 @@ ranks of ``check_submission`` (400 naming the node or field), ``deadline_s`` (th
 fails with kind "deadline" if not ended by then), ``wait_s``/``inline`` and ``release`` (``waiting.py``),
 ``grad`` ((of, wrt): ``proto/autograd.py``; the gradients ``grad:<w>`` join the fetch
 list), ``persist`` (``"file"`` or ``"redis"``: docs/storage.md) and ``name``/``tags``
-(``admin.pop_labels``). A body with ``plan`` instead of ``graph`` is a compiled step: a
+(``admin.pop_labels``), ``prefer`` (an executor's name: the tasks the dispatcher places go
+there while it is up, ``Jobs.prefer``). A body with ``plan`` instead of ``graph`` is a compiled step: a
 :class:`BoundRequest` in place of the :class:`JobRequest`.
 """
 
@@ -19,14 +20,14 @@ from triplane.proto.autograd import GRAD_PREFIX, check_grad_request
 from triplane.proto.errors import GraphError, LimitError
 from triplane.proto.validate import check_submission, loads_json
 from triplane.scheduler.api.admin import pop_labels
-from triplane.scheduler.api.bound import BoundRequest, parse_bound_request
+from triplane.scheduler.api.bound import BoundRequest, check_prefer, parse_bound_request
 from triplane.scheduler.api.waiting import Waiting, check_inline, pop_release, pop_waiting
 from triplane.scheduler.errors import BadRequest
 
 __all__ = ["PERSIST_KINDS", "JobRequest", "parse_job_request"]
 
 PERSIST_KINDS = ("file", "redis")
-_FIELDS = ("deadline_s", "fetch", "grad", "graph", "persist")  # besides name, tags, wait_s, inline
+_FIELDS = ("deadline_s", "fetch", "grad", "graph", "persist", "prefer")  # besides name, tags, wait_s, inline
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,7 @@ class JobRequest:
     persist: str | None = None
     name: str | None = None
     tags: tuple[str, ...] = ()
+    prefer: str | None = None
 
 
 def parse_job_request(body: bytes | bytearray
@@ -85,4 +87,5 @@ def parse_job_request(body: bytes | bytearray
         kind = "limit" if isinstance(e, LimitError) else "graph"
         raise BadRequest(str(e), kind=kind, node=e.node, op=e.op) from None
     check_inline(waiting, fetch)
-    return JobRequest(graph, fetch, deadline_s, grad, persist, name, tags), waiting, release
+    prefer = check_prefer(doc.get("prefer"))
+    return JobRequest(graph, fetch, deadline_s, grad, persist, name, tags, prefer), waiting, release

@@ -149,6 +149,8 @@ class JobRequestBody(BaseModel):
                                                      "cluster's persistence target too (docs/storage.md)")
     name: str | None = Field(None, min_length=1, max_length=128)
     tags: list[str] | None = Field(None, max_length=16)
+    prefer: str | None = Field(None, min_length=1, max_length=128, description="an executor's name: the "
+                               "tasks the dispatcher places run there while it is up (else anywhere)")
 
 
 class CopyRequest(BaseModel):

@@ -166,7 +166,7 @@ class TriplaneService(pb_grpc.TriplaneServicer):
         else:
             out = await self.scheduler.submit(parsed.graph, parsed.fetch, parsed.deadline_s, owner=p.name,
                                               grad=parsed.grad, persist=parsed.persist, name=parsed.name,
-                                              tags=parsed.tags)
+                                              tags=parsed.tags, prefer=parsed.prefer)
         job = out["id"]
         status = (await self.scheduler.wait(job, waiting.wait_s) if waiting is not None
                   else self.scheduler.status(job))
