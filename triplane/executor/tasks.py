@@ -401,8 +401,10 @@ class TaskRunner:
                 elif node is not None and node != self.node:
                     fetch[tile] = node
                 else:
+                    # named (input, this node): the scheduler recomputes it from lineage
                     raise _Fail("infra", f"input tile {tile} is not held on node {self.node}"
-                                + ("" if node is None else " (the packet says it is here)"))
+                                + ("" if node is None else " (the packet says it is here)"),
+                                node=self.node, input=tile)
             if fetch:
                 results = await asyncio.gather(*(self._fetch(n, t) for t, n in fetch.items()),
                                                return_exceptions=True)

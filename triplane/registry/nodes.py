@@ -78,8 +78,12 @@ class NodeRegistration:
 
     async def _write_all(self) -> None:
         self.lease = await self.backend.grant_lease(self.ttl_s)
-        for key, value in self._records.items():
-            await self.backend.put(key, value, lease=self.lease)
+        # A snapshot of the keys: ``put``/``forget`` may change the records while a put
+        # waits (an executor's links come and go); each is written as it is now, if kept.
+        for key in list(self._records):
+            value = self._records.get(key)
+            if value is not None:
+                await self.backend.put(key, value, lease=self.lease)
         self.registered.set()
 
     async def _keep_alive(self) -> None:
@@ -101,6 +105,10 @@ class NodeRegistration:
                 await self._write_all()
             except (LeaseNotFound, RegistryUnavailable) as exc:
                 log.warning("node %s: re-registration failed (%s); retrying", self.node.node, exc)
+                await asyncio.sleep(min(period, 1.0))
+                continue
+            except Exception:  # a bug must not end the keep-alive: the node would vanish for good
+                log.exception("node %s: re-registration failed; retrying", self.node.node)
                 await asyncio.sleep(min(period, 1.0))
                 continue
             self.reregistrations += 1

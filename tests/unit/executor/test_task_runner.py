@@ -83,7 +83,7 @@ def test_pull_failure_and_missing_local_input_are_infra_errors() -> None:
     assert (reply.error.node, reply.error.input) == ("n2", "x")  # as data: nobody parses the text
     reply = run(runner, t("j.n2.a0", "neg", ("z",)))
     assert reply.error.kind == "infra" and "input tile z is not held on node me" in reply.error.message
-    assert (reply.error.node, reply.error.input) == ("me", None)
+    assert (reply.error.node, reply.error.input) == ("me", "z")  # the scheduler recomputes z
 
 
 def test_kernel_error_is_a_user_error() -> None:

@@ -100,3 +100,40 @@ def test_store_survives_a_new_event_loop() -> None:
 
     lease = run(write(), timeout_s=5)
     assert run(read(lease), timeout_s=5) == b"v"
+
+
+def test_a_record_forgotten_or_added_while_a_node_registers_again_does_not_end_its_keep_alive() -> None:
+    # The executor's link records come and go while it re-registers after the registry lost
+    # its lease (a restarted scheduler serving the registry): the re-registration must still
+    # finish and keep the node registered, not die of a dict changed mid-iteration.
+    from triplane.registry import register_node
+    from triplane.registry.records import Binding, NodeInfo
+
+    class Busy(MemoryBackend):
+        reg = None
+
+        async def put(self, key: str, value: bytes, lease: int | None = None) -> int:
+            revision = await super().put(key, value, lease)
+            if self.reg is not None and key.startswith("bindings/"):
+                reg, self.reg = self.reg, None  # once: another record changes meanwhile
+                await reg.forget(Binding("n1", "gone", "host"))  # as a link to a peer that left
+                await reg.put(Binding("n1", "new", "host"))
+            return revision
+
+    async def body() -> None:
+        r = Busy()
+        node = NodeInfo("n1", "127.0.0.1", 1, 1, 2, "0", 0.0, 1)
+        kept, gone = Binding("n1", "e", "host"), Binding("n1", "gone", "host")
+        reg = await register_node(r, node, bindings=[gone, kept], ttl_s=0.3)
+        await r.revoke_lease(reg.lease)  # the registry lost it
+        r.reg = reg
+        for _ in range(60):
+            await asyncio.sleep(0.05)
+            if reg.reregistrations:
+                break
+        assert reg.reregistrations == 1
+        await asyncio.sleep(0.6)  # two TTLs: kept alive under the new lease
+        keys = sorted(e.key for e in await r.get_prefix(""))
+        assert keys == sorted([node.key(), kept.key(), Binding("n1", "new", "host").key()])
+        await reg.close()
+    run(body(), timeout_s=10)

@@ -147,6 +147,30 @@ def test_a_reader_run_again_after_its_input_was_freed_recomputes_it_from_lineage
     assert [f.state for f in out if isinstance(f, JobFinished)] == ["done"]
 
 
+def test_an_input_its_holder_no_longer_has_is_recomputed_not_blamed_on_the_node() -> None:
+    # A resumed job: the metadb said t0 is done on n1, but n1 freed it before the scheduler
+    # restarted (or evicted it, or restarted itself). t1 runs on n1 and n1 says so: t0 is
+    # recomputed from lineage, and t1 runs after it -- on n1 still, which did nothing wrong.
+    s = cluster("n1", "n2", eager=False)
+    specs = (*chain(2, "n1"), TaskSpec("t2", "exp", ("t1",), is_output=True, node="n1"))
+    (t1,) = sends(s.handle(SubmitJob(sid(), "j", specs, 0.0, done=(("t0", "n1"),))))
+    assert (t1.task, t1.node, t1.pull_from) == ("t1", "n1", ())
+    out = s.handle(TaskErred(sid(), "j", "t1", 0, "n1", "infra", "input tile j.t0 is not held on node n1",
+                             1.0, "j.t0", "n1"))
+    s.validate_state()
+    tasks = s.jobs["j"].tasks
+    assert tasks["t1"].state == "pending" and tasks["t1"].waiting_on == {"t0"}
+    assert tasks["t1"].excluded == set()
+    (redo,) = sends(out)
+    assert (redo.task, redo.node, redo.attempt) == ("t0", "n1", 1)
+    now = 2.0
+    for want in ("t1", "t2"):
+        (redo,) = sends(ok(s, redo, now))
+        assert redo.task == want and redo.node == "n1"
+        now += 1
+    assert [f.state for f in ok(s, redo, now) if isinstance(f, JobFinished)] == ["done"]
+
+
 def test_under_random_failures_frees_name_only_done_unfetched_tiles_once_unread() -> None:
     rnd = random.Random(7)
     for _ in range(30):

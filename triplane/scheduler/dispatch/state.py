@@ -43,7 +43,9 @@ whose readers are now all done, and its own output if nothing reads it, is freed
 ``Free`` instruction to delete the tile on its node -- unless the user fetches it
 (``TaskSpec.is_output``; uploads are no tasks and never freed). A freed task stays done
 with no node, so it is not *available*: if a reader must run again (its own output lost
-with its node, or a drift), the freed input is recomputed from lineage, as a lost one.
+with its node, or a drift), the freed input is recomputed from lineage, as a lost one. So
+is an input its holder reports it does not have when a reader runs there (``TaskErred``
+naming the input on that node: e.g. a resumed job whose tile was freed before the restart).
 
 Delivery: a task may run more than once (retransmits reuse the attempt number, drifts take
 the next one); only the first reply of the current attempt counts, later or stale ones
@@ -189,7 +191,15 @@ class DispatchState:
             self._move(t, FAILED, ev.stimulus_id, ev.now, out)
             self._fail_job(self.jobs[ev.job], t.error, ev.stimulus_id, ev.now, out)
         else:
-            t.excluded.add(ev.node)
+            job = self.jobs[ev.job]
+            gone = next((job.tasks[d] for d in t.spec.deps if ev.input == f"{job.id}.{d}"), None)
+            if (gone is not None and ev.input_node == ev.node and gone.node == ev.node
+                    and gone.state == DONE):
+                # The node says it does not hold an input we think it holds (freed before a
+                # scheduler restart, evicted, its executor restarted): lineage, not its fault.
+                self._lost_output(job, gone, ev.stimulus_id, ev.now, out)
+            else:
+                t.excluded.add(ev.node)
             self._drift(t, f"infra error on {ev.node}: {ev.message}", ev.stimulus_id, ev.now, out,
                         node=ev.input_node or ev.node, input=ev.input)
 
