@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import threading
+import time
 from collections import Counter, OrderedDict
 from typing import TYPE_CHECKING, Any
 
@@ -93,6 +94,9 @@ class Views:
                 first, last, rows = agg.task_bounds(s, job)
                 t0 = start if start is not None else first
                 t1 = end if end is not None else last
+                if t1 is None and t0 is not None:  # started, none finished yet (or not yet written)
+                    t1 = max(time.time(), t0 + 1e-3)
+                    body["end"] = t1
                 body: dict[str, Any] = {"job": job, "first": first, "last": last, "rows": rows,
                                         "start": t0, "end": t1, "buckets": buckets, "bucket_s": None,
                                         "nodes": [], "tasks": None}

@@ -81,7 +81,8 @@ def test_lost_tiles_of_finished_jobs_are_recomputed_for_a_fetch_and_a_ref(
     rng = np.random.default_rng(5)
     x = rng.uniform(-2, 2, (N, N)).astype(np.float32)
     w = (rng.uniform(-1, 1, (N, K)) * 0.01).astype(np.float32)
-    with start_cluster(bound_s=150, executors=2) as cluster:
+    # --whole-s 0: each job is cut over both executors, so killing one loses part of each
+    with start_cluster(bound_s=150, executors=2, scheduler_args=["--whole-s", "0"]) as cluster:
         h = httpx.Client(base_url=cluster.url, headers={"Authorization": f"Bearer {cluster.token}"},
                          timeout=60)
         ux, uw = _upload(h, x), _upload(h, w)

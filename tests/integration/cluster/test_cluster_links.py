@@ -33,7 +33,8 @@ def _links(home: Any, want: int, timeout_s: float = 30.0) -> list[dict[str, Any]
 
 
 def test_pairs_are_published_shown_and_a_slowed_peer_gets_no_tasks(start_cluster: Callable[..., Any]) -> None:
-    with start_cluster(bound_s=150, executors=2) as cluster:
+    # --whole-s 0: the job is cut, so its tasks could spread (uncut it is one task on any node)
+    with start_cluster(bound_s=150, executors=2, scheduler_args=["--whole-s", "0"]) as cluster:
         cluster.add_executor(extra_args=["--network-delay-ms", str(DELAY_MS)])
         home = cluster.run.path
         links = _links(home, 6)
