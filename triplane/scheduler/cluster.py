@@ -33,6 +33,7 @@ from triplane.registry import (
     list_bindings,
     list_drained,
     list_links,
+    list_node_leases,
     list_nodes,
     list_op_engines,
 )
@@ -173,12 +174,13 @@ class ClusterView:
         for link in await list_links(self.registry):
             fields = ("peer", "engine", "bandwidth_gbps", "latency_us", "measured_at")
             links.setdefault(link.node, []).append({k: getattr(link, k) for k in fields})
+        leases = await list_node_leases(self.registry)
         return [
             {
                 **_asdict(n),
                 # measured pairs from this node (executor/links.py), for `triplane status`
                 "links": links.get(n.node, []),
-                "health": "up",
+                **_lease_health(leases.get(n.node)),
                 "running": self.running(n.node),
                 "memory": mem.get(n.node, {"capacity": 0, "free": 0}),
                 # how much slower than registered its kernels run now (calibration.py)
@@ -222,6 +224,19 @@ class ClusterView:
         bound = bound_of(task_cost(layout.graph, task), fig)
         ff, fb = factors.get(node, (1.0, 1.0))
         self.calibration.observe(node, bound, predicted, kernel_s, ff if bound == "flops" else fb)
+
+
+def _lease_health(lease: tuple[float, float] | None) -> dict[str, Any]:
+    """``health`` and ``lease`` of a node from its registry lease: ``up`` while the lease was
+    refreshed within half its TTL (its keep-alive refreshes every third), ``late`` past that
+    (missed refreshes: the node expires at ``left_s`` unless one lands), ``unknown`` when the
+    lease could not be read (gone between the two reads)."""
+    if lease is None:
+        return {"health": "unknown", "lease": None}
+    ttl, left = lease
+    age = max(0.0, ttl - left)
+    return {"health": "up" if age <= ttl / 2 else "late",
+            "lease": {"ttl_s": ttl, "left_s": left, "age_s": age}}
 
 
 def _asdict(record: Any) -> dict[str, Any]:

@@ -221,6 +221,14 @@ class Link(BaseModel):
     measured_at: float
 
 
+class Lease(BaseModel):
+    """A node's registry lease (docs/api.md): its record vanishes at ``left_s`` unless renewed."""
+
+    ttl_s: float = Field(description="the lease's TTL as granted (etcd: whole seconds)")
+    left_s: float = Field(description="seconds left before it expires unless renewed")
+    age_s: float = Field(description="seconds since it was last renewed (ttl_s - left_s)")
+
+
 class Node(BaseModel):
     node: str
     address: str
@@ -231,7 +239,9 @@ class Node(BaseModel):
     started_at: float
     pid: int
     cpus: int
-    health: str
+    health: str = Field(description="up (lease renewed within half its TTL), late (renewals missed), "
+                                    "unknown (lease unreadable)")
+    lease: Lease | None = Field(description="its registry lease; None when unreadable")
     running: int = Field(description="tasks the dispatcher has there now")
     memory: Memory
     calibration: Calibration
@@ -392,12 +402,29 @@ class GraphView(BaseModel):
     nodes: list[GraphNode]
 
 
+class Spill(BaseModel):
+    """A spilling memory engine's counters since its executor started (docs/storage.md)."""
+
+    tiles: int = Field(description="tiles moved from memory to the spill directory")
+    bytes: int = Field(description="their bytes")
+    reads: int = Field(description="spilled tiles read back")
+    read_bytes: int
+    on_disk: int = Field(description="bytes in the spill directory now")
+
+
+class Persisted(BaseModel):
+    tiles: int = Field(description="tiles its node wrote to a persistence target")
+    bytes: int = Field(description="their bytes")
+
+
 class MemoryEngineView(BaseModel):
     node: str
     engine: str
     kind: str
     capacity: int
     free: int
+    spill: Spill | None = Field(description="None for an engine that does not spill")
+    persisted: Persisted
 
 
 class TileTotal(BaseModel):
