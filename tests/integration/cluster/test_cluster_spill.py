@@ -73,7 +73,8 @@ def test_a_working_set_three_times_the_memory_finishes_by_spilling(
         assert sum(c["reads"] for c in counters.values()) > 0, counters  # read back to be fetched
         assert all(c["memory_used"] <= MEMORY for c in counters.values()), counters
         # the same counters through the public API, per memory engine (one per executor)
-        h = httpx.Client(base_url=cluster.url, headers={"Authorization": f"Bearer {cluster.token}"}, timeout=10)
+        auth = {"Authorization": f"Bearer {cluster.token}"}
+        h = httpx.Client(base_url=cluster.url, headers=auth, timeout=10)
         engines = {e["node"]: e for e in h.get("/v1/storage").json()["engines"]}
         h.close()
         assert engines.keys() == counters.keys()
