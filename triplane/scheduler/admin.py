@@ -41,6 +41,7 @@ __all__ = ["DRIFT_KINDS", "Admin", "job_body"]
 # an attempt that left its node (journal.py; the last two: rows written before scheduler/events.py)
 DRIFT_KINDS = ("task.drifted", "task.ready", "task.pending")
 RETRYABLE = ("failed", "cancelled")
+FAILED_KIND = "task.failed"  # its payload names the submitted node and loc (journal.py)
 T = TypeVar("T")
 
 
@@ -148,7 +149,9 @@ class Admin:
         if bindings.get("refs"):
             raise Conflict(f"job {job} read refs of other jobs: submit its graph again with the refs")
         key = graph.hash()
-        self.s.jobs.structures[key] = (graph, dict(bindings["fetch"]), tuple(info.fetch))
+        known = self.s.jobs.structures.get(key)  # its nodes' source lines, if its submit is still held
+        self.s.jobs.structures[key] = (graph, dict(bindings["fetch"]), tuple(info.fetch),
+                                       known[3] if known is not None else {})
         deadline_s = bindings.get("deadline_s")
         body = await self.s.jobs.submit_bound(
             key, list(bindings["args"]), list(info.fetch),
@@ -163,7 +166,8 @@ class Admin:
         def read() -> tuple[list[mdb.TaskInfo], list[mdb.EventInfo]]:
             with self.s.db.read() as s:
                 rows = mdb.task_page(s, job, after=after, limit=limit)
-                return rows, mdb.task_events(s, job, [t.task_id for t in rows], DRIFT_KINDS)
+                kinds = (*DRIFT_KINDS, FAILED_KIND) if any(t.error_kind for t in rows) else DRIFT_KINDS
+                return rows, mdb.task_events(s, job, [t.task_id for t in rows], kinds)
 
         try:
             rows, events = await self._read(read)
@@ -171,9 +175,12 @@ class Admin:
             raise NotFound(f"unknown job {job[:128]!r}") from None
         js = self.s.shell.state.jobs.get(job)
         stored: dict[str, list[dict[str, Any]]] = {}
+        failed: dict[str, dict[str, Any]] = {}  # task -> its latest task.failed event's payload
         for e in events:
             p = e.payload if isinstance(e.payload, dict) else {}
-            if p.get("from") == "dispatched":
+            if e.kind == FAILED_KIND:
+                failed[e.task_id or ""] = p
+            elif p.get("from") == "dispatched":
                 stored.setdefault(e.task_id or "", []).append(
                     {"at": e.at, "attempt": int(p.get("attempt") or 0), "from": e.node or p.get("node"),
                      "to": None, "reason": e.stimulus_id or ""})
@@ -187,11 +194,20 @@ class Admin:
                 "id": t.task_id, "op": t.op, "state": t.state, "attempt": t.attempt, "node": t.node,
                 "queued_at": t.queued_at, "started_at": t.started_at, "finished_at": t.finished_at,
                 "predicted_s": t.predicted_s, "actual_s": t.actual_s,
-                "error": None if t.error_kind is None else {"kind": t.error_kind,
-                                                            "message": t.error_message or ""},
+                "error": None if t.error_kind is None else {
+                    "kind": t.error_kind, "message": t.error_message or "",
+                    **self._where(job, t.task_id, failed.get(t.task_id, {}))},
                 "drifts": drifts,
             })
         return out
+
+    def _where(self, job: str, task: str, event: dict[str, Any]) -> dict[str, Any]:
+        """A failed task's submitted node and its ``loc``: from the job held in memory, else
+        from its ``task.failed`` event (the journal names them there)."""
+        node, loc = self.s.jobs.locate(job, task)
+        if node is None:
+            node, loc = event.get("graph_node"), event.get("loc")
+        return {"node": node if isinstance(node, str) else None, "loc": loc if isinstance(loc, str) else None}
 
     async def tiles(self, job: str, *, after: tuple[str, str] | None, limit: int) -> list[dict[str, Any]]:
         """Up to ``limit`` of a job's tile rows (where its fetched results live) after ``after``

@@ -31,7 +31,7 @@ import json
 import logging
 import time
 from collections import OrderedDict, deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -69,6 +69,8 @@ RETAIN_MIN_S = 2.0
 MAX_FETCH = 10_000
 
 
+# a structure submit_bound runs again: (canonical graph, fetch map, fetch list, node -> loc)
+Structure = tuple[Graph, dict[str, str], tuple[str, ...], Mapping[str, str]]
 GradRequest = tuple[str, list[str]]  # a job's ``grad``: (of, wrt)
 
 # (the job as stored, its canonical graph, its job.bindings payload, its task rows)
@@ -97,6 +99,7 @@ class LiveJob:
     holders: dict[str, str] = field(default_factory=dict)
     done: int = 0  # tasks done, set when the job ends
     failure: dict[str, Any] | None = None  # set before cancelling it: it fails with this error
+    locs: Mapping[str, str] = field(default_factory=dict)  # submitted node -> its SDK's source line
 
     def name_of(self, task: str) -> str:
         """The submitted node a task came from (a tile task: the tensor it is part of)."""
@@ -153,7 +156,7 @@ class Jobs:
         self.resumed.set()
         # canonical graph hash -> (canonical graph, fetched name -> plan node, fetch list) of
         # the structures submitted lately, for submit_bound (an LRU as long as the plan cache)
-        self.structures: OrderedDict[str, tuple[Graph, dict[str, str], tuple[str, ...]]] = OrderedDict()
+        self.structures: OrderedDict[str, Structure] = OrderedDict()
 
     # --- submit ----------------------------------------------------------------------------
 
@@ -175,19 +178,20 @@ class Jobs:
                              "on the scheduler and executors, e.g. file:/shared/dir)")
         cluster, engines, factors = await self.cluster.snapshot()
         held = await self.refs.resolve(refs_in_graph(graph_doc))
+        locs: dict[str, str] = {}
         try:
             def compile_now() -> JobPlan:
                 return self.compile(graph_doc, fetch, Refs.snapshot(cluster, held), held.bind,
-                                    grad=grad, bound=self._bound_types(held))
+                                    grad=grad, bound=self._bound_types(held), locs=locs)
 
             plan = await self._with_refs(await asyncio.to_thread(compile_now), held, owner, compile_now)
             assert plan.graph is not None
             key = plan.graph.hash()  # computed (and kept on the graph) by the plan cache already
-            self.structures[key] = (plan.graph, dict(plan.fetch), tuple(fetch))
+            self.structures[key] = (plan.graph, dict(plan.fetch), tuple(fetch), locs)
             self.structures.move_to_end(key)
             while len(self.structures) > self.plans.capacity:
                 self.structures.popitem(last=False)
-            body = await self._start(plan, fetch, deadline_s, owner, engines, factors, held, persist)
+            body = await self._start(plan, fetch, deadline_s, owner, engines, factors, held, persist, locs)
         except BaseException:
             self.refs.drop(held)
             raise
@@ -220,7 +224,7 @@ class Jobs:
         if known is None or known[2] != tuple(fetch):
             raise Conflict(f"unknown plan {plan_hash[:16]!r} for this fetch list: submit the graph",
                            kind="unknown_plan")
-        cgraph, fetch_map, _ = known
+        cgraph, fetch_map, _, locs = known
         nargs = sum(1 for n in cgraph.nodes.values() if n.op == "input")
         if len(args) != nargs:
             raise BadRequest(f"plan {plan_hash[:16]} binds {nargs} inputs, the request gives {len(args)}")
@@ -233,14 +237,14 @@ class Jobs:
                                    args=[bind.get(a, a) for a in args], group=self.group)
 
             plan = await self._with_refs(await asyncio.to_thread(compile_now), held, owner, compile_now)
-            return await self._start(plan, fetch, deadline_s, owner, engines, factors, held)
+            return await self._start(plan, fetch, deadline_s, owner, engines, factors, held, locs=locs)
         except BaseException:
             self.refs.drop(held)
             raise
 
     async def _start(self, plan: JobPlan, fetch: list[str], deadline_s: float | None, owner: str | None,
                      engines: Any, factors: Factors, held: Held,
-                     persist: str | None = None) -> dict[str, Any]:
+                     persist: str | None = None, locs: Mapping[str, str] | None = None) -> dict[str, Any]:
         """Check, store and dispatch a compiled job; its status body."""
         bindings = bindings_of(plan)
         if held.refs:  # a resumed job finds them again (once their holders are back)
@@ -278,12 +282,12 @@ class Jobs:
                 raise store_failed(plan.job, e) from None
             self.refs.bind(plan.job, held)
             return self.body(plan.job, self._dispatch(plan, now, (), factors, deadline_s, owner=owner,
-                                                      persist=persist))
+                                                      persist=persist, locs=locs))
         # Dispatch first and store meanwhile: the executors start while ~10^4 task rows are
         # inserted. The journal holds the job's writes back until its rows exist.
         self.journal.hold(plan.job)
         self.refs.bind(plan.job, held)
-        live = self._dispatch(plan, now, (), factors, deadline_s, owner=owner, persist=persist)
+        live = self._dispatch(plan, now, (), factors, deadline_s, owner=owner, persist=persist, locs=locs)
         try:
             await asyncio.to_thread(self.store_job, plan, fetch, bindings, now, owner)
         except Exception as e:
@@ -297,13 +301,14 @@ class Jobs:
 
     def compile(self, graph_doc: Any, fetch: list[str], cluster: ClusterSnapshot,
                 bind: dict[str, str] | None = None, *, grad: GradRequest | None = None,
-                bound: BoundTypes | None = None) -> JobPlan:
+                bound: BoundTypes | None = None, locs: dict[str, str] | None = None) -> JobPlan:
         """Parse and compile a submitted graph (CPU-bound: a worker thread, so that the
         event loop keeps answering replies, health checks and the registry's keep-alives);
         ``bind``: its refs -> what they resolved to. Types the document leaves out are
         inferred (``proto/infer.py``; ``bound`` types the inputs from their uploads and
-        refs), and ``grad`` = (of, wrt) appends the gradients (``proto/autograd.py``)."""
-        graph = graph_from_wire(graph_doc, bound=bound)
+        refs), and ``grad`` = (of, wrt) appends the gradients (``proto/autograd.py``).
+        ``locs`` is filled with the nodes' source lines (``loc``) the document carries."""
+        graph = graph_from_wire(graph_doc, bound=bound, locs=locs)
         if grad is not None:
             graph, _ = named_gradients(graph, *grad)
         return compile_job(graph, fetch, cluster, cache=self.plans, bind=bind, group=self.group)
@@ -339,8 +344,9 @@ class Jobs:
 
     def _dispatch(self, plan: JobPlan, created: float, done: tuple[tuple[str, str], ...],
                   factors: Factors | None = None, deadline_s: float | None = None, *,
-                  owner: str | None = None, resumed: bool = False, persist: str | None = None) -> LiveJob:
-        live = LiveJob(plan, dict(plan.back), created, time.time(), factors=factors)
+                  owner: str | None = None, resumed: bool = False, persist: str | None = None,
+                  locs: Mapping[str, str] | None = None) -> LiveJob:
+        live = LiveJob(plan, dict(plan.back), created, time.time(), factors=factors, locs=locs or {})
         self.journal.job_started(plan.job, owner, len(plan.specs), len(done), resumed=resumed)
         live.fetched_tasks = frozenset(fetched_tasks_of(plan))
         self.live[plan.job] = live
@@ -528,7 +534,17 @@ class Jobs:
         if op == GROUP_OP and e.task is not None:  # the node inside a grouped task that failed
             inner = live.plan.plan.graph.nodes.get(e.task)
             op = inner.op if inner is not None else op
-        return {"kind": e.kind, "message": e.message, "node": node, "op": op}
+        return {"kind": e.kind, "message": e.message, "node": node, "op": op,
+                **({"loc": live.locs[node]} if node in live.locs else {})}
+
+    def locate(self, job: str, task: str) -> tuple[str | None, str | None]:
+        """(the submitted node ``task`` came from, that node's ``loc``) while this process
+        holds ``job``; (None, None) otherwise."""
+        live = self.live.get(job)
+        if live is None:
+            return None, None
+        node = live.name_of(task)
+        return node, live.locs.get(node)
 
     def progress(self, job: str) -> tuple[bool, int, int]:
         js = self.shell.state.jobs.get(job)

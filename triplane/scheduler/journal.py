@@ -64,8 +64,11 @@ class Journal:
     ``events``: the bus it publishes on and persists (a private one when not given)."""
 
     def __init__(self, db: mdb.MetaDB, progress: Callable[[str], tuple[bool, int, int]],
-                 events: EventBus | None = None, state: Callable[[], DispatchState] | None = None) -> None:
+                 events: EventBus | None = None, state: Callable[[], DispatchState] | None = None,
+                 locate: Callable[[str, str], tuple[str | None, str | None]] | None = None) -> None:
         self.db = db
+        # (job, task) -> (the submitted node it came from, its loc): a task.failed event names them
+        self.locate = locate
         self.progress = progress
         self.state = state  # the dispatcher's state: the node a drifted task left
         self.events = EventBus() if events is None else events
@@ -125,9 +128,13 @@ class Journal:
                 continue
             self._tx[(t.job, t.task)] = t
             if t.start in ("dispatched", "done") and t.finish in ("ready", "pending", "failed"):
+                where: dict[str, str] = {}
+                if t.finish == "failed" and self.locate is not None:
+                    graph_node, loc = self.locate(t.job, t.task)
+                    where = {k: v for k, v in (("graph_node", graph_node), ("loc", loc)) if v is not None}
                 self.events.publish(TASK_EVENTS[t.start, t.finish], job=t.job, task=t.task,
                                     node=self._left(t), attempt=t.attempt, reason=t.stimulus_id[:128],
-                                    **{"from": t.start, "to": t.finish})
+                                    **{"from": t.start, "to": t.finish}, **where)
             elif t.start == t.finish == "done":  # a holder died: the tile is read from a persistence
                 # target (the transition's node names it: store:<kind>) instead of computed again
                 self.events.publish(PERSISTED_READ, job=t.job, task=t.task, node=t.node, attempt=t.attempt,

@@ -132,7 +132,8 @@ class Scheduler(Leading):
                                cluster=self.cluster, earlier=EarlierJobs(db, self.plans), live=live,
                                require_leader=self.require_leader)
         self.events = EventBus(db)
-        self.journal = Journal(db, lambda job: self.jobs.progress(job), self.events, lambda: self.shell.state)
+        self.journal = Journal(db, lambda job: self.jobs.progress(job), self.events, lambda: self.shell.state,
+                               lambda job, task: self.jobs.locate(job, task))
         self._inline: dict[str, list[str]] = {}  # job -> its own uploads (sent inline, copies of refs)
         self.refs = Refs(live=live, results=self.results, shell=self.shell, store=self.store,
                          job_uploads=self._inline)

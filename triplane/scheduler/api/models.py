@@ -29,6 +29,8 @@ class ErrorDetail(BaseModel):
     message: str
     node: str | None = None
     op: str | None = None
+    loc: str | None = Field(None, description="a failed job's: the failing node's source line (file:line) "
+                                              "as its SDK sent it")
 
 
 class ErrorBody(BaseModel):
@@ -171,6 +173,8 @@ class Drift(BaseModel):
 class TaskError(BaseModel):
     kind: str
     message: str
+    node: str | None = Field(None, description="the submitted graph node the task computes (part of)")
+    loc: str | None = Field(None, description="that node's source line as its SDK sent it (file:line)")
 
 
 class Task(BaseModel):
