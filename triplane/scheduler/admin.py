@@ -32,6 +32,7 @@ from triplane.registry import list_nodes, set_drained
 from triplane.scheduler.earlier import BINDINGS
 from triplane.scheduler.errors import BadRequest, Conflict, NotFound
 from triplane.scheduler.jobrecords import API_STATE, stored_body
+from triplane.scheduler.journal import FAILED  # its payload is a failed job's error: task, node, loc
 
 if TYPE_CHECKING:
     from triplane.scheduler.service import Scheduler
@@ -41,7 +42,6 @@ __all__ = ["DRIFT_KINDS", "Admin", "job_body"]
 # an attempt that left its node (journal.py; the last two: rows written before scheduler/events.py)
 DRIFT_KINDS = ("task.drifted", "task.ready", "task.pending")
 RETRYABLE = ("failed", "cancelled")
-FAILED_KIND = "task.failed"  # its payload names the submitted node and loc (journal.py)
 T = TypeVar("T")
 
 
@@ -166,8 +166,10 @@ class Admin:
         def read() -> tuple[list[mdb.TaskInfo], list[mdb.EventInfo]]:
             with self.s.db.read() as s:
                 rows = mdb.task_page(s, job, after=after, limit=limit)
-                kinds = (*DRIFT_KINDS, FAILED_KIND) if any(t.error_kind for t in rows) else DRIFT_KINDS
-                return rows, mdb.task_events(s, job, [t.task_id for t in rows], kinds)
+                events = mdb.task_events(s, job, [t.task_id for t in rows], DRIFT_KINDS)
+                if any(t.error_kind for t in rows):  # the job's error names its failed task's node
+                    events += mdb.list_events(s, job, limit=1, kind=FAILED)
+                return rows, events
 
         try:
             rows, events = await self._read(read)
@@ -175,11 +177,11 @@ class Admin:
             raise NotFound(f"unknown job {job[:128]!r}") from None
         js = self.s.shell.state.jobs.get(job)
         stored: dict[str, list[dict[str, Any]]] = {}
-        failed: dict[str, dict[str, Any]] = {}  # task -> its latest task.failed event's payload
+        failed: dict[str, Any] = {}  # the job's error (job.failed): its task, node and loc
         for e in events:
             p = e.payload if isinstance(e.payload, dict) else {}
-            if e.kind == FAILED_KIND:
-                failed[e.task_id or ""] = p
+            if e.kind == FAILED:
+                failed = p
             elif p.get("from") == "dispatched":
                 stored.setdefault(e.task_id or "", []).append(
                     {"at": e.at, "attempt": int(p.get("attempt") or 0), "from": e.node or p.get("node"),
@@ -196,17 +198,17 @@ class Admin:
                 "predicted_s": t.predicted_s, "actual_s": t.actual_s,
                 "error": None if t.error_kind is None else {
                     "kind": t.error_kind, "message": t.error_message or "",
-                    **self._where(job, t.task_id, failed.get(t.task_id, {}))},
+                    **self._where(job, t.task_id, failed)},
                 "drifts": drifts,
             })
         return out
 
-    def _where(self, job: str, task: str, event: dict[str, Any]) -> dict[str, Any]:
+    def _where(self, job: str, task: str, error: dict[str, Any]) -> dict[str, Any]:
         """A failed task's submitted node and its ``loc``: from the job held in memory, else
-        from its ``task.failed`` event (the journal names them there)."""
+        from the job's stored error when it names this task."""
         node, loc = self.s.jobs.locate(job, task)
-        if node is None:
-            node, loc = event.get("graph_node"), event.get("loc")
+        if node is None and error.get("task") == task:
+            node, loc = error.get("node"), error.get("loc")
         return {"node": node if isinstance(node, str) else None, "loc": loc if isinstance(loc, str) else None}
 
     async def tiles(self, job: str, *, after: tuple[str, str] | None, limit: int) -> list[dict[str, Any]]:

@@ -486,6 +486,10 @@ class Jobs:
         live.updated = time.time()
         if f.state == "failed":
             live.error = self._failure(live, f)
+            failed = next((tid for tid, t in js.tasks.items() if t.state == "failed"), None)
+            if failed is not None and f.error is not None:  # the row of the task that failed it
+                live.error["task"] = failed
+                self.journal.task_failed(f.job, failed, f.error.kind, f.error.message)
             ref = self.refs.ref_of(f.job, f.error.input) if f.error is not None and f.error.input else None
             if ref is not None and f.error is not None and f.error.kind == "infra":  # its holder is gone
                 live.error = {**live.error, "kind": "lost", "ref": ref}
@@ -539,10 +543,13 @@ class Jobs:
 
     def locate(self, job: str, task: str) -> tuple[str | None, str | None]:
         """(the submitted node ``task`` came from, that node's ``loc``) while this process
-        holds ``job``; (None, None) otherwise."""
+        holds ``job`` (the task that failed it: the node its error names, inside a grouped
+        task); (None, None) otherwise."""
         live = self.live.get(job)
         if live is None:
             return None, None
+        if live.error is not None and live.error.get("task") == task:
+            return live.error.get("node"), live.error.get("loc")
         node = live.name_of(task)
         return node, live.locs.get(node)
 
