@@ -173,7 +173,8 @@ def test_the_overview_shows_each_nodes_lease_and_storage_its_persisted_bytes(
         tab.close()
 
 
-def test_a_failed_tasks_source_line_is_in_the_api_and_on_the_job_page(cluster: LocalCluster, browser: Any) -> None:
+def test_a_failed_tasks_source_line_is_in_the_api_and_on_the_job_page(
+        cluster: LocalCluster, browser: Any) -> None:
     with RemoteSession(cluster.url, cluster.token) as remote, use_session(remote):
         x = tp.Tensor.from_array(np.array([1.0, 2.0]))
         idx = tp.Tensor.from_array(np.array([0, 7]))
