@@ -21,7 +21,7 @@ checks the completed graph (limits, normalised attributes) as it checks any grap
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from triplane.proto import dtypes as dt
@@ -30,7 +30,7 @@ from triplane.proto.errors import DTypeError, GraphError, LimitError, ShapeError
 from triplane.proto.ir import Attrs, Graph, Node, TensorType
 from triplane.proto.limits import MAX_RANK
 
-__all__ = ["MAX_LOC_LENGTH", "BoundTypes", "graph_from_wire", "infer_node", "type_of", "wire_loc"]
+__all__ = ["MAX_LOC_LENGTH", "BoundTypes", "add_locs", "graph_from_wire", "infer_node", "type_of", "wire_loc"]
 
 MAX_LOC_LENGTH = 256
 
@@ -121,6 +121,19 @@ def wire_loc(where: str) -> str | None:
     an empty one or one with a control character."""
     loc = where if len(where) <= MAX_LOC_LENGTH else "…" + where[-(MAX_LOC_LENGTH - 1):]
     return loc if loc and not _BAD_LOC_CHAR.search(loc) else None
+
+
+def add_locs(nodes: dict[str, Any], wheres: Iterable[tuple[str, str | None]]) -> None:
+    """Give the computed nodes of a wire document's ``nodes`` the source location each was
+    made at (``wheres``: node id, location or None), as ``loc`` (:func:`wire_loc`); input
+    nodes, nodes that have one and unknown ids are left as they are. An SDK calls it for
+    a graph it sends: the scheduler names the ``loc`` in a failed task's error."""
+    for nid, where in wheres:
+        nd = nodes.get(nid)
+        if where is not None and nd is not None and nd.get("op") != "input" and "loc" not in nd:
+            loc = wire_loc(where)
+            if loc is not None:
+                nd["loc"] = loc
 
 
 def _check_loc(nid: str, op: Any, loc: Any) -> str:

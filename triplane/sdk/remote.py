@@ -49,7 +49,7 @@ import numpy as np
 from triplane.proto import dtypes as dt
 from triplane.proto import errors as E
 from triplane.proto.canonjson import canonical_json
-from triplane.proto.infer import wire_loc
+from triplane.proto.infer import add_locs
 from triplane.proto.ir import Attrs, TensorType
 from triplane.sdk.lifecycle import Keeper, ProgressBar, Uploads
 from triplane.sdk.remote_errors import RemoteError, http_error, job_error, lost_holder
@@ -70,17 +70,6 @@ log = logging.getLogger(__name__)
 
 TERMINAL = ("done", "failed", "cancelled")
 
-
-def _add_locs(nodes: dict[str, Any], tensors: Mapping[str, Tensor], rename: Mapping[str, str]) -> None:
-    """Give each computed node of a wire document the user's line its tensor was made at
-    (``loc``): the scheduler names it in a failed task's error and the dashboard shows it.
-    Only a graph that is sent pays this (a compiled step sends none)."""
-    for tid, t in tensors.items():
-        nd = nodes.get(rename.get(tid, ""))
-        if t._where is not None and nd is not None and nd["op"] != "input" and "loc" not in nd:
-            loc = wire_loc(t._where)
-            if loc is not None:
-                nd["loc"] = loc
 
 class RemoteSession:
     """Evaluates graphs on the cluster whose scheduler answers at ``url``.
@@ -166,7 +155,7 @@ class RemoteSession:
         graph, tensors, bindings = build_graph(outputs)
         cgraph, rename, args = graph.canonical()
         doc = json.loads(cgraph.to_json())  # the wire form (constants encoded as the IR says)
-        _add_locs(doc["nodes"], tensors, rename)
+        add_locs(doc["nodes"], ((rename[tid], t._where) for tid, t in tensors.items() if tid in rename))
         uploaded = 0
         local: dict[str, Any] = {}  # canonical id -> value of input nodes
         upload_of: dict[str, str] = {}  # argN -> its upload or ref
