@@ -180,9 +180,10 @@ def test_tasks_and_tiles_pages(api: Api) -> None:
     assert [len(p) for p in pages] == [2, 2, 1] and len({t["id"] for t in tasks}) == 5
     by_id = {t["id"]: t for t in tasks}
     failed = next(t for t in tasks if t["state"] == "failed")
-    assert failed["node"] == "n2" and (failed["error"]["kind"], failed["error"]["message"]) == ("user", "boom")
+    error = failed["error"]
+    assert failed["node"] == "n2" and (error["kind"], error["message"]) == ("user", "boom")
     # the submitted node it computes (the job is held in memory: its plan says), no loc sent
-    assert failed["error"]["node"] in {f"y{i}" for i in range(5)} and failed["error"]["loc"] is None
+    assert error["node"] in {f"y{i}" for i in range(5)} and error["loc"] is None
     assert failed["attempt"] == 1 and {"queued_at", "started_at", "finished_at", "predicted_s",
                                        "actual_s", "op"} <= set(failed)
     assert by_id[t0] is failed and [t["id"] for t in by_id.values() if t["drifts"]] == [t1]
