@@ -228,14 +228,14 @@ class ClusterView:
 
 def _lease_health(lease: tuple[float, float] | None) -> dict[str, Any]:
     """``health`` and ``lease`` of a node from its registry lease: ``up`` while the lease was
-    refreshed within half its TTL (its keep-alive refreshes every third), ``late`` past that
-    (missed refreshes: the node expires at ``left_s`` unless one lands), ``unknown`` when the
-    lease could not be read (gone between the two reads)."""
+    refreshed within two thirds of its TTL (its keep-alive refreshes every third; etcd counts
+    whole seconds), ``late`` past that (two refreshes missed: the node expires at ``left_s``
+    unless one lands), ``unknown`` when the lease could not be read (gone between the reads)."""
     if lease is None:
         return {"health": "unknown", "lease": None}
     ttl, left = lease
     age = max(0.0, ttl - left)
-    return {"health": "up" if age <= ttl / 2 else "late",
+    return {"health": "up" if age <= ttl * 2 / 3 else "late",
             "lease": {"ttl_s": ttl, "left_s": left, "age_s": age}}
 
 

@@ -243,7 +243,7 @@ class Node(BaseModel):
     started_at: float
     pid: int
     cpus: int
-    health: str = Field(description="up (lease renewed within half its TTL), late (renewals missed), "
+    health: str = Field(description="up (lease renewed within 2/3 of its TTL), late (renewals missed), "
                                     "unknown (lease unreadable)")
     lease: Lease | None = Field(description="its registry lease; None when unreadable")
     running: int = Field(description="tasks the dispatcher has there now")
