@@ -221,8 +221,9 @@ class Executor:
     def stats(self) -> dict[str, Any]:
         """Counters: packet drops by reason, tasks, data-port requests, memory, the upload
         cache (the scheduler reads ``cache.evictions``, ``refused``, ``dropped`` and the
-        ``lost`` keys to forget what this node no longer keeps), and the plugins isolated
-        (``plugins``: kind, name, message)."""
+        ``lost`` keys to forget what this node no longer keeps), the plugins isolated
+        (``plugins``: kind, name, message), the tiles and bytes written to persistence
+        targets (``persist``) and a spilling store's counters (``spill``)."""
         store, runs = self.store, self.runner.stats
         return {"node": self.name, **self.packets.stats(), "data_port": self.data.all_stats(),
                 "memory": {"capacity": store.capacity(), "used": store.used(), "tiles": len(store),
@@ -230,6 +231,7 @@ class Executor:
                 "cache": {"entries": len(store.cache_keys()), "bytes": store.cached(),
                           "hits": runs["upload_hits"], "pulls": runs["upload_pulls"], **store.cache_report()},
                 "plugins": [p.as_dict() for p in self.plugin_problems],
+                "persist": {"tiles": runs.get("persisted", 0), "bytes": runs.get("persisted_bytes", 0)},
                 **({"spill": store.spill_report()} if hasattr(store, "spill_report") else {})}
 
     # --- registry records ------------------------------------------------------------------

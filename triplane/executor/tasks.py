@@ -221,6 +221,7 @@ class TaskRunner:
             arr = self.store.get(info.tile)
             await asyncio.to_thread(target.put, info.tile, arr)
             self.stats["persisted"] = self.stats.get("persisted", 0) + 1
+            self.stats["persisted_bytes"] = self.stats.get("persisted_bytes", 0) + int(arr.nbytes)
 
     async def _run(self, task: TaskPacket,
                    on_slow: Callable[[str], None] | None) -> tuple[TileInfo, float, float]:

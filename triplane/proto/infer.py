@@ -21,7 +21,7 @@ checks the completed graph (limits, normalised attributes) as it checks any grap
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from triplane.proto import dtypes as dt
@@ -30,7 +30,7 @@ from triplane.proto.errors import DTypeError, GraphError, LimitError, ShapeError
 from triplane.proto.ir import Attrs, Graph, Node, TensorType
 from triplane.proto.limits import MAX_RANK
 
-__all__ = ["MAX_LOC_LENGTH", "BoundTypes", "graph_from_wire", "infer_node", "type_of"]
+__all__ = ["MAX_LOC_LENGTH", "BoundTypes", "add_locs", "graph_from_wire", "infer_node", "type_of", "wire_loc"]
 
 MAX_LOC_LENGTH = 256
 
@@ -52,14 +52,18 @@ def infer_node(op: str, inputs: Sequence[TensorType], attrs: Mapping[str, Any]) 
     return a, t
 
 
-def graph_from_wire(doc: Any, *, max_nodes: int | None = None, bound: BoundTypes | None = None) -> Graph:
+def graph_from_wire(doc: Any, *, max_nodes: int | None = None, bound: BoundTypes | None = None,
+                    locs: dict[str, str] | None = None) -> Graph:
     """:meth:`Graph.from_dict` of a submitted document whose nodes may leave out their
     types and carry ``loc`` (see the module doc). A document with every type given and no
-    ``loc`` is parsed exactly as ``Graph.from_dict`` parses it (nothing more is done)."""
+    ``loc`` is parsed exactly as ``Graph.from_dict`` parses it (nothing more is done).
+    ``locs``, when given, is filled with node id -> ``loc`` of the nodes that carry one
+    (the scheduler names them in a failed task's error)."""
     nodes = doc.get("nodes") if isinstance(doc, Mapping) else None
     if not isinstance(nodes, Mapping) or not _incomplete(nodes, bound is not None):
         return Graph.from_dict(doc, max_nodes=max_nodes)
-    locs: dict[str, str] = {}
+    if locs is None:
+        locs = {}
     given: dict[str, tuple[bool, bool]] = {}  # node -> (shape given, dtype given)
     stripped: dict[Any, Any] = {}
     for nid, nd in nodes.items():
@@ -109,6 +113,27 @@ def _incomplete(nodes: Mapping[Any, Any], binds: bool) -> bool:
             if isinstance(attrs, Mapping) and "shape" not in attrs:
                 return True
     return False
+
+
+def wire_loc(where: str) -> str | None:
+    """A source location as a node's ``loc`` may carry it: clipped to its last
+    ``MAX_LOC_LENGTH`` characters (the file's name and the line are at the end); None for
+    an empty one or one with a control character."""
+    loc = where if len(where) <= MAX_LOC_LENGTH else "…" + where[-(MAX_LOC_LENGTH - 1):]
+    return loc if loc and not _BAD_LOC_CHAR.search(loc) else None
+
+
+def add_locs(nodes: dict[str, Any], wheres: Iterable[tuple[str, str | None]]) -> None:
+    """Give the computed nodes of a wire document's ``nodes`` the source location each was
+    made at (``wheres``: node id, location or None), as ``loc`` (:func:`wire_loc`); input
+    nodes, nodes that have one and unknown ids are left as they are. An SDK calls it for
+    a graph it sends: the scheduler names the ``loc`` in a failed task's error."""
+    for nid, where in wheres:
+        nd = nodes.get(nid)
+        if where is not None and nd is not None and nd.get("op") != "input" and "loc" not in nd:
+            loc = wire_loc(where)
+            if loc is not None:
+                nd["loc"] = loc
 
 
 def _check_loc(nid: str, op: Any, loc: Any) -> str:

@@ -220,6 +220,12 @@ class RegistryBackend(abc.ABC):
     async def revoke_lease(self, lease: int) -> bool:
         """End the lease now, deleting its keys; whether it still existed."""
 
+    @abc.abstractmethod
+    async def lease_ttl(self, lease: int) -> tuple[float, float] | None:
+        """``(ttl_s, left_s)``: the lease's TTL as granted (rounded by the backend) and the
+        seconds left before it expires unless refreshed (etcd: whole seconds); ``None`` if
+        the lease is gone. ``ttl_s - left_s`` is the time since it was last refreshed."""
+
     # -- watch ----------------------------------------------------------------------
     @abc.abstractmethod
     def watch_prefix(self, prefix: str) -> Watch:

@@ -242,6 +242,14 @@ class EtcdBackend(RegistryBackend):
         if reply is None or reply.TTL <= 0:
             raise LeaseNotFound(f"lease {lease:x} not found (expired or revoked)")
 
+    async def lease_ttl(self, lease: int) -> tuple[float, float] | None:
+        with _translated():
+            reply = await self.client.get_lease_info(lease, keys=False)
+        # an expired or unknown lease: TTL -1 (LeaseTimeToLive answers rather than fails)
+        if reply is None or reply.TTL < 0:
+            return None
+        return float(reply.grantedTTL), float(reply.TTL)
+
     async def revoke_lease(self, lease: int) -> bool:
         try:
             with _translated():

@@ -288,6 +288,14 @@ class HttpBackend(RegistryBackend):
     async def refresh_lease(self, lease: int) -> None:
         await self._call("lease/refresh", self._with({}, lease))
 
+    async def lease_ttl(self, lease: int) -> tuple[float, float] | None:
+        try:
+            data = await self._call("lease/ttl", self._with({}, lease))
+        except LeaseNotFound:
+            return None
+        with _malformed():
+            return float(data["ttl_s"]), float(data["left_s"])
+
     async def revoke_lease(self, lease: int) -> bool:
         return bool((await self._call("lease/revoke", self._with({}, lease))).get("revoked"))
 

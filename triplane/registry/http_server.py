@@ -9,7 +9,8 @@ runs a standalone registry server (:func:`main`).
 Wire protocol (modelled on etcd's JSON gateway: every call is ``POST`` of a JSON object,
 values are base64): ``put``, ``get``, ``get_prefix``, ``delete``, ``delete_prefix``,
 ``create``, ``compare_and_swap``, ``compare_and_delete``, ``lease/grant``,
-``lease/refresh``, ``lease/revoke`` and ``watch``. Every route needs
+``lease/refresh``, ``lease/ttl`` (``{"ttl_s", "left_s"}``, 404 for a lease gone),
+``lease/revoke`` and ``watch``. Every route needs
 ``Authorization: Bearer <node credential>`` (401 otherwise; 403 for a client token the
 scheduler recognises: clients never write the registry). Errors answer
 ``{"error": {"kind", "message"}}``: 400 malformed request, 401/403 credential, 404 lease not found,
@@ -279,6 +280,7 @@ class RegistryServer:
             "compare_and_delete": (frozenset({"key", "expected_value", "expected_version"}), self._cad),
             "lease/grant": (frozenset({"ttl_s"}), self._grant),
             "lease/refresh": (frozenset({"lease"}), self._refresh),
+            "lease/ttl": (frozenset({"lease"}), self._lease_ttl),
             "lease/revoke": (frozenset({"lease"}),
                              lambda q: _wrap("revoked", b.revoke_lease(self._lease_in(q, required=True)))),
             "watch": (frozenset({"prefix", "after", "epoch", "timeout_s"}), self._watch),
@@ -389,6 +391,13 @@ class RegistryServer:
     async def _refresh(self, q: _Body) -> dict[str, Any]:
         await self.backend.refresh_lease(self._lease_in(q, required=True))
         return {}
+
+    async def _lease_ttl(self, q: _Body) -> dict[str, Any]:
+        lease = self._lease_in(q, required=True)
+        found = await self.backend.lease_ttl(lease)
+        if found is None:
+            raise LeaseNotFound(f"lease {self._lease_out(lease):x} not found (expired or revoked)")
+        return {"ttl_s": found[0], "left_s": found[1]}
 
     async def _watch(self, q: _Body) -> dict[str, Any]:
         prefix = q.key("prefix", allow_empty=True)

@@ -260,6 +260,13 @@ class MemoryBackend(RegistryBackend):
         found.deadline = self.store.clock() + found.ttl
         self.store._ensure_reaper()
 
+    async def lease_ttl(self, lease: int) -> tuple[float, float] | None:
+        self.store.expire()
+        found = self.store._leases.get(lease)
+        if found is None:
+            return None
+        return found.ttl, max(0.0, found.deadline - self.store.clock())
+
     async def revoke_lease(self, lease: int) -> bool:
         self.store.expire()
         if lease not in self.store._leases:

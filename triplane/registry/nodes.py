@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
-from typing import Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 from triplane.registry.backend import LeaseNotFound, RegistryBackend, RegistryUnavailable
 from triplane.registry.records import (
@@ -200,6 +201,35 @@ def _under(kind_prefix: str, node: str | None) -> str:
 async def list_nodes(backend: RegistryBackend) -> list[NodeInfo]:
     """Live nodes sorted by id; malformed entries are logged and skipped."""
     return await _list(backend, NodeInfo, NodeInfo.kind_prefix)
+
+
+async def list_node_leases(backend: RegistryBackend) -> dict[str, tuple[float, float]]:
+    """node -> ``(ttl_s, left_s)`` of the lease its ``nodes/<node>`` record lives on
+    (:meth:`RegistryBackend.lease_ttl`); a node whose lease is gone meanwhile, or whose
+    record has none, is left out."""
+    entries = [e for e in await backend.get_prefix(NodeInfo.kind_prefix) if e.lease]
+    found = await asyncio.gather(*(backend.lease_ttl(e.lease) for e in entries))
+    return {e.key.removeprefix(NodeInfo.kind_prefix): f for e, f in zip(entries, found, strict=True)
+            if f is not None}
+
+
+STATS_PREFIX = "stats/"  # stats/<node>: an executor's counters, JSON (executor/daemon.py)
+
+
+async def list_node_stats(backend: RegistryBackend) -> dict[str, dict[str, Any]]:
+    """node -> the counters its executor last published under ``stats/<node>``; a record
+    that is not a JSON object is logged and skipped."""
+    out: dict[str, dict[str, Any]] = {}
+    for entry in await backend.get_prefix(STATS_PREFIX):
+        try:
+            value = json.loads(entry.value)
+        except ValueError:
+            value = None
+        if not isinstance(value, dict):
+            log.warning("skipping registry entry %s: not a JSON object", entry.key)
+            continue
+        out[entry.key.removeprefix(STATS_PREFIX)] = value
+    return out
 
 
 async def list_op_engines(backend: RegistryBackend, node: str | None = None) -> list[OpEngineInfo]:

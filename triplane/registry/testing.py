@@ -196,6 +196,22 @@ class RegistryBackendConformance:
                 assert await r.get("rv") is None
         run(body())
 
+    def test_lease_ttl_counts_down_and_refresh_restarts_it(self, registry_harness: RegistryHarness) -> None:
+        async def body() -> None:
+            async with registry_harness.client() as r:
+                lease = await r.grant_lease(30)
+                ttl, left = await r.lease_ttl(lease)
+                assert ttl >= 30 and ttl - 1.0 <= left <= ttl
+                await asyncio.sleep(1.5)  # etcd counts whole seconds
+                ttl2, later = await r.lease_ttl(lease)
+                assert ttl2 == ttl and later < left and ttl - later >= 1.0
+                await r.refresh_lease(lease)
+                assert (await r.lease_ttl(lease))[1] > later
+                assert await r.revoke_lease(lease) is True
+                assert await r.lease_ttl(lease) is None
+                assert await r.lease_ttl(0x5EED_0BAD) is None
+        run(body())
+
     def test_watch_sees_puts_deletes_and_expiry(self, registry_harness: RegistryHarness) -> None:
         async def body() -> None:
             async with registry_harness.client() as r, registry_harness.client() as writer:

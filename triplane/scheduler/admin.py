@@ -32,6 +32,7 @@ from triplane.registry import list_nodes, set_drained
 from triplane.scheduler.earlier import BINDINGS
 from triplane.scheduler.errors import BadRequest, Conflict, NotFound
 from triplane.scheduler.jobrecords import API_STATE, stored_body
+from triplane.scheduler.journal import FAILED  # its payload is a failed job's error: task, node, loc
 
 if TYPE_CHECKING:
     from triplane.scheduler.service import Scheduler
@@ -148,7 +149,9 @@ class Admin:
         if bindings.get("refs"):
             raise Conflict(f"job {job} read refs of other jobs: submit its graph again with the refs")
         key = graph.hash()
-        self.s.jobs.structures[key] = (graph, dict(bindings["fetch"]), tuple(info.fetch))
+        known = self.s.jobs.structures.get(key)  # its nodes' source lines, if its submit is still held
+        self.s.jobs.structures[key] = (graph, dict(bindings["fetch"]), tuple(info.fetch),
+                                       known[3] if known is not None else {})
         deadline_s = bindings.get("deadline_s")
         body = await self.s.jobs.submit_bound(
             key, list(bindings["args"]), list(info.fetch),
@@ -163,7 +166,10 @@ class Admin:
         def read() -> tuple[list[mdb.TaskInfo], list[mdb.EventInfo]]:
             with self.s.db.read() as s:
                 rows = mdb.task_page(s, job, after=after, limit=limit)
-                return rows, mdb.task_events(s, job, [t.task_id for t in rows], DRIFT_KINDS)
+                events = mdb.task_events(s, job, [t.task_id for t in rows], DRIFT_KINDS)
+                if any(t.error_kind for t in rows):  # the job's error names its failed task's node
+                    events += mdb.list_events(s, job, limit=1, kind=FAILED)
+                return rows, events
 
         try:
             rows, events = await self._read(read)
@@ -171,9 +177,12 @@ class Admin:
             raise NotFound(f"unknown job {job[:128]!r}") from None
         js = self.s.shell.state.jobs.get(job)
         stored: dict[str, list[dict[str, Any]]] = {}
+        failed: dict[str, Any] = {}  # the job's error (job.failed): its task, node and loc
         for e in events:
             p = e.payload if isinstance(e.payload, dict) else {}
-            if p.get("from") == "dispatched":
+            if e.kind == FAILED:
+                failed = p
+            elif p.get("from") == "dispatched":
                 stored.setdefault(e.task_id or "", []).append(
                     {"at": e.at, "attempt": int(p.get("attempt") or 0), "from": e.node or p.get("node"),
                      "to": None, "reason": e.stimulus_id or ""})
@@ -187,11 +196,20 @@ class Admin:
                 "id": t.task_id, "op": t.op, "state": t.state, "attempt": t.attempt, "node": t.node,
                 "queued_at": t.queued_at, "started_at": t.started_at, "finished_at": t.finished_at,
                 "predicted_s": t.predicted_s, "actual_s": t.actual_s,
-                "error": None if t.error_kind is None else {"kind": t.error_kind,
-                                                            "message": t.error_message or ""},
+                "error": None if t.error_kind is None else {
+                    "kind": t.error_kind, "message": t.error_message or "",
+                    **self._where(job, t.task_id, failed)},
                 "drifts": drifts,
             })
         return out
+
+    def _where(self, job: str, task: str, error: dict[str, Any]) -> dict[str, Any]:
+        """A failed task's submitted node and its ``loc``: from the job held in memory, else
+        from the job's stored error when it names this task."""
+        node, loc = self.s.jobs.locate(job, task)
+        if node is None and error.get("task") == task:
+            node, loc = error.get("node"), error.get("loc")
+        return {"node": node if isinstance(node, str) else None, "loc": loc if isinstance(loc, str) else None}
 
     async def tiles(self, job: str, *, after: tuple[str, str] | None, limit: int) -> list[dict[str, Any]]:
         """Up to ``limit`` of a job's tile rows (where its fetched results live) after ``after``

@@ -23,7 +23,6 @@ Errors: the registry's (``RegistryError``) propagate; nothing here raises otherw
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -34,6 +33,8 @@ from triplane.registry import (
     list_bindings,
     list_drained,
     list_links,
+    list_node_leases,
+    list_node_stats,
     list_nodes,
     list_op_engines,
 )
@@ -177,6 +178,7 @@ class ClusterView:
             fields = ("peer", "engine", "bandwidth_gbps", "latency_us", "measured_at")
             links.setdefault(link.node, []).append({k: getattr(link, k) for k in fields})
         plugins = await read_plugin_problems(self.registry)
+        leases = await list_node_leases(self.registry)
         return [
             {
                 **_asdict(n),
@@ -184,7 +186,7 @@ class ClusterView:
                 "links": links.get(n.node, []),
                 # plugins it isolated (executor/plugins.py), from its stats/<node> record
                 "plugins": plugins.get(n.node, []),
-                "health": "up",
+                **_lease_health(leases.get(n.node)),
                 "running": self.running(n.node),
                 "memory": mem.get(n.node, {"capacity": 0, "free": 0}),
                 # how much slower than registered its kernels run now (calibration.py)
@@ -230,20 +232,32 @@ class ClusterView:
         self.calibration.observe(node, bound, predicted, kernel_s, ff if bound == "flops" else fb)
 
 
+def _lease_health(lease: tuple[float, float] | None) -> dict[str, Any]:
+    """``health`` and ``lease`` of a node from its registry lease: ``up`` while the lease was
+    refreshed within two thirds of its TTL (its keep-alive refreshes every third; etcd counts
+    whole seconds), ``late`` past that (two refreshes missed: the node expires at ``left_s``
+    unless one lands), ``unknown`` when the lease could not be read (gone between the reads)."""
+    if lease is None:
+        return {"health": "unknown", "lease": None}
+    ttl, left = lease
+    age = max(0.0, ttl - left)
+    return {"health": "up" if age <= ttl * 2 / 3 else "late",
+            "lease": {"ttl_s": ttl, "left_s": left, "age_s": age}}
+
+
 def _asdict(record: Any) -> dict[str, Any]:
     return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(record).items()}
 
 
 async def read_plugin_problems(registry: RegistryBackend) -> dict[str, list[dict[str, str]]]:
-    """node -> the plugins it isolated (``plugins`` of its ``stats/<node>`` record: kind,
-    name, message). A record that is not the JSON an executor writes is skipped: one bad
-    record does not hide the others'."""
+    """node -> the plugins it isolated (``plugins`` of its ``stats/<node>`` record, read by
+    ``registry.list_node_stats``: kind, name, message). A record whose ``plugins`` is not a
+    list of objects is skipped: one bad record does not hide the others'."""
     found: dict[str, list[dict[str, str]]] = {}
-    for entry in await registry.get_prefix("stats/"):
+    for node, stats in (await list_node_stats(registry)).items():
         try:
-            listed = json.loads(entry.value).get("plugins") or []
-            found[entry.key.removeprefix("stats/")] = [
-                {k: str(p.get(k, "")) for k in ("kind", "name", "message")} for p in listed]
-        except (ValueError, AttributeError, TypeError):
+            listed = stats.get("plugins") or []
+            found[node] = [{k: str(p.get(k, "")) for k in ("kind", "name", "message")} for p in listed]
+        except (AttributeError, TypeError):
             continue
     return found

@@ -27,13 +27,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import json
 import logging
 import time
 from collections import OrderedDict, deque
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from triplane import metadb as mdb
@@ -53,6 +51,7 @@ from triplane.scheduler.earlier import BINDINGS, REBUILD_ERRORS, plan_again
 from triplane.scheduler.errors import BadRequest, Conflict, NotFound, Unavailable
 from triplane.scheduler.jobrecords import bindings_of, store_failed, store_job, stored_body
 from triplane.scheduler.journal import FAILED, Journal
+from triplane.scheduler.livejob import LiveJob, fetched_tasks_of, prefer_node
 from triplane.scheduler.refs import Held, Refs, refs_in_args, refs_in_graph
 from triplane.scheduler.store import TensorStore
 
@@ -71,65 +70,12 @@ MAX_FETCH = 10_000
 INLINE_COMPILE_NODES = 256  # a compiled step of at most this many nodes is laid out on the loop
 
 
+# a structure submit_bound runs again: (canonical graph, fetch map, fetch list, node -> loc)
+Structure = tuple[Graph, dict[str, str], tuple[str, ...], Mapping[str, str]]
 GradRequest = tuple[str, list[str]]  # a job's ``grad``: (of, wrt)
 
 # (the job as stored, its canonical graph, its job.bindings payload, its task rows)
 Resumable = tuple[mdb.JobInfo, Graph, dict[str, Any], tuple[mdb.TaskInfo, ...]]
-
-
-@dataclass
-class LiveJob:
-    """A job this process dispatches (or finished recently)."""
-
-    plan: JobPlan
-    back: dict[str, str]  # plan node id -> submitted node id (for errors)
-    created: float
-    updated: float
-    state: str = "running"
-    error: dict[str, Any] | None = None
-    ended: asyncio.Event = field(default_factory=asyncio.Event)
-    fetched_released: bool = False
-    fetched_tasks: frozenset[str] = frozenset()  # tasks holding fetched tiles (tiles table)
-    actual: dict[str, tuple[float, float]] = field(default_factory=dict)  # task -> kernel start, end
-    # node -> (flops, bytes) calibration factors the plan was made with (None: a resumed
-    # job, planned with recorded figures; its tasks teach the calibration nothing)
-    factors: Factors | None = None
-    # task -> node holding its output, set when the job ends (the dispatcher's state of
-    # the job is dropped then): fetches and releases read it.
-    holders: dict[str, str] = field(default_factory=dict)
-    done: int = 0  # tasks done, set when the job ends
-    failure: dict[str, Any] | None = None  # set before cancelling it: it fails with this error
-    # lineage.py runs a done job's lost tiles again: it stays done whatever that run gives
-    recomputing: bool = False
-    recompute_error: dict[str, Any] | None = None  # why the last such run did not finish
-
-    def name_of(self, task: str) -> str:
-        """The submitted node a task came from (a tile task: the tensor it is part of)."""
-        lay = self.plan.layout
-        nid = lay.origin.get(task, task) if lay is not None and lay.tiled else task
-        return self.back.get(nid, nid)
-
-
-def fetched_tasks_of(plan: JobPlan) -> set[str]:
-    """The tasks whose output tiles hold the job's fetched tensors."""
-    keep: set[str] = set()
-    for name, nid in plan.fetch.items():
-        grid = plan.fetch_grid(name)
-        keep.update(grid.tiles.values() if grid is not None else (plan.task_of(nid),))
-    return keep
-
-
-def prefer_node(plan: JobPlan, node: str | None) -> JobPlan:
-    """``plan`` whose tasks the dispatcher places (no computed placement, no ref holder to
-    prefer: a small job, a compiled step) prefer executor ``node``: the dispatcher sends
-    them there while it is up and has not failed them, else places them as usual
-    (``DispatchState._preferred``), so a preference for a node that is down, drained or
-    unknown costs nothing. A client that keeps its uploads' tiles on one executor this
-    way (the model server's replicas, docs/serving.md) reads them there locally."""
-    if node is None or not plan.specs or all(s.node is not None for s in plan.specs):
-        return plan
-    specs = tuple(s if s.node is not None else dataclasses.replace(s, node=node) for s in plan.specs)
-    return dataclasses.replace(plan, specs=specs)
 
 
 class Jobs:
@@ -171,7 +117,7 @@ class Jobs:
         self.resumed.set()
         # canonical graph hash -> (canonical graph, fetched name -> plan node, fetch list) of
         # the structures submitted lately, for submit_bound (an LRU as long as the plan cache)
-        self.structures: OrderedDict[str, tuple[Graph, dict[str, str], tuple[str, ...]]] = OrderedDict()
+        self.structures: OrderedDict[str, Structure] = OrderedDict()
 
     # --- submit ----------------------------------------------------------------------------
 
@@ -194,20 +140,21 @@ class Jobs:
                              "on the scheduler and executors, e.g. file:/shared/dir)")
         cluster, engines, factors = await self.cluster.snapshot()
         held = await self.refs.resolve(refs_in_graph(graph_doc))
+        locs: dict[str, str] = {}
         try:
             def compile_now() -> JobPlan:
                 return self.compile(graph_doc, fetch, Refs.snapshot(cluster, held), held.bind,
-                                    grad=grad, bound=self._bound_types(held))
+                                    grad=grad, bound=self._bound_types(held), locs=locs)
 
             plan = prefer_node(await self._with_refs(await asyncio.to_thread(compile_now), held, owner,
                                                      compile_now), prefer)
             assert plan.graph is not None
             key = plan.graph.hash()  # computed (and kept on the graph) by the plan cache already
-            self.structures[key] = (plan.graph, dict(plan.fetch), tuple(fetch))
+            self.structures[key] = (plan.graph, dict(plan.fetch), tuple(fetch), locs)
             self.structures.move_to_end(key)
             while len(self.structures) > self.plans.capacity:
                 self.structures.popitem(last=False)
-            body = await self._start(plan, fetch, deadline_s, owner, engines, factors, held, persist)
+            body = await self._start(plan, fetch, deadline_s, owner, engines, factors, held, persist, locs)
         except BaseException:
             self.refs.drop(held)
             raise
@@ -241,7 +188,7 @@ class Jobs:
         if known is None or known[2] != tuple(fetch):
             raise Conflict(f"unknown plan {plan_hash[:16]!r} for this fetch list: submit the graph",
                            kind="unknown_plan")
-        cgraph, fetch_map, _ = known
+        cgraph, fetch_map, _, locs = known
         nargs = sum(1 for n in cgraph.nodes.values() if n.op == "input")
         if len(args) != nargs:
             raise BadRequest(f"plan {plan_hash[:16]} binds {nargs} inputs, the request gives {len(args)}")
@@ -260,14 +207,14 @@ class Jobs:
             else:
                 plan = await asyncio.to_thread(compile_now)
             plan = prefer_node(await self._with_refs(plan, held, owner, compile_now), prefer)
-            return await self._start(plan, fetch, deadline_s, owner, engines, factors, held)
+            return await self._start(plan, fetch, deadline_s, owner, engines, factors, held, locs=locs)
         except BaseException:
             self.refs.drop(held)
             raise
 
     async def _start(self, plan: JobPlan, fetch: list[str], deadline_s: float | None, owner: str | None,
                      engines: Any, factors: Factors, held: Held,
-                     persist: str | None = None) -> dict[str, Any]:
+                     persist: str | None = None, locs: Mapping[str, str] | None = None) -> dict[str, Any]:
         """Check, store and dispatch a compiled job; its status body."""
         bindings = bindings_of(plan)
         if held.refs:  # a resumed job finds them again (once their holders are back)
@@ -305,12 +252,12 @@ class Jobs:
                 raise store_failed(plan.job, e) from None
             self.refs.bind(plan.job, held)
             return self.body(plan.job, self._dispatch(plan, now, (), factors, deadline_s, owner=owner,
-                                                      persist=persist))
+                                                      persist=persist, locs=locs))
         # Dispatch first and store meanwhile: the executors start while ~10^4 task rows are
         # inserted. The journal holds the job's writes back until its rows exist.
         self.journal.hold(plan.job)
         self.refs.bind(plan.job, held)
-        live = self._dispatch(plan, now, (), factors, deadline_s, owner=owner, persist=persist)
+        live = self._dispatch(plan, now, (), factors, deadline_s, owner=owner, persist=persist, locs=locs)
         try:
             await asyncio.to_thread(self.store_job, plan, fetch, bindings, now, owner)
         except Exception as e:
@@ -324,13 +271,14 @@ class Jobs:
 
     def compile(self, graph_doc: Any, fetch: list[str], cluster: ClusterSnapshot,
                 bind: dict[str, str] | None = None, *, grad: GradRequest | None = None,
-                bound: BoundTypes | None = None) -> JobPlan:
+                bound: BoundTypes | None = None, locs: dict[str, str] | None = None) -> JobPlan:
         """Parse and compile a submitted graph (CPU-bound: a worker thread, so that the
         event loop keeps answering replies, health checks and the registry's keep-alives);
         ``bind``: its refs -> what they resolved to. Types the document leaves out are
         inferred (``proto/infer.py``; ``bound`` types the inputs from their uploads and
-        refs), and ``grad`` = (of, wrt) appends the gradients (``proto/autograd.py``)."""
-        graph = graph_from_wire(graph_doc, bound=bound)
+        refs), and ``grad`` = (of, wrt) appends the gradients (``proto/autograd.py``).
+        ``locs`` is filled with the nodes' source lines (``loc``) the document carries."""
+        graph = graph_from_wire(graph_doc, bound=bound, locs=locs)
         if grad is not None:
             graph, _ = named_gradients(graph, *grad)
         return compile_job(graph, fetch, cluster, cache=self.plans, bind=bind, group=self.group)
@@ -367,9 +315,10 @@ class Jobs:
     def _dispatch(self, plan: JobPlan, created: float, done: tuple[tuple[str, str], ...],
                   factors: Factors | None = None, deadline_s: float | None = None, *,
                   owner: str | None = None, resumed: bool = False, persist: str | None = None,
-                  attempts: tuple[tuple[str, int], ...] = ()) -> LiveJob:
+                  attempts: tuple[tuple[str, int], ...] = (),
+                  locs: Mapping[str, str] | None = None) -> LiveJob:
         live = LiveJob(plan, dict(plan.back), created, time.time(), factors=factors,
-                       recomputing=bool(attempts))
+                       recomputing=bool(attempts), locs=locs or {})
         self.journal.job_started(plan.job, owner, len(plan.specs), len(done), resumed=resumed)
         live.fetched_tasks = frozenset(fetched_tasks_of(plan))
         self.live[plan.job] = live
@@ -519,6 +468,10 @@ class Jobs:
         live.updated = time.time()
         if f.state == "failed":
             live.error = self._failure(live, f)
+            failed = next((tid for tid, t in js.tasks.items() if t.state == "failed"), None)
+            if failed is not None and f.error is not None:  # the row of the task that failed it
+                live.error["task"] = failed
+                self.journal.task_failed(f.job, failed, f.error.kind, f.error.message)
             ref = self.refs.ref_of(f.job, f.error.input) if f.error is not None and f.error.input else None
             if ref is not None and f.error is not None and f.error.kind == "infra":  # its holder is gone
                 live.error = {**live.error, "kind": "lost", "ref": ref}
@@ -571,7 +524,20 @@ class Jobs:
         if op == GROUP_OP and e.task is not None:  # the node inside a grouped task that failed
             inner = live.plan.plan.graph.nodes.get(e.task)
             op = inner.op if inner is not None else op
-        return {"kind": e.kind, "message": e.message, "node": node, "op": op}
+        return {"kind": e.kind, "message": e.message, "node": node, "op": op,
+                **({"loc": live.locs[node]} if node in live.locs else {})}
+
+    def locate(self, job: str, task: str) -> tuple[str | None, str | None]:
+        """(the submitted node ``task`` came from, that node's ``loc``) while this process
+        holds ``job`` (the task that failed it: the node its error names, inside a grouped
+        task); (None, None) otherwise."""
+        live = self.live.get(job)
+        if live is None:
+            return None, None
+        if live.error is not None and live.error.get("task") == task:
+            return live.error.get("node"), live.error.get("loc")
+        node = live.name_of(task)
+        return node, live.locs.get(node)
 
     def progress(self, job: str) -> tuple[bool, int, int]:
         js = self.shell.state.jobs.get(job)

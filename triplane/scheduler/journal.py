@@ -28,6 +28,7 @@ from collections.abc import Callable
 from typing import Any
 
 from triplane import metadb as mdb
+from triplane.metadb.validate import ERROR_KINDS
 from triplane.proto.packet import Reply, Timings
 from triplane.scheduler.dispatch.state import DispatchState, Transitioned
 from triplane.scheduler.events import Event, EventBus
@@ -66,6 +67,7 @@ class Journal:
     def __init__(self, db: mdb.MetaDB, progress: Callable[[str], tuple[bool, int, int]],
                  events: EventBus | None = None, state: Callable[[], DispatchState] | None = None) -> None:
         self.db = db
+        self._errors: dict[tuple[str, str], dict[str, str]] = {}  # a failed task's row: its error
         self.progress = progress
         self.state = state  # the dispatcher's state: the node a drifted task left
         self.events = EventBus() if events is None else events
@@ -133,6 +135,13 @@ class Journal:
                 self.events.publish(PERSISTED_READ, job=t.job, task=t.task, node=t.node, attempt=t.attempt,
                                     reason=t.stimulus_id[:128])
 
+    def task_failed(self, job: str, task: str, kind: str, message: str) -> None:
+        """The error of the task that failed ``job``: written to its row (``error_kind``,
+        ``error_message``) with the next flush. A row's kinds are the metadb's (user, infra):
+        a job-level one (its deadline) is the job's, not a task's, and is not written."""
+        if kind in ERROR_KINDS:
+            self._errors[(job, task)] = {"error_kind": kind, "error_message": message}
+
     def _left(self, t: Transitioned) -> str | None:
         """The node a task left (a drift clears its node: its previous transition says)."""
         if t.node is not None or self.state is None:
@@ -168,9 +177,10 @@ class Journal:
         """Queue the latest transition of each task, the unusual ones as events, and the
         output tile locations (one BatchWriter call per job: thousands of tasks at a time)."""
         w = self.writer
-        if w is None or not (self._tx or self._events or self._tiles):
+        if w is None or not (self._tx or self._events or self._tiles or self._errors):
             return
         tx, self._tx = self._tx, {}
+        errors, self._errors = self._errors, {}
         events, self._events = self._events, []
         tiles = self._take_tiles()
         times, self._times = self._times, {}
@@ -183,6 +193,8 @@ class Journal:
             for src in (late, times):  # a held job's times wait with its transitions, unaged
                 for k in [k for k in src if k[0] in self._held]:
                     self._times[k] = src.pop(k)
+            self._errors = {k: e for k, e in errors.items() if k[0] in self._held}
+            errors = {k: e for k, e in errors.items() if k[0] not in self._held}
         by_job: dict[str, list[tuple[str, str, dict[str, Any]]]] = defaultdict(list)
         for key, t in tx.items():
             fields: dict[str, Any] = {"attempt": t.attempt, "node": t.node}
@@ -199,7 +211,10 @@ class Journal:
                 fields["started_at"] = t.at
             elif finish in ("failed", "cancelled"):
                 fields["finished_at"] = t.at
+                fields.update(errors.pop(key, {}) if finish == "failed" else {})
             by_job[key[0]].append((key[1], TASK_STATE[finish], fields))
+        for (job, task), error in errors.items():  # its failed transition was written before
+            by_job[job].append((task, "failed", error))
         self._late = times  # not matched yet: their transition comes with the next flush
         for job, changes in by_job.items():
             try:

@@ -32,7 +32,8 @@ from triplane.engines.memory.persist import store_node
 from triplane.scheduler.compiler.jobplan import JobPlan, is_job_tile
 from triplane.scheduler.dispatch.events import TaskSpec
 from triplane.scheduler.errors import NotFound, Unavailable
-from triplane.scheduler.jobs import Jobs, fetched_tasks_of
+from triplane.scheduler.jobs import Jobs
+from triplane.scheduler.livejob import fetched_tasks_of
 
 if TYPE_CHECKING:
     from triplane.scheduler.results import Results

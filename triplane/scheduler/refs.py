@@ -59,7 +59,7 @@ from triplane.scheduler.errors import BadRequest, Lost, NotFound, NotReady, Unav
 from triplane.scheduler.store import TensorStore, expected_bytes
 
 if TYPE_CHECKING:
-    from triplane.scheduler.jobs import LiveJob
+    from triplane.scheduler.livejob import LiveJob
     from triplane.scheduler.results import Results
 
 __all__ = ["Held", "Refs", "Resolved", "parse_ref", "refs_in_args", "refs_in_graph"]

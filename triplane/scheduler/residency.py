@@ -25,7 +25,6 @@ of I/O: the executors' eviction counters from the registry (``stats/<node>``).
 
 from __future__ import annotations
 
-import json
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
@@ -156,13 +155,15 @@ async def read_evictions(registry: Any, residency: Residency) -> None:
     ``cache.evictions + refused + dropped``) and the keys of its latest losses
     (``cache.lost``; absent or malformed: none named) to ``residency``; records without a
     readable count are skipped."""
-    for entry in await registry.get_prefix("stats/"):
+    from triplane.registry import list_node_stats
+
+    for node, stats in (await list_node_stats(registry)).items():
         try:
-            cache = json.loads(entry.value)["cache"]
+            cache = stats["cache"]
             count = sum(int(cache[k]) for k in ("evictions", "refused", "dropped"))
         except (ValueError, KeyError, TypeError):
             continue
         lost = cache.get("lost")
         if not isinstance(lost, list) or not all(isinstance(k, str) for k in lost):
             lost = []
-        residency.evicted(entry.key.removeprefix("stats/"), count, lost)
+        residency.evicted(node, count, lost)

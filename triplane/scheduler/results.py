@@ -42,7 +42,7 @@ from triplane.scheduler.earlier import (
 from triplane.scheduler.errors import NotFound, NotReady, TooLarge, Unavailable
 from triplane.scheduler.fetching import FetchError, open_tiled
 from triplane.scheduler.jobrecords import API_STATE
-from triplane.scheduler.jobs import LiveJob, fetched_tasks_of
+from triplane.scheduler.livejob import LiveJob, fetched_tasks_of
 from triplane.scheduler.store import TensorStore
 
 if TYPE_CHECKING:

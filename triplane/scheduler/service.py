@@ -59,10 +59,11 @@ from triplane.scheduler.earlier import EarlierJobs
 from triplane.scheduler.errors import Conflict, NotFound, SchedulerError, Standby
 from triplane.scheduler.events import EventBus
 from triplane.scheduler.freeing import TileFreer
-from triplane.scheduler.jobs import RETAIN_FINISHED, Jobs, LiveJob
+from triplane.scheduler.jobs import RETAIN_FINISHED, Jobs
 from triplane.scheduler.journal import Journal
 from triplane.scheduler.leading import Leading
 from triplane.scheduler.lineage import Lineage
+from triplane.scheduler.livejob import LiveJob
 from triplane.scheduler.metrics import Counts, Metrics
 from triplane.scheduler.refs import Refs
 from triplane.scheduler.results import Opened, Results

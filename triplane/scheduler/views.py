@@ -60,6 +60,23 @@ def _graph_view(job: str, source: str, graph: Graph, limit: int) -> dict[str, An
             "outputs": [o for o in graph.outputs if o in shown], "nodes": out}
 
 
+def _count(record: Any, key: str) -> int:
+    value = record.get(key) if isinstance(record, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+
+def _spill_and_persist(stats: dict[str, Any]) -> dict[str, Any]:
+    """A node's spill and persist counters from its ``stats/<node>`` record (an engine that
+    does not spill: ``spill`` None; a count missing or malformed: 0)."""
+    spill = stats.get("spill")
+    persist = stats.get("persist")
+    return {"spill": None if not isinstance(spill, dict) else {
+                "tiles": _count(spill, "spills"), "bytes": _count(spill, "spilled_bytes"),
+                "reads": _count(spill, "reads"), "read_bytes": _count(spill, "read_bytes"),
+                "on_disk": _count(spill, "file_used")},
+            "persisted": {"tiles": _count(persist, "tiles"), "bytes": _count(persist, "bytes")}}
+
+
 class Views:
     """See the module doc."""
 
@@ -96,7 +113,6 @@ class Views:
                 t1 = end if end is not None else last
                 if t1 is None and t0 is not None:  # started, none finished yet (or not yet written)
                     t1 = max(time.time(), t0 + 1e-3)
-                    body["end"] = t1
                 body: dict[str, Any] = {"job": job, "first": first, "last": last, "rows": rows,
                                         "start": t0, "end": t1, "buckets": buckets, "bucket_s": None,
                                         "nodes": [], "tasks": None}
@@ -172,14 +188,19 @@ class Views:
 
     async def storage(self) -> dict[str, Any]:
         """The body of ``GET /v1/storage``: every memory engine's capacity and free bytes (as
-        its node last published them) beside the tiles and bytes the metadb says it holds."""
-        from triplane.registry import list_memory_engines
+        its node last published them), what its node spilled to disk and wrote to a
+        persistence target (the counters of ``stats/<node>``: an executor has one memory
+        engine, so its node's counters are its engine's), beside the tiles and bytes the
+        metadb says it holds."""
+        from triplane.registry import list_memory_engines, list_node_stats
 
         def read() -> list[dict[str, Any]]:
             with self.s.db.read() as s:
                 return agg.tile_totals(s)
 
         totals = await asyncio.to_thread(read)
+        stats = await list_node_stats(self.s.registry)
         engines = [{"node": m.node, "engine": m.engine, "kind": m.kind, "capacity": m.capacity,
-                    "free": m.free} for m in await list_memory_engines(self.s.registry)]
+                    "free": m.free, **_spill_and_persist(stats.get(m.node, {}))}
+                   for m in await list_memory_engines(self.s.registry)]
         return {"engines": sorted(engines, key=lambda e: (e["node"], e["engine"])), "tiles": totals}

@@ -49,9 +49,10 @@ import numpy as np
 from triplane.proto import dtypes as dt
 from triplane.proto import errors as E
 from triplane.proto.canonjson import canonical_json
+from triplane.proto.infer import add_locs
 from triplane.proto.ir import Attrs, TensorType
 from triplane.sdk.lifecycle import Keeper, ProgressBar, Uploads
-from triplane.sdk.remote_errors import RemoteError, http_error, job_error, lost_holder
+from triplane.sdk.remote_errors import RemoteError, job_error, lost_holder, request
 from triplane.sdk.remote_steps import BoundSteps, decode_values, fetched_array
 from triplane.sdk.remote_values import Holders, RemoteJob, RemoteValue, Resident
 
@@ -70,6 +71,7 @@ log = logging.getLogger(__name__)
 TERMINAL = ("done", "failed", "cancelled")
 MAX_RELEASE = 1000  # job releases one submit carries (the scheduler's bound, api/waiting.py)
 CARRY_S = 1.0  # ... and how long one waits for a submit before the keeper sends a DELETE
+
 
 class RemoteSession:
     """Evaluates graphs on the cluster whose scheduler answers at ``url``.
@@ -157,6 +159,7 @@ class RemoteSession:
         graph, tensors, bindings = build_graph(outputs)
         cgraph, rename, args = graph.canonical()
         doc = json.loads(cgraph.to_json())  # the wire form (constants encoded as the IR says)
+        add_locs(doc["nodes"], ((rename[tid], t._where) for tid, t in tensors.items() if tid in rename))
         uploaded = 0
         local: dict[str, Any] = {}  # canonical id -> value of input nodes
         upload_of: dict[str, str] = {}  # argN -> its upload or ref
@@ -557,29 +560,8 @@ class RemoteSession:
     # --- plumbing ---------------------------------------------------------------------------
 
     def _call(self, method: str, path: str, *, retry_sent: bool, **kw: Any) -> httpx.Response:
-        """One request, retried while the scheduler is unreachable (or answers 503) for up
-        to ``reconnect_s``. ``retry_sent=False`` retries only a refused connection."""
-        import httpx
-
-        deadline = time.monotonic() + self.reconnect_s
-        delay = 0.05
-        while True:
-            try:
-                r = self._client.request(method, path, **kw)
-            except httpx.TransportError as e:
-                retriable = retry_sent or isinstance(e, httpx.ConnectError)
-                if not retriable or time.monotonic() + delay > deadline:
-                    raise RemoteError(f"cannot reach the scheduler at {self.url} ({method} {path}): "
-                                      f"{type(e).__name__}: {e}. Is the cluster up? (`triplane status`)"
-                                      ) from None
-            else:
-                if r.status_code != 503 or time.monotonic() + delay > deadline:
-                    break
-            time.sleep(delay)
-            delay = min(1.0, delay * 2)
-        if r.status_code >= 400:
-            raise http_error(r, f"{method} {path}", self.url)
-        return r
+        """One request, retried while the scheduler is unreachable (``remote_errors.request``)."""
+        return request(self._client, self.url, self.reconnect_s, method, path, retry_sent=retry_sent, **kw)
 
 
 _open_sessions: weakref.WeakSet[RemoteSession] = weakref.WeakSet()

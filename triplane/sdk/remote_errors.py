@@ -7,6 +7,7 @@ was refused; anything else -> :class:`RemoteError` with the server's message and
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any
 
 from triplane.proto import errors as E
@@ -14,7 +15,7 @@ from triplane.proto import errors as E
 if TYPE_CHECKING:
     import httpx
 
-__all__ = ["RemoteError", "http_error", "job_error", "lost_holder"]
+__all__ = ["RemoteError", "http_error", "job_error", "lost_holder", "request"]
 
 # Error kinds a scheduler reports for a malformed graph, and the exception each becomes.
 _GRAPH_KINDS: dict[str, type[E.GraphError]] = {
@@ -114,3 +115,32 @@ def lost_holder(e: RemoteError) -> bool:
     ``cannot read ...`` while it is still registered, 404 ``... which is gone`` after)."""
     msg = str(e)
     return (e.status == 503 and "cannot read" in msg) or (e.status == 404 and "which is gone" in msg)
+
+
+def request(client: httpx.Client, url: str, reconnect_s: float, method: str, path: str, *,
+            retry_sent: bool, **kw: Any) -> httpx.Response:
+    """One request of ``client`` to the scheduler at ``url``, retried while the scheduler is
+    unreachable (or answers 503) for up to ``reconnect_s``; ``retry_sent=False`` retries only
+    a refused connection. A :class:`RemoteError` saying so when it stays unreachable, and
+    :func:`http_error` of an answer of 400 or more."""
+    import httpx
+
+    deadline = time.monotonic() + reconnect_s
+    delay = 0.05
+    while True:
+        try:
+            r = client.request(method, path, **kw)
+        except httpx.TransportError as e:
+            retriable = retry_sent or isinstance(e, httpx.ConnectError)
+            if not retriable or time.monotonic() + delay > deadline:
+                raise RemoteError(f"cannot reach the scheduler at {url} ({method} {path}): "
+                                  f"{type(e).__name__}: {e}. Is the cluster up? (`triplane status`)"
+                                  ) from None
+        else:
+            if r.status_code != 503 or time.monotonic() + delay > deadline:
+                break
+        time.sleep(delay)
+        delay = min(1.0, delay * 2)
+    if r.status_code >= 400:
+        raise http_error(r, f"{method} {path}", url)
+    return r

@@ -18,6 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cluster"))
 
 from cluster_run import running_cluster
 
+from triplane.engines.memory.persist import PERSIST_ENV
 from triplane.launcher import LocalCluster
 
 CHROMIUM = os.environ.get("TRIPLANE_CHROMIUM", "/usr/bin/chromium")
@@ -35,9 +36,15 @@ def chromium_or_skip() -> str:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """Two executors whose memory spills to disk past 256 MiB, with a file persistence
+    target (the Storage page's spilled and persisted bytes)."""
     chromium_or_skip()
-    with running_cluster(tmp_path_factory.mktemp("dash"), bound_s=200.0, executors=2) as c:
-        yield c
+    home = tmp_path_factory.mktemp("dash")
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv(PERSIST_ENV, f"file:{home / 'persist'}")
+        with running_cluster(home, bound_s=200.0, executors=2,
+                             executor_args=["--memory-engine", f"host,file:{home / 'spill'}@64MiB"]) as c:
+            yield c
 
 
 @pytest.fixture(scope="module")

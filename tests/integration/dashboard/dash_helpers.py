@@ -72,6 +72,19 @@ def chains(h: httpx.Client, chains: int = 8, depth: int = 12, width: int = 384,
     return r.json()["id"]
 
 
+def persisted_job(h: httpx.Client) -> str:
+    """Submit a job of 64x64 float32 elementwise ops whose tiles persist to the cluster's
+    file target; its id."""
+    t = {"shape": [64, 64], "dtype": "float32"}
+    nodes = {"x": {"op": "full", **t, "attrs": {"value": 0.5, **t}},
+             "y": {"op": "exp", "inputs": ["x"], **t}, "z": {"op": "tanh", "inputs": ["y"], **t},
+             "w": {"op": "add", "inputs": ["y", "z"], **t}}
+    graph = {"version": 1, "nodes": nodes, "outputs": ["w"]}
+    r = h.post("/v1/jobs", json={"graph": graph, "persist": "file"})
+    assert r.status_code == 201, r.text
+    return r.json()["id"]
+
+
 def wait_state(h: httpx.Client, job: str, states: tuple[str, ...], timeout_s: float = 60.0) -> dict:
     deadline = time.monotonic() + timeout_s
     while True:

@@ -7,15 +7,24 @@ executor SIGKILLed mid-job turns red and the job's drifts list the node it left.
 
 from __future__ import annotations
 
+import inspect
 import json
+import re
+import time
 from pathlib import Path
 from typing import Any
 
 import httpx
-from dash_helpers import Page, chains, client, wait_state
+import numpy as np
+import pytest
+from dash_helpers import Page, chains, client, persisted_job, wait_state
 
+import triplane as tp
 from triplane.launcher import LocalCluster
+from triplane.proto.errors import KernelError
 from triplane.scheduler.api.static import CSP
+from triplane.sdk.remote import RemoteSession
+from triplane.sdk.session import use_session
 
 PAGES = ("overview", "network", "storage", "ops")
 
@@ -119,6 +128,77 @@ def test_cancel_from_the_page_and_a_read_token_sees_no_button(cluster: LocalClus
         tab.page.wait_for_selector("#job-state .s-cancelled", timeout=15000)
         body = wait_state(h, job, ("cancelled",), 15)
         assert body["state"] == "cancelled" and body["progress"]["done"] < body["progress"]["total"]
+        assert tab.errors == [], tab.errors
+    finally:
+        tab.close()
+
+
+def test_the_overview_shows_each_nodes_lease_and_storage_its_persisted_bytes(
+        cluster: LocalCluster, browser: Any) -> None:
+    h = client(cluster.url, cluster.token)
+    nodes = h.get("/v1/nodes").json()["items"]
+    assert len(nodes) == 2
+    for n in nodes:  # executors renew their 5 s lease every third of it
+        lease = n["lease"]
+        assert n["health"] == "up" and lease["ttl_s"] >= 5, n
+        assert 0 <= lease["age_s"] <= lease["ttl_s"] * 2 / 3
+        assert lease["left_s"] == pytest.approx(lease["ttl_s"] - lease["age_s"])
+    job = persisted_job(h)
+    assert wait_state(h, job, ("done",))["state"] == "done"
+    tasks = h.get(f"/v1/jobs/{job}/tasks").json()["items"]
+    want = len(tasks) * 64 * 64 * 4  # each task writes its one 64x64 float32 tile (fused: one task)
+    deadline = time.monotonic() + 10
+    while True:  # executors publish their counters every second
+        engines = h.get("/v1/storage").json()["engines"]
+        persisted = sum(e["persisted"]["bytes"] for e in engines)
+        if persisted >= want or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert persisted == want and all(e["spill"] is not None for e in engines), engines
+    tab = Page(browser, cluster.url, cluster.token)
+    try:
+        for n in nodes:
+            tab.page.wait_for_selector(f"tr[data-node='{n['node']}'] .lease")
+            text = tab.page.inner_text(f"tr[data-node='{n['node']}'] .lease")
+            assert re.fullmatch(r"\d+\.\d s ago", text), text
+        tab.go("#/storage")
+        tab.page.wait_for_selector("[data-persisted]")
+        shown = tab.page.eval_on_selector_all("[data-persisted]", "els => els.map(e => +e.dataset.persisted)")
+        assert sum(shown) == want and len(shown) == len(engines)
+        spilled = tab.page.eval_on_selector_all("[data-spilled]", "els => els.map(e => +e.dataset.spilled)")
+        engines.sort(key=lambda e: (e["node"], e["engine"]))  # as the page lists them
+        assert spilled == [e["spill"]["bytes"] for e in engines]
+        assert tab.errors == [], tab.errors
+    finally:
+        tab.close()
+
+
+def test_a_failed_tasks_source_line_is_in_the_api_and_on_the_job_page(
+        cluster: LocalCluster, browser: Any) -> None:
+    with RemoteSession(cluster.url, cluster.token) as remote, use_session(remote):
+        x = tp.Tensor.from_array(np.array([1.0, 2.0]))
+        idx = tp.Tensor.from_array(np.array([0, 7]))
+        line = inspect.currentframe().f_lineno + 1  # type: ignore[union-attr]
+        bad = tp.gather(x, idx, axis=0)  # index 7 is out of range: the kernel raises on an executor
+        with pytest.raises(KernelError):
+            bad.numpy()
+        job = remote.last_job
+    loc = f"{__file__}:{line}"
+    h = client(cluster.url, cluster.token)
+    error = h.get(f"/v1/jobs/{job}").json()["error"]
+    assert error["op"] == "gather" and error["loc"] == loc, error
+    deadline = time.monotonic() + 10
+    while True:  # the journal writes the failed task's row a moment after the job's end
+        failed = [t for t in h.get(f"/v1/jobs/{job}/tasks").json()["items"] if t["error"]]
+        if failed or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert failed and failed[0]["error"]["loc"] == loc and failed[0]["error"]["node"] == error["node"], failed
+    tab = Page(browser, cluster.url, cluster.token)
+    try:
+        tab.go(f"#/job/{job}")
+        assert tab.page.wait_for_selector("div.error .loc code").inner_text() == loc
+        tab.page.wait_for_selector(f"td .error:has-text('{Path(__file__).name}:{line}')")
         assert tab.errors == [], tab.errors
     finally:
         tab.close()

@@ -16,7 +16,7 @@ import triplane as tp
 from triplane.engines.op.numpy_engine import NumpyEngine
 from triplane.proto.autograd import GRAD_PREFIX, check_grad_request, named_gradients
 from triplane.proto.errors import AttrError, DTypeError, GraphError, NotDifferentiableError, ShapeError
-from triplane.proto.infer import graph_from_wire, type_of
+from triplane.proto.infer import MAX_LOC_LENGTH, add_locs, graph_from_wire, type_of
 from triplane.proto.ir import Graph, encode_data
 from triplane.proto.validate import validate
 
@@ -92,6 +92,26 @@ def test_a_bad_loc_is_refused(loc: Any) -> None:
     with pytest.raises(GraphError) as e:
         graph_from_wire(_doc(a=_full([2], loc=loc)))
     assert e.value.node == "a"
+
+
+def test_the_locs_a_document_carries_are_handed_back() -> None:
+    locs: dict[str, str] = {}
+    g = graph_from_wire(_doc(a=_full([2], loc="s.py:1"), b={"op": "exp", "inputs": ["a"]}), locs=locs)
+    assert locs == {"a": "s.py:1"} and set(g.nodes) == {"a", "b"}
+
+
+def test_an_sdk_adds_locs_that_the_scheduler_accepts() -> None:
+    doc = _doc(a=_full([2]), b={"op": "exp", "inputs": ["a"]}, c={"op": "tanh", "inputs": ["b"]},
+               i={"op": "input", "attrs": {"tensor": "u", "shape": [2], "dtype": "float32"}})
+    long = "/" + "d" * 400 + "/train.py:7"
+    add_locs(doc["nodes"], [("a", "a.py:1"), ("b", long), ("c", "bad\nline.py:3"), ("i", "i.py:4"),
+                            ("gone", "x.py:5")])
+    nodes = doc["nodes"]
+    assert nodes["a"]["loc"] == "a.py:1" and "loc" not in nodes["c"] and "loc" not in nodes["i"]
+    assert len(nodes["b"]["loc"]) == MAX_LOC_LENGTH and nodes["b"]["loc"].endswith("/train.py:7")
+    locs: dict[str, str] = {}
+    graph_from_wire(doc, locs=locs, bound=lambda t: type_of((2,), "float32"))
+    assert locs == {"a": "a.py:1", "b": nodes["b"]["loc"]}
 
 
 def test_an_input_takes_the_type_of_the_tensor_it_binds() -> None:

@@ -180,7 +180,10 @@ def test_tasks_and_tiles_pages(api: Api) -> None:
     assert [len(p) for p in pages] == [2, 2, 1] and len({t["id"] for t in tasks}) == 5
     by_id = {t["id"]: t for t in tasks}
     failed = next(t for t in tasks if t["state"] == "failed")
-    assert failed["error"] == {"kind": "user", "message": "boom"} and failed["node"] == "n2"
+    error = failed["error"]
+    assert failed["node"] == "n2" and (error["kind"], error["message"]) == ("user", "boom")
+    # the submitted node it computes (the job is held in memory: its plan says), no loc sent
+    assert error["node"] in {f"y{i}" for i in range(5)} and error["loc"] is None
     assert failed["attempt"] == 1 and {"queued_at", "started_at", "finished_at", "predicted_s",
                                        "actual_s", "op"} <= set(failed)
     assert by_id[t0] is failed and [t["id"] for t in by_id.values() if t["drifts"]] == [t1]
@@ -190,6 +193,14 @@ def test_tasks_and_tiles_pages(api: Api) -> None:
     assert tiles[1]["memory_engine"] == "host" and tiles[1]["nbytes"] == 8 and tiles[1]["node"] == "n1"
     for path in ("tasks", "tiles"):
         assert api.c.get(f"/v1/jobs/j0000000000000000/{path}", headers=H).status_code == 404
+    # once the job left memory, its stored error (job.failed) names the failed task's node and loc
+    with api.db.transaction() as s:
+        mdb.add_events(s, [mdb.NewEvent(job, "job.failed", at=6.0, seq=2, payload={
+            "kind": "user", "message": "boom", "task": t0, "node": "y0", "op": "exp", "loc": "train.py:12"})])
+    api.s.jobs.live.pop(job)
+    stored = {t["id"]: t for t in api.c.get(f"/v1/jobs/{job}/tasks", headers=H).json()["items"]}
+    assert stored[t0]["error"] == {"kind": "user", "message": "boom", "node": "y0", "loc": "train.py:12"}
+    assert stored[t1]["error"] is None
 
 
 def test_drain_is_kept_in_the_registry_and_leaves_the_node_out_of_placement(api: Api) -> None:

@@ -119,7 +119,8 @@ BODIES: dict[tuple[str, str], dict] = {
         "get": {"key": "scheduler/data"}, "get_prefix": {"prefix": ""}, "delete": {"key": "nodes/n1"},
         "delete_prefix": {"prefix": "nothing/"}, "create": {"key": "k1", "value": ""},
         "compare_and_swap": {"key": "k2", "value": ""}, "compare_and_delete": {"key": "k3"},
-        "lease/grant": {"ttl_s": 5}, "lease/refresh": {"lease": 1}, "lease/revoke": {"lease": 1},
+        "lease/grant": {"ttl_s": 5}, "lease/refresh": {"lease": 1}, "lease/ttl": {"lease": 1},
+        "lease/revoke": {"lease": 1},
         "watch": {"prefix": "", "timeout_s": 0}}.items()},
 }
 

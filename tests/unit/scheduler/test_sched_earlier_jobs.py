@@ -27,7 +27,7 @@ from triplane.scheduler.compiler.jobplan import JobPlan
 from triplane.scheduler.compiler.layout import figures_to_json
 from triplane.scheduler.dispatch.state import Transitioned
 from triplane.scheduler.errors import SchedulerError
-from triplane.scheduler.jobs import LiveJob
+from triplane.scheduler.livejob import LiveJob
 from triplane.scheduler.service import Scheduler
 
 MiB = 1 << 20

@@ -159,7 +159,7 @@ def test_a_user_error_inside_a_group_names_the_node_that_failed() -> None:
 def test_releasing_a_grouped_job_deletes_every_tile_it_stored() -> None:
     import asyncio
 
-    from triplane.scheduler.jobs import LiveJob
+    from triplane.scheduler.livejob import LiveJob
     from triplane.scheduler.results import Results
 
     jp = compile_job(mlp(), ["loss"], cache=PlanCache(), job=JOB)  # w2 an output, not fetched

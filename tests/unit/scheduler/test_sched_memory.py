@@ -24,7 +24,7 @@ from triplane.registry.records import encode
 from triplane.scheduler import jobs
 from triplane.scheduler.compiler.compile import compile_job
 from triplane.scheduler.jobrecords import bindings_of
-from triplane.scheduler.jobs import LiveJob
+from triplane.scheduler.livejob import LiveJob
 from triplane.scheduler.service import Scheduler
 
 SECRET = b"s" * 32

@@ -10,7 +10,7 @@ from triplane.proto.builder import Builder
 from triplane.registry import MemoryBackend
 from triplane.scheduler.compiler.compile import compile_job
 from triplane.scheduler.compiler.pipeline import PlanCache
-from triplane.scheduler.jobs import LiveJob
+from triplane.scheduler.livejob import LiveJob
 from triplane.scheduler.service import Scheduler
 
 

@@ -20,7 +20,7 @@ import triplane as tp
 from triplane.embedded import EmbeddedSession
 from triplane.proto import dtypes as dt
 from triplane.proto.errors import KernelError, ShapeError
-from triplane.proto.ir import Graph
+from triplane.proto.infer import graph_from_wire
 from triplane.sdk import nn
 from triplane.sdk.nn import functional as F
 from triplane.sdk.remote import RemoteError, RemoteSession, connect, resolve_target
@@ -123,7 +123,7 @@ class FakeScheduler:
         from triplane.scheduler.compiler.pipeline import compile_graph
 
         self.submitted.append(body)
-        graph = Graph.from_dict(body["graph"])
+        graph = graph_from_wire(body["graph"])  # as the scheduler reads it (nodes carry loc)
         try:
             plan = compile_graph(graph)
         except ShapeError as e:

@@ -19,7 +19,7 @@ from test_remote_session import TOKEN, URL, FakeScheduler
 import triplane as tp
 from triplane.embedded import EmbeddedSession
 from triplane.proto import dtypes as dt
-from triplane.proto.ir import Graph
+from triplane.proto.infer import graph_from_wire
 from triplane.sdk import nn, optim
 from triplane.sdk.nn import functional as F
 from triplane.sdk.remote import RemoteSession
@@ -48,7 +48,7 @@ class CompilingFake(FakeScheduler):
             rest = {k: v for k, v in body.items() if k not in ("plan", "args")}
             return super()._submit({"graph": doc, **rest})
         r = super()._submit(body)
-        _, _, args = Graph.from_dict(body["graph"]).canonical()
+        _, _, args = graph_from_wire(body["graph"]).canonical()
         by_tensor = {n["attrs"]["tensor"]: nid for nid, n in body["graph"]["nodes"].items()
                      if n["op"] == "input"}
         key, self.made = f"p{self.made}", self.made + 1

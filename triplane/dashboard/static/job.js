@@ -12,9 +12,9 @@ const ENDED = ["done", "failed", "cancelled"];
 
 function errorDetail(e) {
   if (!e) return null;
-  const where = [e.node && `node ${e.node}`, e.op && `op ${e.op}`, e.line && `at ${e.line}`, e.source && `at ${e.source}`]
-    .filter(Boolean).join(", ");
-  return el("div", { class: "error", role: "alert" }, `${e.kind}: ${e.message}`, where ? `\n(${where})` : "");
+  const where = [e.node && `node ${e.node}`, e.op && `op ${e.op}`].filter(Boolean).join(", ");
+  return el("div", { class: "error", role: "alert" }, `${e.kind}: ${e.message}`, where ? `\n(${where})` : "",
+    e.loc ? el("div", { class: "loc" }, "at ", el("code", {}, e.loc)) : "");
 }
 
 function tasksTable(items) {
@@ -28,7 +28,8 @@ function tasksTable(items) {
     { title: "actual", cls: "num", cell: (t) => secs(t.actual_s) },
     { title: "ratio", cls: "num hide-narrow", cell: (t) => (t.predicted_s && t.actual_s ? `×${num(t.actual_s / t.predicted_s, 2)}` : "–") },
     { title: "drifts", cell: (t) => (t.drifts.length ? t.drifts.map((d) => `#${d.attempt} ${d.from || "?"}→${d.to || "?"} (${d.reason})`).join("; ") : "–") },
-    { title: "error", cell: (t) => (t.error ? el("span", { class: "error" }, `${t.error.kind}: ${t.error.message}`) : "") },
+    { title: "error", cell: (t) => (t.error ? el("span", { class: "error" }, `${t.error.kind}: ${t.error.message}`,
+      t.error.loc ? el("span", { class: "loc" }, " at ", el("code", {}, t.error.loc)) : "") : "") },
   ], items);
 }
 

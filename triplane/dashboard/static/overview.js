@@ -35,6 +35,9 @@ function nodesTable(nodes, engines) {
   const t = table([
     { title: "node", cell: (n) => el("a", { href: `#/storage` }, n.node) },
     { title: "health", cell: (n) => stateBadge(down.has(n.node) ? "down" : n.drained ? "drained" : n.health) },
+    { title: "lease", cls: "num", cell: (n) => (down.has(n.node) || !n.lease ? "–"
+      : el("span", { class: "lease", title: `renewed ${num(n.lease.age_s, 1)} s ago; expires in ${num(n.lease.left_s, 1)} s unless renewed (TTL ${num(n.lease.ttl_s, 1)} s)` },
+        `${num(n.lease.age_s, 1)} s ago`)) },
     { title: "op engines (measured)", cell: (n) => el("div", { class: "chips" }, (byNode.get(n.node) || []).map((e) =>
       el("span", { class: "chip", title: `${e.kind}, memory ${e.memory_engine || "–"}` },
         `${e.engine} ${num(e.gflops)} GFLOP/s ${num(e.gbps)} GB/s`))) },

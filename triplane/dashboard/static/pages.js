@@ -62,6 +62,12 @@ export function storage(main) {
         { title: "used / capacity", cls: "num", cell: (e) => `${bytes(e.capacity - e.free)} / ${bytes(e.capacity)}` },
         { title: "result tiles", cls: "num", cell: (e) => (held.get(`${e.node}\u0000${e.engine}`) || { tiles: 0 }).tiles },
         { title: "their bytes", cls: "num", cell: (e) => bytes((held.get(`${e.node}\u0000${e.engine}`) || { bytes: 0 }).bytes) },
+        { title: "spilled", cls: "num", cell: (e) => (e.spill
+          ? el("span", { "data-spilled": e.spill.bytes, title: `${e.spill.tiles} tile(s) moved to disk; ${bytes(e.spill.on_disk)} there now` },
+            `${bytes(e.spill.bytes)} (${e.spill.tiles})`) : "–") },
+        { title: "read back", cls: "num hide-narrow", cell: (e) => (e.spill ? `${bytes(e.spill.read_bytes)} (${e.spill.reads})` : "–") },
+        { title: "persisted", cls: "num", cell: (e) => el("span", { "data-persisted": e.persisted.bytes,
+          title: `${e.persisted.tiles} tile(s) written to a persistence target` }, `${bytes(e.persisted.bytes)} (${e.persisted.tiles})`) },
       ], s.engines)),
       section("Tiles by state (every job the metadb keeps)", table([
         { title: "node", cell: (t) => t.node || "–" },

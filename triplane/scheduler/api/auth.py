@@ -51,7 +51,7 @@ ANYONE = ROLES  # every client role (never the node credential)
 PUBLIC: tuple[str, ...] = ()  # no credential needed
 NODE_ONLY = (NODE,)
 _REGISTRY = ("put", "get", "get_prefix", "delete", "delete_prefix", "create", "compare_and_swap",
-             "compare_and_delete", "lease/grant", "lease/refresh", "lease/revoke", "watch")
+             "compare_and_delete", "lease/grant", "lease/refresh", "lease/ttl", "lease/revoke", "watch")
 
 # (method, path template) -> the roles that may call it (docs/api.md, "Roles").
 ROUTE_ROLES: dict[tuple[str, str], tuple[str, ...]] = {

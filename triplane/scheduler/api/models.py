@@ -29,6 +29,8 @@ class ErrorDetail(BaseModel):
     message: str
     node: str | None = None
     op: str | None = None
+    loc: str | None = Field(None, description="a failed job's: the failing node's source line (file:line) "
+                                              "as its SDK sent it")
 
 
 class ErrorBody(BaseModel):
@@ -175,6 +177,8 @@ class Drift(BaseModel):
 class TaskError(BaseModel):
     kind: str
     message: str
+    node: str | None = Field(None, description="the submitted graph node the task computes (part of)")
+    loc: str | None = Field(None, description="that node's source line as its SDK sent it (file:line)")
 
 
 class Task(BaseModel):
@@ -233,6 +237,14 @@ class PluginProblem(BaseModel):
     message: str
 
 
+class Lease(BaseModel):
+    """A node's registry lease (docs/api.md): its record vanishes at ``left_s`` unless renewed."""
+
+    ttl_s: float = Field(description="the lease's TTL as granted (etcd: whole seconds)")
+    left_s: float = Field(description="seconds left before it expires unless renewed")
+    age_s: float = Field(description="seconds since it was last renewed (ttl_s - left_s)")
+
+
 class Node(BaseModel):
     node: str
     address: str
@@ -243,7 +255,9 @@ class Node(BaseModel):
     started_at: float
     pid: int
     cpus: int
-    health: str
+    health: str = Field(description="up (lease renewed within 2/3 of its TTL), late (renewals missed), "
+                                    "unknown (lease unreadable)")
+    lease: Lease | None = Field(description="its registry lease; None when unreadable")
     running: int = Field(description="tasks the dispatcher has there now")
     memory: Memory
     calibration: Calibration
@@ -405,12 +419,29 @@ class GraphView(BaseModel):
     nodes: list[GraphNode]
 
 
+class Spill(BaseModel):
+    """A spilling memory engine's counters since its executor started (docs/storage.md)."""
+
+    tiles: int = Field(description="tiles moved from memory to the spill directory")
+    bytes: int = Field(description="their bytes")
+    reads: int = Field(description="spilled tiles read back")
+    read_bytes: int
+    on_disk: int = Field(description="bytes in the spill directory now")
+
+
+class Persisted(BaseModel):
+    tiles: int = Field(description="tiles its node wrote to a persistence target")
+    bytes: int = Field(description="their bytes")
+
+
 class MemoryEngineView(BaseModel):
     node: str
     engine: str
     kind: str
     capacity: int
     free: int
+    spill: Spill | None = Field(description="None for an engine that does not spill")
+    persisted: Persisted
 
 
 class TileTotal(BaseModel):
