@@ -58,6 +58,7 @@ class Prepared(NamedTuple):
     out_types: tuple[TensorType, ...]
     ops: frozenset[str]
     touched: int  # bytes of every value made plus the inputs: the kernel pool's threshold
+    flops: float = 0.0  # the op table's cost of every step: whether it runs with every core (blas.py)
 
 
 def prepare(text: Any, n_in: int, n_out: int, engine: Any) -> Prepared:
@@ -85,6 +86,7 @@ def prepare(text: Any, n_in: int, n_out: int, engine: Any) -> Prepared:
     steps = []
     touched = sum(t.nbytes for t in in_types)
     bind = getattr(engine, "bind", None)
+    flops = 0.0
     for i, n in enumerate(prog.nodes):
         try:
             op_def = optable.get(n.op)
@@ -97,11 +99,12 @@ def prepare(text: Any, n_in: int, n_out: int, engine: Any) -> Prepared:
             raise GroupError("infra", f"engine {engine.name!r} does not support {n.op} on {in_dtypes}",
                              n.id, n.op)
         call = bind(n.op, attrs, out_t, [types[s] for s in n.inputs]) if bind is not None else None
+        flops += op_def.cost([types[s] for s in n.inputs], out_t, attrs).flops
         types.append(out_t)
         touched += out_t.nbytes
         steps.append(Step(n.id, n.op, n.inputs, attrs, out_t, tuple(dead[i]), call))
     return Prepared(in_types, tuple(steps), prog.out, tuple(types[s] for s in prog.out),
-                    frozenset(n.op for n in prog.nodes), touched)
+                    frozenset(n.op for n in prog.nodes), touched, flops)
 
 
 class Programs:

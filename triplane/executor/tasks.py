@@ -48,6 +48,7 @@ import numpy as np
 
 from triplane.engines.errors import MemoryFullError
 from triplane.engines.memory.persist import PERSIST_ATTR
+from triplane.executor.blas import WideBlas
 from triplane.executor.group import GroupError, Prepared, Programs, check_inputs, run_prepared
 from triplane.proto import dtypes as dt
 from triplane.proto import optable
@@ -145,6 +146,7 @@ class TaskRunner:
         self.inline_bytes = inline_bytes
         self._cheap = getattr(engine, "cheap", None)  # optional: which kernels return views
         self.pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="kernel")
+        self.blas = WideBlas()  # a big grouped task (a job kept whole) runs with every core
         self.stats = {"ok": 0, "user_errors": 0, "infra_errors": 0, "pulled_bytes": 0,
                       "peer_bytes": 0, "upload_pulls": 0, "upload_hits": 0}
         self._pulling: dict[str, asyncio.Task[np.ndarray]] = {}  # upload tile -> its pull
@@ -345,7 +347,8 @@ class TaskRunner:
         if stall is not None and (stall[0] == GROUP_OP or stall[0] in prep.ops) and task_id.endswith(".a0"):
             self._stall = None  # once
             self._unstall.wait(stall[1])
-        return _timed_group(self.engine, prep, inputs)
+        with self.blas.wide(prep.flops):
+            return _timed_group(self.engine, prep, inputs)
 
     async def _kernel(self, task: TaskPacket, inputs: list[np.ndarray], attrs: Any, out_t: TensorType,
                       out_bytes: int,
