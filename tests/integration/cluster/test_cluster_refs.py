@@ -268,6 +268,12 @@ def test_a_job_reading_a_ref_resumes_after_a_scheduler_restart(start_cluster: An
         c.restart_scheduler(kill=True)
         with api(c) as h2:
             wait_done(h2, j2)
+            # j2 may have ended before the kill, its rows naming no holder of "out": its fetch
+            # recomputes it (scheduler/lineage.py), which needs the executors holding its
+            # inputs registered again (within a lease of the restart)
+            deadline = time.monotonic() + 30
+            while len(h2.get("/v1/nodes").json()["items"]) < 2 and time.monotonic() < deadline:
+                time.sleep(0.2)
             want = p = np.exp(x)
             for _ in range(120):
                 want = np.tanh(want @ w)

@@ -23,15 +23,18 @@ KEEP = 50
 
 
 def db_bytes(run_dir: Path) -> int:
-    """The SQLite metadb file's size once its write-ahead log is copied in (a passive
-    checkpoint, as SQLite makes on its own every 1,000 pages; the log's own file keeps its
-    largest size and is left out)."""
+    """The SQLite metadb file's live size (less its free pages) once its write-ahead log is
+    copied in (a passive checkpoint, as SQLite makes on its own every 1,000 pages; the log's
+    own file keeps its largest size and is left out)."""
     con = sqlite3.connect(run_dir / "metadb.sqlite3")
     try:
         con.execute("PRAGMA wal_checkpoint(PASSIVE)")
+        pages = con.execute("PRAGMA freelist_count").fetchone()[0]
+        free = pages * con.execute("PRAGMA page_size").fetchone()[0]
     finally:
         con.close()
-    return os.path.getsize(run_dir / "metadb.sqlite3")
+    # pages on the free list are reused by the next writes: the file's live bytes
+    return os.path.getsize(run_dir / "metadb.sqlite3") - free
 
 
 def job_rows(run_dir: Path) -> int:
