@@ -12,10 +12,7 @@ RESOURCE_EXHAUSTED...). The caller's token is the metadata ``authorization: Bear
 from __future__ import annotations
 
 import asyncio
-import functools
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
 
 import grpc
 import numpy as np
@@ -25,7 +22,7 @@ from triplane.proto.errors import TriplaneError
 from triplane.scheduler.api.auth import ANYONE, NODE, Authenticator
 from triplane.scheduler.errors import Forbidden
 from triplane.scheduler.grpc.service import server_options
-from triplane.scheduler.grpc.status import abort
+from triplane.scheduler.grpc.status import unary
 from triplane.serving import serving_pb2 as pb
 from triplane.serving import serving_pb2_grpc as pb_grpc
 from triplane.serving.host import ModelHost
@@ -34,23 +31,6 @@ from triplane.serving.signature import Spec, decode_tensor
 __all__ = ["PredictorService", "serve_grpc"]
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
-
-Req = TypeVar("Req")
-Rep = TypeVar("Rep")
-
-
-def _unary(fn: Callable[[Any, Req, grpc.aio.ServicerContext], Awaitable[Rep]]) -> Any:
-    @functools.wraps(fn)
-    async def handler(self: Any, request: Req, context: grpc.aio.ServicerContext) -> Rep:
-        try:
-            return await fn(self, request, context)
-        except (asyncio.CancelledError, grpc.aio.AbortError):
-            raise
-        except Exception as e:
-            await abort(context, e)
-
-    return handler
-
 
 def _tensor(arr: np.ndarray) -> pb.Tensor:
     d = dt.dtype(arr.dtype)
@@ -73,7 +53,7 @@ class PredictorService(pb_grpc.PredictorServicer):
             who = "the node credential" if p.role == NODE else f"a {p.role} token ({p.name!r})"
             raise Forbidden(f"{who} may not use the model server (roles that may: {sorted(ANYONE)})")
 
-    @_unary
+    @unary
     async def Predict(self, request: pb.PredictRequest, context: grpc.aio.ServicerContext
                       ) -> pb.PredictResponse:
         started = time.perf_counter()
@@ -92,7 +72,7 @@ class PredictorService(pb_grpc.PredictorServicer):
         return pb.PredictResponse(outputs={s.name: _tensor(o) for s, o in zip(v.outputs, answer.outputs)},
                                   model_version=answer.version)
 
-    @_unary
+    @unary
     async def GetModel(self, request: pb.ModelRequest, context: grpc.aio.ServicerContext) -> pb.ModelResponse:
         self._caller(context)
         v = self.host.current

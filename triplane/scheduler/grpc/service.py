@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, TypeVar
 
 import grpc
@@ -33,7 +33,7 @@ from triplane.scheduler.api.jobrequest import parse_job_request
 from triplane.scheduler.errors import BadRequest, Forbidden, TooLarge
 from triplane.scheduler.grpc import triplane_pb2 as pb
 from triplane.scheduler.grpc import triplane_pb2_grpc as pb_grpc
-from triplane.scheduler.grpc.status import abort
+from triplane.scheduler.grpc.status import abort, unary
 from triplane.scheduler.refs import refs_in_args, refs_in_graph
 from triplane.scheduler.service import Scheduler
 from triplane.scheduler.store import UploadError, expected_bytes, parse_dtype, parse_shape
@@ -59,21 +59,6 @@ ROLES: dict[str, tuple[frozenset[str], str]] = {
 
 Req = TypeVar("Req")
 Rep = TypeVar("Rep")
-
-
-def _unary(fn: Callable[[Any, Req, grpc.aio.ServicerContext], Awaitable[Rep]]) -> Any:
-    """A unary-reply handler whose errors end the call with their gRPC code."""
-
-    @functools.wraps(fn)
-    async def handler(self: Any, request: Req, context: grpc.aio.ServicerContext) -> Rep:
-        try:
-            return await fn(self, request, context)
-        except (asyncio.CancelledError, grpc.aio.AbortError):
-            raise
-        except Exception as e:
-            await abort(context, e)
-
-    return handler
 
 
 def _streaming(fn: Callable[[Any, Req, grpc.aio.ServicerContext], AsyncIterator[Rep]]) -> Any:
@@ -144,7 +129,7 @@ class TriplaneService(pb_grpc.TriplaneServicer):
             raise Forbidden(f"{who} may not {what} (roles that may: {sorted(allowed)})")
         return p
 
-    @_unary
+    @unary
     async def SubmitJob(self, request: pb.SubmitJobRequest, context: grpc.aio.ServicerContext) -> pb.Job:
         p = self.caller(context, "SubmitJob")
         body = request.request
@@ -172,13 +157,13 @@ class TriplaneService(pb_grpc.TriplaneServicer):
                   else self.scheduler.status(job))
         return _job({**status, "plan": out.get("plan"), "args": out.get("args")})
 
-    @_unary
+    @unary
     async def GetJob(self, request: pb.GetJobRequest, context: grpc.aio.ServicerContext) -> pb.Job:
         p = self.caller(context, "GetJob")
         self.owners.check(p, request.job)
         return _job(self.scheduler.status(request.job))
 
-    @_unary
+    @unary
     async def CancelJob(self, request: pb.CancelJobRequest, context: grpc.aio.ServicerContext) -> pb.Job:
         p = self.caller(context, "CancelJob")
         self.owners.check(p, request.job)
@@ -207,7 +192,7 @@ class TriplaneService(pb_grpc.TriplaneServicer):
                 if e.kind in TERMINAL:
                     return
 
-    @_unary
+    @unary
     async def UploadTensor(self, request_iterator: AsyncIterator[pb.TensorChunk],
                            context: grpc.aio.ServicerContext) -> pb.Tensor:
         p = self.caller(context, "UploadTensor")
@@ -253,7 +238,7 @@ class TriplaneService(pb_grpc.TriplaneServicer):
             for start in range(0, len(view), CHUNK_BYTES):
                 yield pb.TensorChunk(data=bytes(view[start:start + CHUNK_BYTES]))
 
-    @_unary
+    @unary
     async def ListNodes(self, request: pb.ListNodesRequest,
                         context: grpc.aio.ServicerContext) -> pb.ListNodesResponse:
         self.caller(context, "ListNodes")

@@ -9,9 +9,12 @@ A kind missing from the table is a bug: it answers ``INTERNAL`` and is logged, a
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import json
 import logging
-from typing import Any, NoReturn
+from collections.abc import Awaitable, Callable
+from typing import Any, NoReturn, TypeVar
 
 import grpc
 
@@ -20,7 +23,7 @@ from triplane.proto.dataport import DataPortError
 from triplane.proto.errors import TriplaneError
 from triplane.scheduler.errors import error_body
 
-__all__ = ["CODE", "ERROR_KEY", "abort", "code_of", "error_of"]
+__all__ = ["CODE", "ERROR_KEY", "abort", "code_of", "error_of", "unary"]
 
 log = logging.getLogger(__name__)
 
@@ -80,3 +83,23 @@ async def abort(context: grpc.aio.ServicerContext, e: BaseException) -> NoReturn
         log.error("domain error of unmapped kind %r: %s", body["kind"], e)
     code = code_of(body["kind"])
     await context.abort(code, body["message"], trailing_metadata=((ERROR_KEY, json.dumps(body)),))
+
+
+Req = TypeVar("Req")
+Rep = TypeVar("Rep")
+
+
+def unary(fn: Callable[[Any, Req, grpc.aio.ServicerContext], Awaitable[Rep]]) -> Any:
+    """A unary-reply handler whose errors end the call with their gRPC code (:func:`abort`);
+    a cancelled call or one already aborted goes on as it is."""
+
+    @functools.wraps(fn)
+    async def handler(self: Any, request: Req, context: grpc.aio.ServicerContext) -> Rep:
+        try:
+            return await fn(self, request, context)
+        except (asyncio.CancelledError, grpc.aio.AbortError):
+            raise
+        except Exception as e:
+            await abort(context, e)
+
+    return handler
