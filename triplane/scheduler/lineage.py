@@ -42,7 +42,6 @@ __all__ = ["Lineage", "needed_tasks"]
 
 log = logging.getLogger("triplane.scheduler.service")
 
-NODES_WAIT_S = 30.0  # a recompute waits this long for an executor to register when there is none
 RECOMPUTE_WAIT_S = 300.0  # a reader waits this long for a recompute, then is told to come back
 
 
@@ -118,12 +117,6 @@ class Lineage:
         return await asyncio.shield(fut)
 
     async def _run(self, job: str, plan: JobPlan, holders: dict[str, str], lost: list[str]) -> dict[str, str]:
-        # No executor at all: a scheduler that has just restarted, before its executors have
-        # registered again (they do within a lease). Wait for them, up to NODES_WAIT_S.
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + NODES_WAIT_S
-        while not self.jobs.shell.nodes and loop.time() < deadline:
-            await asyncio.sleep(0.1)
         kept = fetched_tasks_of(plan)
         where = {s.id: self._where(plan, holders, s.id, kept) for s in plan.specs}
         need = needed_tasks(plan.specs, lost, lambda t: where.get(t) is not None)
