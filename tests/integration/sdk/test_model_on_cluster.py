@@ -8,24 +8,18 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from cluster_run import running_cluster  # tests/integration/cluster (this folder's conftest.py)
 
 import triplane as tp
-from triplane.launcher import ClusterConfig, LocalCluster
+from triplane.launcher import LocalCluster
 from triplane.sdk.remote import RemoteSession
 from triplane.sdk.session import use_session
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    pytest.importorskip("uvicorn", reason="the cluster extra is not installed")
-    c = LocalCluster(tmp_path_factory.mktemp("models"), ClusterConfig(executors=1, memory="256MiB",
-                                                                      ready_timeout_s=60.0))
-    try:
-        c.start()
+    with running_cluster(tmp_path_factory.mktemp("models"), bound_s=300.0, executors=1) as c:
         yield c
-    finally:
-        c.stop(grace_s=3.0)
-        c.run.clear_cluster()
 
 
 def test_loaded_model_runs_on_the_cluster_as_in_process(cluster: LocalCluster, tmp_path: Path) -> None:

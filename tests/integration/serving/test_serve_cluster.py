@@ -23,8 +23,11 @@ import numpy as np
 import pytest
 
 import triplane as tp
-from triplane.launcher import ClusterConfig, LocalCluster
+from triplane.launcher import LocalCluster
 from triplane.sdk import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cluster"))
+from cluster_run import running_cluster
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -50,14 +53,9 @@ def tasks_by_node(cluster: LocalCluster) -> Counter[str]:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    c = LocalCluster(tmp_path_factory.mktemp("serve-cluster"),
-                     ClusterConfig(executors=2, memory="256MiB", ready_timeout_s=60.0, log_level="warning"))
-    try:
-        c.start()
+    with running_cluster(tmp_path_factory.mktemp("serve-cluster"), bound_s=420.0, executors=2,
+                         log_level="warning") as c:
         yield c
-    finally:
-        c.stop(grace_s=3.0)
-        c.run.clear_cluster()
 
 
 def test_served_on_a_cluster_one_request_per_batch_and_an_executor_lost(cluster: LocalCluster,
