@@ -121,12 +121,16 @@ def test_a_partitioned_executor_host_drifts_its_tasks_and_rejoins(cluster: Multi
     c = cluster
     lead = c.leader()
     victim = "exec-2"
-    graph, ids, refs = chains_job(3, 30, 256)
+    graph, ids, refs = chains_job(3, 120, 256)  # long enough to leave work on the victim at the cut
     t_submit = time.monotonic()
     job = submit(c, lead, graph, ids)
     total = len(graph["nodes"])
-    wait_for(lambda: any(t["node"] == victim and t["state"] == "done" for t in tasks(c, lead, job)),
-             60, f"a task done on {victim}")
+
+    def mid_run() -> bool:
+        on_victim = [t["state"] for t in tasks(c, lead, job) if t["node"] == victim]
+        return "done" in on_victim and any(s != "done" for s in on_victim)
+
+    wait_for(mid_run, 60, f"a task done on {victim} and one still to run there")
     cut_at = time.time()
     c.net.cut(victim)
     try:
