@@ -192,8 +192,12 @@ class Admin:
             drifts = _drifts(record.log) if record is not None else stored.get(t.task_id, [])
             if record is None and drifts and t.state in ("dispatched", "done") and drifts[-1]["to"] is None:
                 drifts[-1]["to"] = t.node
+            # A job held in memory: its record is the truth; the row may trail it by a journal
+            # flush (0.2 s), so a read right after the job's end would show tasks still queued.
+            state, attempt, node = ((t.state, t.attempt, t.node) if record is None
+                                    else (record.state.value, record.attempt, record.node))
             out.append({
-                "id": t.task_id, "op": t.op, "state": t.state, "attempt": t.attempt, "node": t.node,
+                "id": t.task_id, "op": t.op, "state": state, "attempt": attempt, "node": node,
                 "queued_at": t.queued_at, "started_at": t.started_at, "finished_at": t.finished_at,
                 "predicted_s": t.predicted_s, "actual_s": t.actual_s,
                 "error": None if t.error_kind is None else {

@@ -203,6 +203,16 @@ def test_tasks_and_tiles_pages(api: Api) -> None:
     assert stored[t1]["error"] is None
 
 
+def test_a_live_jobs_tasks_read_state_and_node_from_memory_before_their_rows_catch_up(api: Api) -> None:
+    job = api.submit(tasks=2)
+    out = api.s.shell.state.handle(NodeUp("up", "n1", 4, time.time()))  # instructions only: no I/O
+    assert sum(isinstance(i, Send) for i in out) == 2
+    rows = api.c.get(f"/v1/jobs/{job}/tasks", headers=H).json()["items"]
+    assert [(t["state"], t["node"], t["attempt"]) for t in rows] == [("dispatched", "n1", 0)] * 2
+    with api.db.read() as s:  # the rows still hold what was stored: the journal writes them later
+        assert {(t.state, t.node) for t in mdb.list_tasks(s, job)} == {("ready", None)}
+
+
 def test_drain_is_kept_in_the_registry_and_leaves_the_node_out_of_placement(api: Api) -> None:
     assert [n["drained"] for n in api.c.get("/v1/nodes", headers=H).json()["items"]] == [False, False]
     r = api.c.post("/v1/nodes/n1/drain", headers=H)
