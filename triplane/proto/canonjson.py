@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -60,6 +61,9 @@ def _parse_int(text: str) -> int | float:
     return v if abs(v) <= MAX_SAFE_INT else float(text)
 
 
+_AT_OR_ABOVE_E000 = re.compile("[\ue000-\U0010ffff]")
+
+
 def fast_canonical(make: Callable[[], Any]) -> bytes | None:
     """Where every float prints the same in Python and ECMAScript, the C json encoder
     writes the canonical bytes -- unless a key holds a character at or above U+E000, where
@@ -67,7 +71,9 @@ def fast_canonical(make: Callable[[], Any]) -> bytes | None:
     try:
         text = json.dumps(make(), sort_keys=True, separators=(",", ":"),
                           ensure_ascii=False, allow_nan=False)
-        if not text or max(text) < "\ue000":
+        # (``isascii`` reads a flag CPython keeps; ``max`` walked every character: 0.5 ms
+        # for a 16 KiB minibatch sent inline, base64 in a compiled step's request.)
+        if text.isascii() or _AT_OR_ABOVE_E000.search(text) is None:
             return text.encode("utf-8")
     except (SlowPath, UnicodeEncodeError, ValueError, TypeError, RecursionError):
         pass
