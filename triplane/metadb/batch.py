@@ -162,6 +162,13 @@ class BatchWriter:
             self._known_jobs.discard(job_id)
             self._known_tasks.pop(job_id, None)
 
+    def known(self, job_id: str, task_ids: Iterable[str]) -> None:
+        """Take a job's rows as stored (its submitter has just committed them): its writes
+        are then queued without the queries that check them (a compiled training step is a
+        new job each time: two queries on the scheduler's loop per step otherwise)."""
+        self._known_jobs.add(job_id)
+        self._known_tasks.setdefault(job_id, set()).update(task_ids)
+
     # Known ids are cached so that validation costs one query per job, not one per item.
     def _check_job(self, job_id: str) -> None:
         if job_id in self._known_jobs:

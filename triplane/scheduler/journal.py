@@ -106,6 +106,11 @@ class Journal:
         if ended is not None:
             self._write_end(job, *ended)
 
+    def stored(self, job: str, tasks: list[str]) -> None:
+        """A job's rows were just stored: its writes need no check that they exist."""
+        if self.writer is not None:
+            self.writer.known(job, tasks)
+
     def open(self) -> None:
         self.writer = mdb.BatchWriter(self.db, max_items=2000, max_delay=0.05)
 

@@ -199,3 +199,35 @@ def test_bulk_transitions_are_checked_and_queued_all_or_none(db: MetaDB, bad: tu
     with db.read() as s:
         assert [t.state for t in mdb.list_tasks(s, job)] == ["pending", "pending"]
         assert mdb.list_tiles(s, job, "t00000") == []
+
+
+def test_a_job_taken_as_known_is_written_without_checking_queries(db: MetaDB) -> None:
+    job = make_job(db, 2)
+    selects: list[str] = []
+
+    def count(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        if statement.lstrip().upper().startswith("SELECT"):
+            selects.append(statement)
+
+    sa.event.listen(db.engine, "before_cursor_execute", count)
+    try:
+        with BatchWriter(db, max_items=500, max_delay=0.05) as w:
+            w.known(job, ["t00000", "t00001"])  # as the scheduler does once it stored the rows
+            w.transitions(job, [("t00000", "done", {"node": "n1"}), ("t00001", "done", {"node": "n2"})])
+            w.job_progress(job, state="done", tasks_done=2)
+            checked = list(selects)
+            w.flush()
+    finally:
+        sa.event.remove(db.engine, "before_cursor_execute", count)
+    assert checked == []
+    with db.read() as s:
+        assert [(t.state, t.node) for t in mdb.list_tasks(s, job)] == [("done", "n1"), ("done", "n2")]
+        assert mdb.get_job(s, job).state == "done"
+    # without it, the first write of a job checks its rows exist
+    with BatchWriter(db, max_items=500, max_delay=0.05) as w:
+        sa.event.listen(db.engine, "before_cursor_execute", count)
+        try:
+            w.transition(job, "t00000", "done", node="n1")
+        finally:
+            sa.event.remove(db.engine, "before_cursor_execute", count)
+    assert len(selects) >= 1
