@@ -148,7 +148,7 @@ class TaskRunner:
         self.pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="kernel")
         self.blas = WideBlas()  # a big grouped task (a job kept whole) runs with every core
         self.stats = {"ok": 0, "user_errors": 0, "infra_errors": 0, "pulled_bytes": 0,
-                      "peer_bytes": 0, "upload_pulls": 0, "upload_hits": 0}
+                      "peer_bytes": 0, "upload_pulls": 0, "upload_hits": 0, "carried_bytes": 0}
         self._pulling: dict[str, asyncio.Task[np.ndarray]] = {}  # upload tile -> its pull
         self._making: dict[str, int] = {}  # output tile -> attempts running here making it
         self._made: dict[str, asyncio.Future[bool]] = {}  # tile -> made (True) or failed
@@ -394,6 +394,11 @@ class TaskRunner:
                                          "and its task failed here or did not come")
         try:
             for tile in dict.fromkeys(task.inputs):
+                c = task.data.get(tile)
+                if c is not None:  # its value came in the packet (read-only: kernels never write inputs)
+                    have[tile] = np.frombuffer(c.data, dtype=dt.BY_NAME[c.dtype].np).reshape(c.shape)
+                    self.stats["carried_bytes"] += len(c.data)
+                    continue
                 node = task.pull_from.get(tile)
                 cached = self.store.cache_take(tile) if is_upload_tile(tile) else None
                 if cached is not None:

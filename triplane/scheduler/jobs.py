@@ -68,6 +68,7 @@ RETAIN_FINISHED = 64  # finished jobs kept in memory; older ones are served from
 RETAIN_MIN_S = 2.0
 MAX_FETCH = 10_000
 INLINE_COMPILE_NODES = 256  # a compiled step of at most this many nodes is laid out on the loop
+INLINE_STORE_TASKS = 4  # a grouped job of at most this many tasks is stored on the loop
 
 
 # a structure submit_bound runs again: (canonical graph, fetch map, fetch list, node -> loc)
@@ -259,7 +260,13 @@ class Jobs:
         self.refs.bind(plan.job, held)
         live = self._dispatch(plan, now, (), factors, deadline_s, owner=owner, persist=persist, locs=locs)
         try:
-            await asyncio.to_thread(self.store_job, plan, fetch, bindings, now, owner)
+            if plan.group and len(plan.specs) <= INLINE_STORE_TASKS:
+                # A grouped job (a compiled step) is a few rows: stored on the loop while its
+                # one task runs. The two worker-thread hops cost more than the insert: 1-2 ms
+                # each way on a busy loop, on the step's path (bench/train.py).
+                self.store_job(plan, fetch, bindings, now, owner)
+            else:
+                await asyncio.to_thread(self.store_job, plan, fetch, bindings, now, owner)
         except Exception as e:
             self.shell.handle(CancelJob(f"store-failed:{plan.job}", plan.job, time.time()))
             self.live.pop(plan.job, None)
@@ -311,6 +318,7 @@ class Jobs:
                   owner: str | None = None) -> None:
         """Store the job's rows (``jobrecords.store_job``; blocking: a worker thread)."""
         store_job(self.db, plan, fetch, bindings, now, owner)
+        self.journal.stored(plan.job, [t.id for t in plan.specs])
 
     def _dispatch(self, plan: JobPlan, created: float, done: tuple[tuple[str, str], ...],
                   factors: Factors | None = None, deadline_s: float | None = None, *,

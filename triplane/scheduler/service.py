@@ -40,6 +40,7 @@ from triplane import metadb as mdb
 from triplane._version import __version__
 from triplane.engines.memory.persist import PERSIST_ENV, persist_targets
 from triplane.net.dataport import DataClient, DataPortError, DataServer
+from triplane.proto.packet import Carried
 from triplane.registry import Leadership, NodeInfo, RegistryBackend, leader, list_memory_engines
 from triplane.scheduler.admin import Admin
 from triplane.scheduler.cluster import ClusterView
@@ -131,6 +132,7 @@ class Scheduler(Leading):
         self.shell = DispatchShell(DispatchState(policy), secret, self.templates, Hooks(),
                                    tick_s=tick_s, slots=slots)
         self.cluster = ClusterView(registry, self._running_on)
+        self.shell.carry = self._carry
         self.cluster.on_drained = self._drained
         self.results = Results(db=db, store=self.store, data_client=self.data_client, shell=self.shell,
                                cluster=self.cluster, earlier=EarlierJobs(db, self.plans), live=live,
@@ -279,6 +281,11 @@ class Scheduler(Leading):
     def _sending(self, s: Send) -> None:
         if self.freer.queued_on(s.node):  # per task sent: no tile id made while nothing waits
             self.freer.sending(s.node, tile_id(s.job, s.task))
+
+    def _carry(self, node: str, tile: str) -> Carried | None:
+        """An upload's value for a grouped task's packet to carry (``DispatchShell.carry``):
+        small and in memory here, and not cached on ``node`` already."""
+        return None if node in self.cluster.residency.holders(tile) else self.store.carried(tile)
 
     def _data_address(self, node: str) -> tuple[str, int] | None:
         info = self.shell.nodes.get(node)

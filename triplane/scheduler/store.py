@@ -28,6 +28,7 @@ import numpy as np
 
 from triplane.proto import dtypes as dt
 from triplane.proto.limits import MAX_RANK
+from triplane.proto.packet import CARRY_MAX_BYTES, Carried
 from triplane.scheduler.compiler.jobplan import is_tensor_id, new_tensor_id
 
 log = logging.getLogger(__name__)
@@ -247,6 +248,14 @@ class TensorStore:
         """Was upload ``tid`` put with ``later=True`` (a compiled step's inline input)? Its
         :meth:`delete` then does no I/O itself: the unlink goes to the thread that wrote it."""
         return tid in self._behind
+
+    def carried(self, tid: str) -> Carried | None:
+        """Upload ``tid`` (a whole one) as a task packet carries it, if its bytes are held in
+        memory and fit ``CARRY_MAX_BYTES``; else None."""
+        raw, t = self._small.get(tid), self._index.get(tid)
+        if raw is None or t is None or len(raw) > CARRY_MAX_BYTES:
+            return None
+        return Carried(t.shape, t.dtype, raw)
 
     def in_memory(self, tid: str) -> bool:
         """Are the bytes of upload ``tid`` (a whole one) held in memory?"""

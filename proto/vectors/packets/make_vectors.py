@@ -53,6 +53,16 @@ TASKS: dict[str, pk.TaskPacket] = {
                           '["n3","tanh",[2],{}],["n4","sum",[3],{"axes":null,"keepdims":false}]],'
                           '"out":[4,3],"v":1}'},
         to="n1", t=1732212340.0),
+    # A grouped task carrying one small upload's value (proto/packet.md, "Carried values"):
+    # float32 [2, 2] = [[1, 2], [3, 4]]; the other input is pulled.
+    "task_carried": pk.TaskPacket(
+        task="j42.g.a0", op="graph", inputs=("u-" + "2" * 32, "u-" + "3" * 32), outputs=("j42.n3",),
+        deadline=1732212345.0, pull_from={"u-" + "3" * 32: "scheduler"},
+        attrs={"program": '{"in":[[[2,2],"float32"],[[2,2],"float32"]],"nodes":[["n3","add",[0,1],{}]],'
+                          '"out":[2],"v":1}'},
+        to="n1", t=1732212340.0,
+        data={"u-" + "2" * 32: pk.Carried((2, 2), "float32",
+                                          bytes.fromhex("0000803f000000400000404000008040"))}),
 }
 REPLIES: dict[str, pk.Reply] = {
     "reply_ok": pk.Reply(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import datetime
 import hmac
 import json
@@ -12,6 +13,7 @@ import string
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
@@ -19,6 +21,7 @@ from hypothesis import strategies as st
 
 from triplane.proto import packet as pk
 from triplane.proto.packet import codec, schema
+from triplane.proto.packet.schema import task_from_wire, task_to_wire
 
 SECRET = b"triplane-test-secret-NOT-FOR-PRODUCTION"
 NOW = 1732212340.0
@@ -434,7 +437,8 @@ def test_replay_guard_drops_replays_until_expiry_and_stays_bounded() -> None:
 
 def test_public_api_is_pinned() -> None:
     assert set(pk.__all__) == {
-        "DEFAULT_GRACE", "DEFAULT_MAX_AGE", "DEFAULT_MAX_AHEAD", "MAX_DATAGRAM_BYTES", "MAX_FRAME_BYTES",
+        "CARRY_MAX_BYTES", "Carried", "DEFAULT_GRACE", "DEFAULT_MAX_AGE", "DEFAULT_MAX_AHEAD",
+        "MAX_DATAGRAM_BYTES", "MAX_FRAME_BYTES",
         "VERSION", "Control", "DropCounters", "FrameBuffer", "Message", "PacketError", "PacketInvalid",
         "PacketMalformed", "PacketSignatureError", "PacketStale", "PacketTooLarge", "PacketVersionError",
         "ReplayGuard", "Reply", "TaskError", "TaskPacket", "TileInfo", "Timings", "canonical", "decode",
@@ -451,3 +455,56 @@ def test_stdlib_json_fallback_reads_the_same(monkeypatch: pytest.MonkeyPatch) ->
     reject(data.replace(b"1.5", b"NaN"), "bad_signature")
     reject(sign_text(b'{"a":NaN}'), "invalid")  # not JSON; YAML reads the string "NaN"
     reject(b"{" * 1400, "unsigned")
+
+
+# --- carried values (proto/packet.md, "Carried values") ---------------------------------------
+
+_U0, _U1 = "u-" + "a" * 32, "u-" + "b" * 32
+
+
+def _carrying(data: dict[str, Any], pull: dict[str, str] | None = None) -> dict[str, Any]:
+    pull = {_U1: "scheduler"} if pull is None else pull
+    p = pk.TaskPacket("j1.g.a0", "graph", (_U0, _U1), ("j1.n3",), 1e9 + 10, pull, {}, "n1", 1e9)
+    wire = task_to_wire(p)
+    wire["data"] = data
+    return wire
+
+
+def test_a_carried_value_round_trips_bit_exact_and_is_signed() -> None:
+    rng = np.random.default_rng()
+    x = rng.standard_normal((16, 64)).astype(np.float32)
+    p = pk.TaskPacket("j1.g.a0", "graph", (_U0, _U1), ("j1.n3",), 1e9 + 10, {_U1: "scheduler"}, {}, "n1", 1e9,
+                      {_U0: pk.Carried(x.shape, "float32", x.tobytes())})
+    data = pk.encode_task(p, SECRET)
+    assert codec._task_body_checked(p) == codec.canonical(task_to_wire(p))  # the fast writer: the same bytes
+    q = pk.decode_task(data, SECRET, now=1e9, max_bytes=pk.MAX_FRAME_BYTES)
+    assert q == p and np.array_equal(np.frombuffer(q.data[_U0].data, np.float32).reshape(16, 64), x)
+    flipped = data.replace(b'"b64":"', b'"b64":"A', 1)  # a character more: the signature fails
+    with pytest.raises(pk.PacketSignatureError):
+        pk.decode_task(flipped, SECRET, now=1e9, max_bytes=pk.MAX_FRAME_BYTES)
+
+
+@pytest.mark.parametrize(("data", "field", "words"), [
+    ({}, "data", "non-empty"),
+    ({_U1: {"shape": [1], "dtype": "float32", "b64": "AAAAAA=="}}, f"data.{_U1}", "not pulled"),
+    ({"j1.other": {"shape": [1], "dtype": "float32", "b64": "AAAAAA=="}}, "data.j1.other", "an input"),
+    ({_U0: {"shape": [2], "dtype": "float32", "b64": "AAAAAA=="}}, f"data.{_U0}.b64", "4 bytes"),
+    ({_U0: {"shape": [1], "dtype": "float32", "b64": "AA!AAA=="}}, f"data.{_U0}.b64", "base64"),
+    ({_U0: {"shape": [1], "dtype": "complex7", "b64": "AAAAAA=="}}, f"data.{_U0}.dtype", "dtype"),
+    ({_U0: {"shape": [-1], "dtype": "float32", "b64": ""}}, f"data.{_U0}.shape", "dimensions"),
+    ({_U0: {"shape": [1], "dtype": "float32"}}, f"data.{_U0}", "missing ['b64']"),
+    ({_U0: {"shape": [8193, 1], "dtype": "float32", "b64": "A" * 43696}}, f"data.{_U0}.b64", "at most"),
+])
+def test_a_bad_carried_value_is_refused_naming_its_field(data: dict[str, Any], field: str,
+                                                         words: str) -> None:
+    with pytest.raises(pk.PacketInvalid) as e:
+        task_from_wire(_carrying(data))
+    assert e.value.field == field and words in str(e.value), (e.value.field, str(e.value))
+
+
+def test_carried_values_are_bounded_in_all() -> None:
+    half = pk.CARRY_MAX_BYTES // 2 + 4
+    blob = {"shape": [half], "dtype": "uint8", "b64": base64.b64encode(bytes(half)).decode()}
+    with pytest.raises(pk.PacketInvalid, match="carries more than") as e:
+        task_from_wire(_carrying({_U0: blob, _U1: blob}, pull={}))
+    assert e.value.field == "data"

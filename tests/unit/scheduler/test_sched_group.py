@@ -145,6 +145,35 @@ def test_the_packet_of_a_grouped_task_names_every_output_tile() -> None:
     assert p.attrs == {"program": jp.templates[GROUP_TASK].attrs["program"]}
 
 
+def test_a_grouped_tasks_packet_carries_the_values_it_is_given_up_to_the_bound() -> None:
+    from triplane.proto.packet import CARRY_MAX_BYTES, Carried
+
+    jp = compile_job(mlp(), ["loss", "w2"], cache=PlanCache(), job=JOB)
+    secret = b"s" * 32
+    shell = DispatchShell(DispatchState(), secret, {JOB: dict(jp.templates)})
+    rng = np.random.default_rng()
+    x = rng.standard_normal((4, 3)).astype(np.float32)
+    values: dict[str, Carried] = {X: Carried((4, 3), "float32", x.tobytes())}
+    asked: list[tuple[str, str]] = []
+
+    def carry(node: str, tile: str) -> Carried | None:
+        asked.append((node, tile))
+        return values.get(tile)
+
+    shell.carry = carry
+    p = decode(shell.packet_for(Send(JOB, GROUP_TASK, 0, "e1", time.time() + 10, ())), secret,
+               max_bytes=65536)
+    assert isinstance(p, TaskPacket) and sorted(asked) == [("e1", X), ("e1", W)]
+    assert p.pull_from == {W: "scheduler"} and set(p.data) == {X}
+    assert np.array_equal(np.frombuffer(p.data[X].data, np.float32).reshape(4, 3), x)
+    # More than the bound in all: what does not fit is pulled.
+    big = CARRY_MAX_BYTES // 4 - 1
+    values = {X: Carried((big,), "float32", bytes(big * 4)), W: Carried((3, 2), "float32", bytes(24))}
+    p = decode(shell.packet_for(Send(JOB, GROUP_TASK, 0, "e1", time.time() + 10, ())), secret,
+               max_bytes=65536)
+    assert isinstance(p, TaskPacket) and set(p.data) == {X} and p.pull_from == {W: "scheduler"}
+
+
 def test_a_user_error_inside_a_group_names_the_node_that_failed() -> None:
     s = DispatchState()
     s.handle(NodeUp("up", "e1", 2, 0.0))

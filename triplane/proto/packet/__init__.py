@@ -61,12 +61,14 @@ from triplane.proto.packet.errors import (
     PacketVersionError,
 )
 from triplane.proto.packet.schema import (
+    CARRY_MAX_BYTES,
     DEFAULT_GRACE,
     DEFAULT_MAX_AGE,
     DEFAULT_MAX_AHEAD,
     MAX_DATAGRAM_BYTES,
     MAX_FRAME_BYTES,
     VERSION,
+    Carried,
     Control,
     Message,
     Reply,
@@ -79,7 +81,8 @@ from triplane.proto.packet.schema import (
 from triplane.proto.packet.transport import DropCounters, FrameBuffer, ReplayGuard, frame, read_frame
 
 __all__ = [
-    "DEFAULT_GRACE", "DEFAULT_MAX_AGE", "DEFAULT_MAX_AHEAD", "MAX_DATAGRAM_BYTES", "MAX_FRAME_BYTES",
+    "CARRY_MAX_BYTES", "Carried", "DEFAULT_GRACE", "DEFAULT_MAX_AGE", "DEFAULT_MAX_AHEAD",
+    "MAX_DATAGRAM_BYTES", "MAX_FRAME_BYTES",
     "VERSION", "Control", "DropCounters", "FrameBuffer", "Message", "PacketError", "PacketInvalid",
     "PacketMalformed", "PacketSignatureError", "PacketStale", "PacketTooLarge", "PacketVersionError",
     "ReplayGuard", "Reply", "TaskError", "TaskPacket", "TileInfo", "Timings", "canonical", "decode",

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 import json
+import math
 import re
 import time
 from types import MappingProxyType
@@ -12,6 +14,8 @@ from typing import Any
 
 import yaml
 
+from triplane.proto import dtypes as dt
+from triplane.proto.limits import MAX_RANK
 from triplane.proto.packet.errors import (
     PacketError,
     PacketMalformed,
@@ -23,6 +27,7 @@ from triplane.proto.packet.errors import (
 )
 from triplane.proto.packet.schema import (
     _INT64,
+    CARRY_MAX_BYTES,
     DEFAULT_GRACE,
     DEFAULT_MAX_AGE,
     DEFAULT_MAX_AHEAD,
@@ -176,7 +181,7 @@ def _task_body_checked(p: TaskPacket) -> bytes | None:
     """``canonical(task_to_wire(p))`` if cheap checks prove ``task_from_wire`` accepts it,
     else None."""
     try:
-        task, op, inputs, outputs, deadline, src, attrs, to, t = p
+        task, op, inputs, outputs, deadline, src, attrs, to, t, data = p
         if type(src) is not dict:
             if type(src) is not MappingProxyType:
                 return None
@@ -203,16 +208,43 @@ def _task_body_checked(p: TaskPacket) -> bytes | None:
             return None
         if attrs:
             _value(attrs, 0)
+        carried = _carried_text(data, inputs, src) if data else ""
     except (TypeError, ValueError, _BadValue):
+        return None
+    if carried is None:
         return None
     # Ids hold nothing to escape; str.join and + copy their characters as the regex saw them.
     attrs_text = canonical(attrs).decode() if attrs else "{}"
     pairs = ",".join(['"' + k + '":"' + src[k] + '"' for k in sorted(src)])
     ins = '"' + '","'.join(inputs) + '"' if inputs else ""
     outs = '"' + '","'.join(outputs) + '"' if outputs else ""
-    return ('{"attrs":' + attrs_text + ',"deadline":' + dl + ',"from":{' + pairs + '},"in":[' + ins
+    return ('{"attrs":' + attrs_text + carried + ',"deadline":' + dl + ',"from":{' + pairs + '},"in":[' + ins
             + '],"op":"' + op + '","out":[' + outs + '],"t":' + tt + ',"task":"' + task + '","to":"' + to
             + '","v":' + _V + "}").encode()
+
+
+def _carried_text(data: Any, inputs: tuple[str, ...], src: dict[str, str]) -> str | None:
+    """``,"data":{...}`` for carried values ``task_from_wire`` accepts (the ids are checked
+    with the others: every key is an input), else None. Base64 needs no escaping."""
+    members = []
+    total = 0
+    for tile in sorted(data):
+        c = data[tile]
+        if tile not in inputs or tile in src:
+            return None
+        shape, dtype, raw = c
+        if (type(shape) is not tuple or len(shape) > MAX_RANK or type(dtype) is not str
+                or dtype not in dt.BY_NAME or type(raw) is not bytes):
+            return None
+        for n in shape:
+            if type(n) is not int or not 0 <= n <= CARRY_MAX_BYTES:
+                return None
+        total += len(raw)
+        if len(raw) != math.prod(shape) * dt.BY_NAME[dtype].itemsize or total > CARRY_MAX_BYTES:
+            return None
+        members.append('"' + tile + '":{"b64":"' + base64.b64encode(raw).decode() + '","dtype":"' + dtype
+                       + '","shape":[' + ",".join(map(int.__repr__, shape)) + "]}")
+    return ',"data":{' + ",".join(members) + "}"
 
 
 def _reply_body_checked(r: Reply) -> bytes | None:
@@ -321,7 +353,7 @@ def encode_task(p: TaskPacket, secret: bytes) -> bytes:
     if body is None:  # not provably valid by the cheap check: the decoder's own check explains
         wire = task_to_wire(p)
         task_from_wire(wire)
-        body = _task_body(wire)
+        body = canonical(wire) if "data" in wire else _task_body(wire)  # (refused values: explained)
     return _seal(None, secret, body)
 
 

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
 import math
 import re
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, Literal, NamedTuple, NoReturn
 
+from triplane.proto import dtypes as dt
 from triplane.proto.limits import MAX_RANK
 from triplane.proto.packet.errors import invalid_field
 
@@ -20,6 +23,7 @@ MIN_SECRET_BYTES = 16
 DEFAULT_GRACE = 10.0       # seconds a task may arrive after its deadline (clock skew)
 DEFAULT_MAX_AHEAD = 86400.0  # a deadline further ahead is refused: it would outlive replay memory
 DEFAULT_MAX_AGE = 30.0     # control messages and tasks: |now - t| bound
+CARRY_MAX_BYTES = 32768    # a task packet's carried input values (``data``), raw bytes in all
 
 _ID = re.compile(r"[A-Za-z0-9_.:/@+=,~-]{1,128}")
 _TASK_ID = re.compile(r"([A-Za-z0-9_-]{1,48})\.([A-Za-z0-9_-]{1,48})\.a(0|[1-9][0-9]{0,5})")
@@ -50,6 +54,19 @@ class TaskPacket(NamedTuple):
     attrs: Mapping[str, Any] = MappingProxyType({})
     to: str = ""
     t: float = 0.0
+    data: Mapping[str, Carried] = MappingProxyType({})
+
+
+class Carried(NamedTuple):
+    """An input tile's value carried in a task packet's ``data`` instead of pulled: a small
+    upload (a compiled step's minibatch) goes with its task, saving the executor a round
+    trip to the scheduler's data port. Raw little-endian C-order bytes (base64 on the wire,
+    covered by the packet's signature); at most ``CARRY_MAX_BYTES`` in one packet; a
+    carried tile is an input (``in``) and is not in ``from``."""
+
+    shape: tuple[int, ...]
+    dtype: str
+    data: bytes
 
 
 class TileInfo(NamedTuple):
@@ -212,6 +229,8 @@ def _attrs(v: Any) -> dict[str, Any]:
 _TASK_KEYS = frozenset({"v", "task", "op", "in", "out", "from", "attrs", "deadline", "to", "t"})
 _REPLY_KEYS = frozenset({"v", "task", "ok", "error", "outputs", "timings"})
 _CONTROL_KEYS = frozenset({"v", "kind", "id", "t"})
+_TASK_CARRY_KEYS = _TASK_KEYS | {"data"}
+_CARRIED_KEYS = frozenset({"shape", "dtype", "b64"})
 _TILE_KEYS = frozenset({"tile", "shape", "dtype", "bytes"})
 _TIMING_KEYS = frozenset({"queued", "start", "end"})
 _ERROR_KEYS = frozenset({"kind", "message"})
@@ -221,7 +240,8 @@ _ACK_SINCE_KEYS = _CONTROL_KEYS | {"since"}
 
 def task_from_wire(d: dict[str, Any]) -> TaskPacket:
     """The ``TaskPacket`` of wire dict ``d`` (without ``sig``), or ``PacketInvalid``."""
-    _keys(d, _TASK_KEYS, "")
+    carried = type(d) is dict and "data" in d
+    _keys(d, _TASK_CARRY_KEYS if carried else _TASK_KEYS, "")
     task, op, inputs, outputs, src, to = d["task"], d["op"], d["in"], d["out"], d["from"], d["to"]
     # Fast accept: every id of the packet checked by one regex over their space-joined text
     # (ids hold no spaces, so the count of separators proves none was split); a failure is
@@ -250,7 +270,43 @@ def task_from_wire(d: dict[str, Any]) -> TaskPacket:
         if tile not in inputs:
             invalid_field(f"from.{tile}", "names a tile that is not among the inputs ('in')")
     return TaskPacket(task, op, tuple(inputs), tuple(outputs), _time(d["deadline"], "deadline"),
-                      src, _attrs(d["attrs"]), to, _time(d["t"], "t"))
+                      src, _attrs(d["attrs"]), to, _time(d["t"], "t"),
+                      _carried(d["data"], inputs, src) if carried else MappingProxyType({}))
+
+
+def _carried(v: Any, inputs: list[str], src: dict[str, str]) -> dict[str, Carried]:
+    """The ``data`` of a task packet: each value's shape, dtype and length checked, and the
+    bound on them all."""
+    if type(v) is not dict or not v:
+        invalid_field("data", "expected a non-empty mapping tile id -> {shape, dtype, b64}")
+    out: dict[str, Carried] = {}
+    total = 0
+    for tile, c in v.items():
+        path = f"data.{str(tile)[:MAX_ID_CHARS]}"
+        if tile not in inputs or tile in src:
+            invalid_field(path, "a carried tile must be an input ('in') that is not pulled ('from')")
+        _keys(c, _CARRIED_KEYS, path)
+        shape, dtype, text = c["shape"], c["dtype"], c["b64"]
+        if type(shape) is not list or len(shape) > MAX_RANK or \
+                any(type(n) is not int or not 0 <= n <= CARRY_MAX_BYTES for n in shape):
+            invalid_field(f"{path}.shape", f"expected at most {MAX_RANK} dimensions, each at most "
+                                           f"{CARRY_MAX_BYTES}, got {shape!r:.80}")
+        if type(dtype) is not str or dtype not in dt.BY_NAME:
+            invalid_field(f"{path}.dtype", f"expected a dtype name, got {dtype!r:.40}")
+        if type(text) is not str or len(text) > (CARRY_MAX_BYTES + 2) // 3 * 4:
+            invalid_field(f"{path}.b64", f"expected base64 of at most {CARRY_MAX_BYTES} bytes")
+        try:
+            raw = base64.b64decode(text, validate=True)
+        except (binascii.Error, ValueError):
+            invalid_field(f"{path}.b64", "not valid base64")
+        if len(raw) != math.prod(shape) * dt.BY_NAME[dtype].itemsize:
+            invalid_field(f"{path}.b64", f"{len(raw)} bytes, a {dtype}{shape} value has "
+                                         f"{math.prod(shape) * dt.BY_NAME[dtype].itemsize}")
+        total += len(raw)
+        if total > CARRY_MAX_BYTES:
+            invalid_field("data", f"carries more than {CARRY_MAX_BYTES} bytes")
+        out[tile] = Carried(tuple(shape), dtype, raw)
+    return out
 
 
 def _tile_from_wire(d: Any, i: int) -> TileInfo:
@@ -330,9 +386,13 @@ def control_from_wire(d: dict[str, Any]) -> Control:
 
 
 def task_to_wire(p: TaskPacket) -> dict[str, Any]:
-    return {"v": VERSION, "task": p.task, "op": p.op, "in": list(p.inputs), "out": list(p.outputs),
+    wire = {"v": VERSION, "task": p.task, "op": p.op, "in": list(p.inputs), "out": list(p.outputs),
             "from": dict(p.pull_from), "attrs": p.attrs if type(p.attrs) is dict else dict(p.attrs),
             "deadline": p.deadline, "to": p.to, "t": p.t}
+    if p.data:
+        wire["data"] = {tile: {"shape": list(c.shape), "dtype": c.dtype,
+                               "b64": base64.b64encode(c.data).decode()} for tile, c in p.data.items()}
+    return wire
 
 
 def reply_to_wire(r: Reply) -> dict[str, Any]:

@@ -3,7 +3,9 @@
 The shell owns no rules. It turns I/O into events and instructions into I/O:
 
 * ``Send``          -> a signed task packet to the node's UDP port (a packet over 1472
-                       bytes goes framed over TCP to the same port number);
+                       bytes goes framed over TCP to the same port number); a grouped
+                       task carries its small uploads' values (``carry``) instead of
+                       having the executor pull them;
 * replies           -> ``TaskSucceeded`` / ``TaskErred`` (the node is the one the state
                        sent the attempt to; a reply for a settled attempt changes nothing);
 * ``ack`` controls  -> ``TaskAcked`` (stop retransmitting; with ``since``, the running
@@ -33,11 +35,14 @@ from typing import Any
 from triplane.engines.memory.persist import PERSIST_ATTR
 from triplane.net.guard import ConnectionGuard, next_frame
 from triplane.proto.packet import (
+    CARRY_MAX_BYTES,
     MAX_DATAGRAM_BYTES,
     MAX_FRAME_BYTES,
+    Carried,
     Control,
     DropCounters,
     PacketError,
+    PacketTooLarge,
     Reply,
     TaskPacket,
     decode,
@@ -47,6 +52,7 @@ from triplane.proto.packet import (
     parse_task_id,
     read_frame,
 )
+from triplane.proto.packet.group import GROUP_OP
 from triplane.proto.states import TaskState
 from triplane.registry import NodeInfo, RegistryBackend, watch_nodes
 from triplane.scheduler.compiler.jobplan import SCHEDULER_NODE, TaskTemplate, tile_id
@@ -129,6 +135,9 @@ class DispatchShell:
         # input tile -> the executor to pull it from, for the job tiles that refs bind as
         # inputs (scheduler/refs.py); any other input of ``TaskTemplate.uploads`` is an upload
         self.sources: dict[str, str] = {}
+        # (node, upload tile) -> its value for a grouped task's packet to carry (proto/packet.md,
+        # "Carried values"), or None: pulled as usual (too big, not in memory, cached there)
+        self.carry: Callable[[str, str], Carried | None] | None = None
         self._suspects: dict[str, NodeInfo] = {}  # down for us, still registered: probed
         self.stats = ShellStats()
         self.tcp_guard = ConnectionGuard()
@@ -376,18 +385,39 @@ class DispatchShell:
             kind = self.state.jobs[s.job].persist
             if kind is not None:
                 attrs = {**attrs, PERSIST_ATTR: kind}
+        carried = self._carried(s.node, tpl, pull) if tpl.op == GROUP_OP and self.carry is not None else {}
         p = TaskPacket(
             f"{s.job}.{s.task}.a{s.attempt}",
             tpl.op,
             tpl.inputs,
             tpl.outputs(s.job, s.task) if tpl.tiles else (tile_id(s.job, s.task),),
             s.deadline,
-            pull,
+            {t: n for t, n in pull.items() if t not in carried},
             attrs,
             s.node,
             time.time(),
+            carried,
         )
+        if carried:
+            try:
+                return encode_task(p, self.secret)
+            except PacketTooLarge:  # the values and the program together exceed a frame: pulled
+                p = p._replace(pull_from=pull, data={})
         return encode_task(p, self.secret)
+
+    def _carried(self, node: str, tpl: TaskTemplate, pull: Mapping[str, str]) -> dict[str, Carried]:
+        """The uploads the scheduler serves that a grouped task's packet carries, up to
+        ``CARRY_MAX_BYTES`` in all."""
+        assert self.carry is not None
+        out: dict[str, Carried] = {}
+        room = CARRY_MAX_BYTES
+        for tile in tpl.uploads:
+            if pull.get(tile) == SCHEDULER_NODE:
+                c = self.carry(node, tile)
+                if c is not None and len(c.data) <= room:
+                    out[tile] = c
+                    room -= len(c.data)
+        return out
 
     def _send(self, s: Send) -> None:
         info = self.nodes.get(s.node)
