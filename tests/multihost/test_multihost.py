@@ -188,7 +188,8 @@ def test_the_standby_takes_over_when_the_leader_host_is_cut_off(cluster: MultiHo
         after = {t["id"]: t for t in tasks(c, standby, job)}
         rerun = [i for i, t in before.items() if (after[i]["state"], after[i]["node"], after[i]["started_at"])
                  != ("done", t["node"], t["started_at"])]
-        assert not rerun, [(before[i], after[i]) for i in rerun[:3]]
+        assert not rerun, [(i, before[i]["node"], before[i]["started_at"], after[i]["node"],
+                            after[i]["started_at"]) for i in rerun[:3]]
         print(f"{standby} led {took_over_s:.1f} s after {lead}'s host was cut; {len(before)} tasks done "
               f"before the cut, none re-run; {len(after)} tasks in all")
     finally:

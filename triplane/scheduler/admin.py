@@ -42,6 +42,7 @@ __all__ = ["DRIFT_KINDS", "Admin", "job_body"]
 # an attempt that left its node (journal.py; the last two: rows written before scheduler/events.py)
 DRIFT_KINDS = ("task.drifted", "task.ready", "task.pending")
 RETRYABLE = ("failed", "cancelled")
+JUST_ENDED_S = 2.0  # a job that ended this recently has its journal written before its tasks are read
 T = TypeVar("T")
 
 
@@ -171,6 +172,9 @@ class Admin:
                     events += mdb.list_events(s, job, limit=1, kind=FAILED)
                 return rows, events
 
+        live = self.s.jobs.live.get(job)
+        if live is not None and live.state != "running" and time.time() - live.updated < JUST_ENDED_S:
+            await self.s.journal.written()  # its last rows, not those of a journal period ago
         try:
             rows, events = await self._read(read)
         except (mdb.UnknownJobError, mdb.InvalidInputError):  # the cursor's key is checked already
@@ -194,8 +198,9 @@ class Admin:
                 drifts[-1]["to"] = t.node
             # A job held in memory: its record is the truth; the row may trail it by a journal
             # flush (0.2 s), so a read right after the job's end would show tasks still queued.
+            # (A freed intermediate's record has no node any more: the row says where it ran.)
             state, attempt, node = ((t.state, t.attempt, t.node) if record is None
-                                    else (record.state.value, record.attempt, record.node))
+                                    else (record.state.value, record.attempt, record.node or t.node))
             out.append({
                 "id": t.task_id, "op": t.op, "state": state, "attempt": attempt, "node": node,
                 "queued_at": t.queued_at, "started_at": t.started_at, "finished_at": t.finished_at,

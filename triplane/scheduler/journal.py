@@ -106,6 +106,13 @@ class Journal:
         if ended is not None:
             self._write_end(job, *ended)
 
+    async def written(self) -> None:
+        """Once everything recorded so far is in the metadb: a read of a job that has just
+        ended finds its last rows (they trail the job's end by up to a period and a batch)."""
+        self.flush()
+        if self.writer is not None:
+            await asyncio.to_thread(self.writer.flush)
+
     def stored(self, job: str, tasks: list[str]) -> None:
         """A job's rows were just stored: its writes need no check that they exist."""
         if self.writer is not None:
