@@ -54,7 +54,15 @@ from triplane.proto import dtypes as dt
 from triplane.proto import optable
 from triplane.proto.errors import GraphError, KernelError
 from triplane.proto.ir import TensorType
-from triplane.proto.packet import Reply, TaskError, TaskPacket, TileInfo, Timings
+from triplane.proto.packet import (
+    REPLY_CARRY_MAX_BYTES,
+    Carried,
+    Reply,
+    TaskError,
+    TaskPacket,
+    TileInfo,
+    Timings,
+)
 from triplane.proto.packet.group import GROUP_OP
 
 __all__ = ["INLINE_BYTES", "MAX_MESSAGE_CHARS", "STALL_ENV", "Puller", "TaskRunner", "is_upload_tile",
@@ -180,9 +188,11 @@ class TaskRunner:
         persist = task.attrs.get(PERSIST_ATTR) if task.attrs else None
         if persist is not None:  # the job's tiles are kept by a persistence target too
             task = task._replace(attrs={k: v for k, v in task.attrs.items() if k != PERSIST_ATTR})
+        carried: dict[str, Carried] = {}
         try:
             if task.op == GROUP_OP:
                 infos, start, end = await self._run_group(task, on_slow)
+                carried = self._carried(infos)
             else:
                 info, start, end = await self._run(task, on_slow)
                 infos = (info,)
@@ -210,7 +220,22 @@ class TaskRunner:
                     if waiting is not None and not waiting.done():
                         waiting.set_result(made)
         self.stats["ok"] += 1
-        return Reply(task.task, True, Timings(received, start, end), infos)
+        return Reply(task.task, True, Timings(received, start, end), infos, None, carried)
+
+    def _carried(self, infos: tuple[TileInfo, ...]) -> dict[str, Carried]:
+        """A grouped task's smallest outputs (a step's loss first), up to
+        ``REPLY_CARRY_MAX_BYTES`` in all, for its reply to carry: the scheduler answers a
+        fetch of them without reading them back (proto/packet.md, "Carried values")."""
+        out: dict[str, Carried] = {}
+        room = REPLY_CARRY_MAX_BYTES
+        for info in sorted(infos, key=lambda i: i.bytes):
+            if info.bytes > room:
+                break
+            arr = self.store.get(info.tile)
+            if type(arr) is np.ndarray:  # (a device engine's array stays where it is)
+                out[info.tile] = Carried(info.shape, info.dtype, np.ascontiguousarray(arr).tobytes())
+                room -= info.bytes
+        return out
 
     async def _persist(self, kind: Any, infos: tuple[TileInfo, ...]) -> None:
         """Write the tiles just made to the persistence target of ``kind`` (before the reply,

@@ -559,6 +559,8 @@ class Jobs:
         live = self.live.get(job)
         if live is not None:
             live.actual[task] = (r.timings.start, r.timings.end)
+            if r.data:
+                live.carried.update(r.data)
             if live.factors is not None:
                 kernel_s = r.timings.end - r.timings.start
                 self.cluster.calibrate(live.plan.layout, live.factors, task, node, kernel_s)

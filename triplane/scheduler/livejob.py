@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from triplane.proto.packet import Carried
 from triplane.scheduler.cluster import Factors
 from triplane.scheduler.compiler.jobplan import JobPlan
 
@@ -41,6 +42,9 @@ class LiveJob:
     recomputing: bool = False
     recompute_error: dict[str, Any] | None = None  # why the last such run did not finish
     locs: Mapping[str, str] = field(default_factory=dict)  # submitted node -> its SDK's source line
+    # tile -> its value, carried by its task's reply (a grouped task's smallest outputs): a
+    # fetch of it is answered from here, without a round trip to its executor
+    carried: dict[str, Carried] = field(default_factory=dict)
 
     def name_of(self, task: str) -> str:
         """The submitted node a task came from (a tile task: the tensor it is part of)."""

@@ -100,6 +100,10 @@ class Results:
             raise NotReady(f"job {job} is {live.state}; results are read when it is done")
         if live.fetched_released:
             raise NotFound(f"the tensors of job {job} were released")
+        if live.carried:
+            c = live.carried.get(_single_tile(live.plan, name) or "")
+            if c is not None:  # its task's reply carried it
+                return c.shape, c.dtype, len(c.data), _chunk(c.data)
         return await self._open_held(job, name, live.plan, live.holders)
 
     def fetched_nbytes(self, job: str, name: str) -> int | None:
@@ -146,12 +150,7 @@ class Results:
             t = self.store.get(tile)
             if t is None:
                 raise NotFound(f"uploaded tensor {tile} is gone")
-            data = self.store.data(tile)
-
-            async def one() -> AsyncIterator[bytes]:
-                yield bytes(data)
-
-            return t.shape, t.dtype, t.nbytes, one()
+            return t.shape, t.dtype, t.nbytes, _chunk(bytes(self.store.data(tile)))
         node = holders.get(task)
         info = self.shell.nodes.get(node or "")
         if info is None:
@@ -193,11 +192,7 @@ class Results:
                 continue
             self.persisted_reads += 1
             log.info("tile %s read from the %s persistence target (its holder is gone)", tile, kind)
-
-            async def one(data: bytes = arr.tobytes()) -> AsyncIterator[bytes]:
-                yield data
-
-            return tuple(arr.shape), dt.dtype(arr.dtype).name, arr.nbytes, one()
+            return tuple(arr.shape), dt.dtype(arr.dtype).name, arr.nbytes, _chunk(arr.tobytes())
         return None
 
     async def _open_tiled(self, job: str, name: str, grid: Any, holders: dict[str, str]) -> Opened:
@@ -419,3 +414,15 @@ def _not_fetched(job: str, name: str, fetched: Any) -> NotFound:
 def _gone(job: str, name: str, tile: str, node: str | None) -> str:
     where = f"was held by node {node}, which is gone" if node else "has no recorded holder"
     return f"tile {tile} of tensor {name!r} of job {job} {where}"
+
+
+def _single_tile(plan: JobPlan, name: str) -> str | None:
+    """The one tile holding fetched ``name`` (None: split into several)."""
+    try:
+        return plan.fetch_tile(name)[0]
+    except ValueError:
+        return None
+
+
+async def _chunk(data: bytes) -> AsyncIterator[bytes]:
+    yield data

@@ -65,6 +65,11 @@ TASKS: dict[str, pk.TaskPacket] = {
                                           bytes.fromhex("0000803f000000400000404000008040"))}),
 }
 REPLIES: dict[str, pk.Reply] = {
+    # A grouped task's reply carrying its smallest output's value (float32 10.0).
+    "reply_carried": pk.Reply(
+        task="j42.g.a0", ok=True, timings=pk.Timings(1732212341.5, 1732212341.501, 1732212341.75),
+        outputs=(pk.TileInfo("j42.n3", (2, 2), "float32", 16), pk.TileInfo("j42.n4", (), "float32", 4)),
+        data={"j42.n4": pk.Carried((), "float32", bytes.fromhex("00002041"))}),
     "reply_ok": pk.Reply(
         task="j42.t17.a0", ok=True, timings=pk.Timings(1732212341.5, 1732212341.501, 1732212341.75),
         outputs=(pk.TileInfo("j42.t17", (64, 10), "float32", 2560),)),

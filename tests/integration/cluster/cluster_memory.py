@@ -1,13 +1,18 @@
-"""Executor memory as the cluster tests read it: the free bytes of every node's memory
-engine from ``GET /v1/nodes`` (executors publish them every second)."""
+"""Executor memory and counters as the cluster tests read them: the free bytes of every
+node's memory engine from ``GET /v1/nodes``, and each executor's ``stats/<node>`` record
+from the registry (executors publish both every second)."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import time
+from typing import Any
 
 import httpx
 
 from triplane.launcher import LocalCluster
+from triplane.registry import connect_registry
 
 
 def free_bytes(c: LocalCluster) -> int:
@@ -23,6 +28,32 @@ def settled_free(c: LocalCluster, want: int | None = None, timeout_s: float = 15
         time.sleep(1.2)
         now = free_bytes(c)
         if (want is not None and now >= want) or (want is None and now == last):
+            return now
+        last = now
+    return last
+
+
+def executor_stats(c: LocalCluster) -> dict[str, dict[str, Any]]:
+    """Each executor's published counters (``stats/<node>``), by node."""
+
+    async def read() -> dict[str, dict[str, Any]]:
+        reg = connect_registry(c.executor_registry, secret=c.run.secret_file.read_text().strip())
+        try:
+            return {e.key.removeprefix("stats/"): json.loads(e.value) for e in await reg.get_prefix("stats/")}
+        finally:
+            await reg.close()
+
+    return asyncio.run(read())
+
+
+def settled_stats(c: LocalCluster, timeout_s: float = 24.0) -> dict[str, dict[str, Any]]:
+    """``executor_stats`` once two reads a publication apart agree."""
+    end = time.monotonic() + timeout_s
+    last = executor_stats(c)
+    while time.monotonic() < end:
+        time.sleep(1.2)
+        now = executor_stats(c)
+        if now == last:
             return now
         last = now
     return last

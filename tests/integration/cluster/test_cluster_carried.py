@@ -1,22 +1,20 @@
-"""A compiled step's small inputs ride in its task packet (proto/packet.md, "Carried values"),
-on a real local cluster: the executors pull nothing from the scheduler for the steps, the
-bytes they were carried are counted, and the values equal numpy's on fresh inputs."""
+"""A compiled step's small inputs ride in its task packet and its small outputs in the reply
+(proto/packet.md, "Carried values"), on a real local cluster: the executors pull nothing
+from the scheduler for the steps and serve nothing back, the bytes carried are counted, and
+the values equal numpy's on fresh inputs."""
 
 from __future__ import annotations
 
-import asyncio
-import json
-import time
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import pytest
+from cluster_memory import settled_stats
 from cluster_run import running_cluster
 
 import triplane as tp
 from triplane.launcher import LocalCluster
-from triplane.registry import connect_registry
 from triplane.sdk.remote import RemoteSession
 from triplane.sdk.session import use_session
 
@@ -25,31 +23,6 @@ from triplane.sdk.session import use_session
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     with running_cluster(tmp_path_factory.mktemp("carried"), bound_s=240.0, executors=2) as c:
         yield c
-
-
-def _task_counters(cluster: LocalCluster) -> dict[str, dict[str, Any]]:
-    """Each executor's published counters (``stats/<node>`` in the registry)."""
-
-    async def read() -> dict[str, dict[str, Any]]:
-        reg = connect_registry(cluster.executor_registry, secret=cluster.run.secret_file.read_text().strip())
-        try:
-            return {e.key.removeprefix("stats/"): json.loads(e.value) for e in await reg.get_prefix("stats/")}
-        finally:
-            await reg.close()
-
-    return asyncio.run(read())
-
-
-def _settled(cluster: LocalCluster) -> dict[str, dict[str, Any]]:
-    # Executors publish their counters at most once a second: wait until two reads agree.
-    last = _task_counters(cluster)
-    for _ in range(20):
-        time.sleep(1.2)
-        now = _task_counters(cluster)
-        if now == last:
-            return now
-        last = now
-    return last
 
 
 def _sum(stats: dict[str, dict[str, Any]], key: str) -> int:
@@ -66,14 +39,18 @@ def test_a_compiled_steps_small_inputs_are_carried_not_pulled(cluster: LocalClus
     with RemoteSession(cluster.url, cluster.token) as s, use_session(s):
         for _ in range(3):  # the first submit compiles the structure; the rest are compiled steps
             step(rng.standard_normal((16, 32)).astype(np.float32))
-        before = _settled(cluster)
+        before = settled_stats(cluster)
         xs = [rng.standard_normal((16, 32)).astype(np.float32) for _ in range(5)]
         for x in xs:
             np.testing.assert_allclose(step(x), np.tanh(x @ w).sum(axis=1), rtol=1e-5, atol=1e-6)
         assert s.counters()["trace_hits"] >= 5
-        after = _settled(cluster)
+        after = settled_stats(cluster)
     carried = _sum(after, "tasks_carried_bytes") - _sum(before, "tasks_carried_bytes")
     pulls = _sum(after, "tasks_upload_pulls") - _sum(before, "tasks_upload_pulls")
+    served = sum(s["data_port"]["bytes_out"] for s in after.values()) - \
+        sum(s["data_port"]["bytes_out"] for s in before.values())
     # Each step carried its minibatch and the weights (sent inline: a new upload each step).
     assert carried == 5 * (xs[0].nbytes + w.nbytes), (carried, before, after)
     assert pulls == 0, (before, after)
+    # Each step's result (16 float32) came back in its task's reply: no executor served a byte.
+    assert served == 0, (before, after)

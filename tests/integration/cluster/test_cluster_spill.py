@@ -5,8 +5,6 @@ bytes as its executor counted them (the dashboard's Storage page)."""
 
 from __future__ import annotations
 
-import asyncio
-import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -15,27 +13,15 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
+from cluster_memory import executor_stats
 
 import triplane as tp
 from triplane.engines.memory.persist import PERSIST_ENV
-from triplane.launcher import LocalCluster
-from triplane.registry import connect_registry
 from triplane.sdk.remote import RemoteSession
 from triplane.sdk.session import use_session
 
 MEMORY = 2 << 20  # each executor's host memory: 2 MiB
 OUTPUTS = 12  # of 1 MiB each: 12 MiB kept by 2 executors of 2 MiB = 3 times their memory
-
-
-def _stats(cluster: LocalCluster) -> dict[str, dict[str, Any]]:
-    async def read() -> dict[str, dict[str, Any]]:
-        reg = connect_registry(cluster.executor_registry, secret=cluster.run.secret_file.read_text().strip())
-        try:
-            return {e.key.removeprefix("stats/"): json.loads(e.value) for e in await reg.get_prefix("stats/")}
-        finally:
-            await reg.close()
-
-    return asyncio.run(read())
 
 
 def _graph(xa: np.ndarray) -> list[tp.Tensor]:
@@ -59,7 +45,7 @@ def test_a_working_set_three_times_the_memory_finishes_by_spilling(
         assert sum(g.nbytes for g in got) == 3 * 2 * MEMORY
         deadline = time.monotonic() + 10
         while True:  # executors publish their stats once a second
-            stats = _stats(cluster)
+            stats = executor_stats(cluster)
             counters = {node: st.get("spill") for node, st in stats.items()}
             if (len(counters) == 2 and all(c is not None for c in counters.values())
                     and sum(c["reads"] for c in counters.values()) > 0

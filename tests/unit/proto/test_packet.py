@@ -438,7 +438,7 @@ def test_replay_guard_drops_replays_until_expiry_and_stays_bounded() -> None:
 def test_public_api_is_pinned() -> None:
     assert set(pk.__all__) == {
         "CARRY_MAX_BYTES", "Carried", "DEFAULT_GRACE", "DEFAULT_MAX_AGE", "DEFAULT_MAX_AHEAD",
-        "MAX_DATAGRAM_BYTES", "MAX_FRAME_BYTES",
+        "MAX_DATAGRAM_BYTES", "MAX_FRAME_BYTES", "REPLY_CARRY_MAX_BYTES",
         "VERSION", "Control", "DropCounters", "FrameBuffer", "Message", "PacketError", "PacketInvalid",
         "PacketMalformed", "PacketSignatureError", "PacketStale", "PacketTooLarge", "PacketVersionError",
         "ReplayGuard", "Reply", "TaskError", "TaskPacket", "TileInfo", "Timings", "canonical", "decode",
@@ -508,3 +508,36 @@ def test_carried_values_are_bounded_in_all() -> None:
     with pytest.raises(pk.PacketInvalid, match="carries more than") as e:
         task_from_wire(_carrying({_U0: blob, _U1: blob}, pull={}))
     assert e.value.field == "data"
+
+
+def _reply_carrying(data: dict[str, Any], ok: bool = True) -> dict[str, Any]:
+    r = pk.Reply("j1.g.a0", True, pk.Timings(1e9, 1e9, 1e9 + 1),
+                 (pk.TileInfo("j1.loss", (), "float32", 4), pk.TileInfo("j1.w", (8, 8), "float32", 256)))
+    wire = schema.reply_to_wire(r)
+    wire["data"] = data
+    if not ok:
+        wire.update(ok=False, outputs=[], error={"kind": "infra", "message": "x"})
+    return wire
+
+
+def test_a_reply_carries_small_output_values_bit_exact() -> None:
+    loss = np.float32(np.random.default_rng().standard_normal())
+    r = pk.Reply("j1.g.a0", True, pk.Timings(1e9, 1e9, 1e9 + 1), (pk.TileInfo("j1.loss", (), "float32", 4),),
+                 None, {"j1.loss": pk.Carried((), "float32", loss.tobytes())})
+    q = pk.decode_reply(pk.encode_reply(r, SECRET), SECRET, max_bytes=pk.MAX_DATAGRAM_BYTES)
+    assert q == r and np.frombuffer(q.data["j1.loss"].data, np.float32)[0] == loss
+
+
+@pytest.mark.parametrize(("data", "ok", "field", "words"), [
+    ({"j1.other": {"shape": [], "dtype": "float32", "b64": "AAAAAA=="}}, True, "data.j1.other", "an output"),
+    ({"j1.loss": {"shape": [1], "dtype": "float32", "b64": "AAAAAA=="}}, True, "data.j1.loss",
+     "its output says"),
+    ({"j1.loss": {"shape": [], "dtype": "float32", "b64": "AAAAAA=="}}, False, "data", "failed task"),
+    ({"j1.w": {"shape": [8, 8], "dtype": "float32", "b64": base64.b64encode(bytes(256)).decode()},
+      "j1.loss": {"shape": [], "dtype": "float32", "b64": "AAAAAA=="}}, True, "data", "more than 256"),
+])
+def test_a_bad_carried_output_is_refused_naming_its_field(data: dict[str, Any], ok: bool, field: str,
+                                                         words: str) -> None:
+    with pytest.raises(pk.PacketInvalid) as e:
+        schema.reply_from_wire(_reply_carrying(data, ok))
+    assert e.value.field == field and words in str(e.value), (e.value.field, str(e.value))

@@ -67,6 +67,7 @@ from triplane.proto.packet.schema import (
     DEFAULT_MAX_AHEAD,
     MAX_DATAGRAM_BYTES,
     MAX_FRAME_BYTES,
+    REPLY_CARRY_MAX_BYTES,
     VERSION,
     Carried,
     Control,
@@ -82,7 +83,7 @@ from triplane.proto.packet.transport import DropCounters, FrameBuffer, ReplayGua
 
 __all__ = [
     "CARRY_MAX_BYTES", "Carried", "DEFAULT_GRACE", "DEFAULT_MAX_AGE", "DEFAULT_MAX_AHEAD",
-    "MAX_DATAGRAM_BYTES", "MAX_FRAME_BYTES",
+    "MAX_DATAGRAM_BYTES", "MAX_FRAME_BYTES", "REPLY_CARRY_MAX_BYTES",
     "VERSION", "Control", "DropCounters", "FrameBuffer", "Message", "PacketError", "PacketInvalid",
     "PacketMalformed", "PacketSignatureError", "PacketStale", "PacketTooLarge", "PacketVersionError",
     "ReplayGuard", "Reply", "TaskError", "TaskPacket", "TileInfo", "Timings", "canonical", "decode",

@@ -251,8 +251,8 @@ def _reply_body_checked(r: Reply) -> bytes | None:
     """``canonical(reply_to_wire(r))`` for a successful reply that cheap checks prove
     ``reply_from_wire`` accepts, else None (error replies take the general path)."""
     try:
-        task, ok, timings, outputs, error = r
-        if ok is not True or error is not None or type(outputs) is not tuple:
+        task, ok, timings, outputs, error, data = r
+        if ok is not True or error is not None or type(outputs) is not tuple or data:
             return None
         if type(task) is not str or _task_id_match(task) is None:
             return None

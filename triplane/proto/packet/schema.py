@@ -6,7 +6,7 @@ import base64
 import binascii
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any, Literal, NamedTuple, NoReturn
 
@@ -24,6 +24,7 @@ DEFAULT_GRACE = 10.0       # seconds a task may arrive after its deadline (clock
 DEFAULT_MAX_AHEAD = 86400.0  # a deadline further ahead is refused: it would outlive replay memory
 DEFAULT_MAX_AGE = 30.0     # control messages and tasks: |now - t| bound
 CARRY_MAX_BYTES = 32768    # a task packet's carried input values (``data``), raw bytes in all
+REPLY_CARRY_MAX_BYTES = 256  # a reply's carried output values (``data``): a loss, a few scalars
 
 _ID = re.compile(r"[A-Za-z0-9_.:/@+=,~-]{1,128}")
 _TASK_ID = re.compile(r"([A-Za-z0-9_-]{1,48})\.([A-Za-z0-9_-]{1,48})\.a(0|[1-9][0-9]{0,5})")
@@ -101,13 +102,16 @@ class TaskError(NamedTuple):
 
 class Reply(NamedTuple):
     """An executor's answer. ``ok`` is true iff ``error`` is None; a failed task has no
-    outputs."""
+    outputs. ``data`` carries the values of some small outputs (at most
+    ``REPLY_CARRY_MAX_BYTES`` in all; keys among ``outputs``' tiles, each value of its
+    tile's shape and dtype), so that the scheduler answers them without reading them back."""
 
     task: str
     ok: bool
     timings: Timings
     outputs: tuple[TileInfo, ...] = ()
     error: TaskError | None = None
+    data: Mapping[str, Carried] = MappingProxyType({})
 
 
 class Control(NamedTuple):
@@ -230,6 +234,7 @@ _TASK_KEYS = frozenset({"v", "task", "op", "in", "out", "from", "attrs", "deadli
 _REPLY_KEYS = frozenset({"v", "task", "ok", "error", "outputs", "timings"})
 _CONTROL_KEYS = frozenset({"v", "kind", "id", "t"})
 _TASK_CARRY_KEYS = _TASK_KEYS | {"data"}
+_REPLY_CARRY_KEYS = _REPLY_KEYS | {"data"}
 _CARRIED_KEYS = frozenset({"shape", "dtype", "b64"})
 _TILE_KEYS = frozenset({"tile", "shape", "dtype", "bytes"})
 _TIMING_KEYS = frozenset({"queued", "start", "end"})
@@ -271,20 +276,22 @@ def task_from_wire(d: dict[str, Any]) -> TaskPacket:
             invalid_field(f"from.{tile}", "names a tile that is not among the inputs ('in')")
     return TaskPacket(task, op, tuple(inputs), tuple(outputs), _time(d["deadline"], "deadline"),
                       src, _attrs(d["attrs"]), to, _time(d["t"], "t"),
-                      _carried(d["data"], inputs, src) if carried else MappingProxyType({}))
+                      _carried(d["data"], lambda t: t in inputs and t not in src,
+                               "an input ('in') that is not pulled ('from')", CARRY_MAX_BYTES)
+                      if carried else MappingProxyType({}))
 
 
-def _carried(v: Any, inputs: list[str], src: dict[str, str]) -> dict[str, Carried]:
-    """The ``data`` of a task packet: each value's shape, dtype and length checked, and the
-    bound on them all."""
+def _carried(v: Any, allowed: Callable[[str], bool], which: str, bound: int) -> dict[str, Carried]:
+    """The ``data`` of a task packet or a reply: each key ``allowed`` (``which`` says what
+    it must be), each value's shape, dtype and length checked, and ``bound`` on them all."""
     if type(v) is not dict or not v:
         invalid_field("data", "expected a non-empty mapping tile id -> {shape, dtype, b64}")
     out: dict[str, Carried] = {}
     total = 0
     for tile, c in v.items():
         path = f"data.{str(tile)[:MAX_ID_CHARS]}"
-        if tile not in inputs or tile in src:
-            invalid_field(path, "a carried tile must be an input ('in') that is not pulled ('from')")
+        if not allowed(tile):
+            invalid_field(path, f"a carried tile must be {which}")
         _keys(c, _CARRIED_KEYS, path)
         shape, dtype, text = c["shape"], c["dtype"], c["b64"]
         if type(shape) is not list or len(shape) > MAX_RANK or \
@@ -303,8 +310,8 @@ def _carried(v: Any, inputs: list[str], src: dict[str, str]) -> dict[str, Carrie
             invalid_field(f"{path}.b64", f"{len(raw)} bytes, a {dtype}{shape} value has "
                                          f"{math.prod(shape) * dt.BY_NAME[dtype].itemsize}")
         total += len(raw)
-        if total > CARRY_MAX_BYTES:
-            invalid_field("data", f"carries more than {CARRY_MAX_BYTES} bytes")
+        if total > bound:
+            invalid_field("data", f"carries more than {bound} bytes")
         out[tile] = Carried(tuple(shape), dtype, raw)
     return out
 
@@ -332,7 +339,8 @@ def _tile_from_wire(d: Any, i: int) -> TileInfo:
 
 
 def reply_from_wire(d: dict[str, Any]) -> Reply:
-    _keys(d, _REPLY_KEYS, "")
+    carried = type(d) is dict and "data" in d
+    _keys(d, _REPLY_CARRY_KEYS if carried else _REPLY_KEYS, "")
     task = d["task"]
     if type(task) is not str or _task_id_match(task) is None:
         parse_task_id(task)  # raises, explaining
@@ -368,7 +376,17 @@ def reply_from_wire(d: dict[str, Any]) -> Reply:
     _keys(t, _TIMING_KEYS, "timings")
     timings = Timings(_time(t["queued"], "timings.queued"), _time(t["start"], "timings.start"),
                       _time(t["end"], "timings.end"))
-    return Reply(task, ok, timings, outputs, error)
+    if not carried:
+        return Reply(task, ok, timings, outputs, error)
+    if not ok:
+        invalid_field("data", "a failed task has no outputs to carry")
+    kinds = {o.tile: o for o in outputs}
+    data = _carried(d["data"], kinds.__contains__, "an output ('outputs')", REPLY_CARRY_MAX_BYTES)
+    for tile, c in data.items():
+        if (c.shape, c.dtype) != (kinds[tile].shape, kinds[tile].dtype):
+            invalid_field(f"data.{tile}", f"is {c.dtype}{list(c.shape)}, its output says "
+                                          f"{kinds[tile].dtype}{list(kinds[tile].shape)}")
+    return Reply(task, ok, timings, outputs, error, data)
 
 
 def control_from_wire(d: dict[str, Any]) -> Control:
@@ -390,9 +408,13 @@ def task_to_wire(p: TaskPacket) -> dict[str, Any]:
             "from": dict(p.pull_from), "attrs": p.attrs if type(p.attrs) is dict else dict(p.attrs),
             "deadline": p.deadline, "to": p.to, "t": p.t}
     if p.data:
-        wire["data"] = {tile: {"shape": list(c.shape), "dtype": c.dtype,
-                               "b64": base64.b64encode(c.data).decode()} for tile, c in p.data.items()}
+        wire["data"] = _carried_to_wire(p.data)
     return wire
+
+
+def _carried_to_wire(data: Mapping[str, Carried]) -> dict[str, Any]:
+    return {tile: {"shape": list(c.shape), "dtype": c.dtype, "b64": base64.b64encode(c.data).decode()}
+            for tile, c in data.items()}
 
 
 def reply_to_wire(r: Reply) -> dict[str, Any]:
@@ -408,8 +430,11 @@ def reply_to_wire(r: Reply) -> dict[str, Any]:
     outs = [{"tile": o.tile, "shape": list(o.shape), "dtype": o.dtype, "bytes": o.bytes}
             for o in r.outputs]
     t = r.timings
-    return {"v": VERSION, "task": r.task, "ok": r.ok, "error": err, "outputs": outs,
+    wire = {"v": VERSION, "task": r.task, "ok": r.ok, "error": err, "outputs": outs,
             "timings": {"queued": t.queued, "start": t.start, "end": t.end}}
+    if r.data:
+        wire["data"] = _carried_to_wire(r.data)
+    return wire
 
 
 def control_to_wire(c: Control) -> dict[str, Any]:
