@@ -490,6 +490,7 @@ class Jobs:
             live.recompute_error = live.error if live.state != "done" else None
             live.state, live.error = "done", None
         live.holders = {tid: t.node for tid, t in js.tasks.items() if t.node}
+        live.retried = any(t.attempt for t in js.tasks.values())
         live.done = len(js.tasks) - (js.remaining if live.recompute_error is None else 0)
         self.journal.job_ended(f.job, live.state, live.done, live.error["message"] if live.error else None,
                                live.error, total=len(js.tasks), duration_s=live.updated - live.created)

@@ -45,6 +45,7 @@ class LiveJob:
     # tile -> its value, carried by its task's reply (a grouped task's smallest outputs): a
     # fetch of it is answered from here, without a round trip to its executor
     carried: dict[str, Carried] = field(default_factory=dict)
+    retried: bool = False  # set when it ends: a task of it ran more than once (drifted, recomputed)
 
     def name_of(self, task: str) -> str:
         """The submitted node a task came from (a tile task: the tensor it is part of)."""

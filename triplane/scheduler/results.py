@@ -52,9 +52,10 @@ log = logging.getLogger("triplane.scheduler.service")
 
 Opened = tuple[tuple[int, ...], str, int, AsyncIterator[bytes]]  # shape, dtype, bytes, chunks
 
-# A task running when its job is cancelled stores its output when its kernel ends, after
-# the release deleted its tiles: the release is repeated this long after (seconds, one
-# after the other). Deleting a tile that is not there is no error.
+# A task running when its job is cancelled (or an attempt drifted away from, still running)
+# stores its output when its kernel ends, after the release deleted its tiles: the release
+# is repeated this long after (seconds, one after the other). Deleting a tile that is not
+# there is no error.
 LATE_RELEASE_S = (1.0, 4.0, 25.0)
 
 
@@ -283,7 +284,9 @@ class Results:
         if not keep_fetched:
             live.fetched_released = True
         await self._delete_tiles(job, by_node)
-        if not keep_fetched and by_node:
+        # Only an attempt still running can store a tile after this: none of a job done with
+        # every task run once (a compiled step: 3 more deletes per step otherwise).
+        if not keep_fetched and by_node and (live.state != "done" or live.retried):
             self._release_again(job, by_node)
 
     def _release_again(self, job: str, by_node: dict[str, list[str]]) -> None:

@@ -206,3 +206,31 @@ def test_releasing_a_grouped_job_deletes_every_tile_it_stored() -> None:
     assert deleted == [{}]  # the group holds a fetched tile: kept whole until the job's release
     asyncio.run(results.release(JOB, live, keep_fetched=False))
     assert deleted[-1] == {"e1": sorted(jp.task_tiles(GROUP_TASK))} and len(jp.task_tiles(GROUP_TASK)) == 2
+
+
+@pytest.mark.parametrize(("state", "retried", "again"), [
+    ("done", False, False),  # every task ran once and ended: nothing can store a tile later
+    ("done", True, True),  # an attempt drifted away from may still be running
+    ("cancelled", False, True),  # a task running at the cancel stores its tile when it ends
+    ("running", False, True),
+])
+def test_a_release_is_repeated_only_where_a_running_attempt_may_store_a_tile_later(
+        state: str, retried: bool, again: bool) -> None:
+    import asyncio
+
+    from triplane.scheduler.livejob import LiveJob
+    from triplane.scheduler.results import Results
+
+    jp = compile_job(mlp(), ["loss"], cache=PlanCache(), job=JOB)
+    live = LiveJob(jp, dict(jp.back), 0.0, 0.0, state=state, holders={GROUP_TASK: "e1"}, retried=retried)
+    repeated: list[str] = []
+    results = Results.__new__(Results)
+    results.shell = DispatchShell(DispatchState(), b"s" * 32, {})
+
+    async def delete(job: str, by_node: dict[str, list[str]]) -> None:
+        pass
+
+    results._delete_tiles = delete  # type: ignore[method-assign]
+    results._release_again = lambda job, by_node: repeated.append(job)  # type: ignore[method-assign]
+    asyncio.run(results.release(JOB, live, keep_fetched=False))
+    assert repeated == ([JOB] if again else [])
