@@ -39,6 +39,7 @@ PERSISTED_READ = "tile.persisted_read"  # an event: a done task's holder died, i
 log = logging.getLogger(__name__)
 
 FAILED = "job.failed"  # the event holding a failed job's error body
+WRITTEN_WAIT_S = 1.0  # how long a read waits for the journal's writes (Journal.written)
 
 TASK_STATE = {
     "pending": "pending",
@@ -106,12 +107,20 @@ class Journal:
         if ended is not None:
             self._write_end(job, *ended)
 
-    async def written(self) -> None:
-        """Once everything recorded so far is in the metadb: a read of a job that has just
-        ended finds its last rows (they trail the job's end by up to a period and a batch)."""
+    async def written(self, timeout_s: float = WRITTEN_WAIT_S) -> None:
+        """Once everything recorded so far is in the metadb, or after ``timeout_s``: a read of
+        a job that has just ended finds its last rows (they trail the job's end by up to a
+        period and a batch), and a database that is slow, locked or refusing holds the read up
+        no longer than that (the writer goes on; the read may find rows that trail)."""
         self.flush()
-        if self.writer is not None:
-            await asyncio.to_thread(self.writer.flush)
+        if self.writer is None:
+            return
+        done = asyncio.ensure_future(asyncio.to_thread(self.writer.flush))
+        done.add_done_callback(lambda f: f.cancelled() or f.exception())  # (logged by the writer)
+        try:
+            await asyncio.wait_for(asyncio.shield(done), timeout_s)
+        except (TimeoutError, mdb.BatchWriteError) as e:
+            log.info("reading rows the journal has not written yet: %s", e or "the database is slow")
 
     def stored(self, job: str, tasks: list[str]) -> None:
         """A job's rows were just stored: its writes need no check that they exist."""

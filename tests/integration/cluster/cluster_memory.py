@@ -46,13 +46,18 @@ def executor_stats(c: LocalCluster) -> dict[str, dict[str, Any]]:
     return asyncio.run(read())
 
 
-def settled_stats(c: LocalCluster, timeout_s: float = 24.0) -> dict[str, dict[str, Any]]:
-    """``executor_stats`` once two reads a publication apart agree."""
+def settled_stats(c: LocalCluster, part: str | None = None, timeout_s: float = 24.0) -> dict[str, Any]:
+    """``executor_stats`` (or each node's ``part`` of them, e.g. ``"cache"``) once two reads a
+    publication apart agree."""
+
+    def read() -> dict[str, Any]:
+        return {n: s if part is None else s[part] for n, s in executor_stats(c).items()}
+
     end = time.monotonic() + timeout_s
-    last = executor_stats(c)
+    last = read()
     while time.monotonic() < end:
         time.sleep(1.2)
-        now = executor_stats(c)
+        now = read()
         if now == last:
             return now
         last = now

@@ -9,19 +9,21 @@ as many cache hits as upload tiles read, and the result is the same.
 
 from __future__ import annotations
 
-import asyncio
 import json
-import time
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import numpy as np
 import pytest
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cluster"))
+from cluster_memory import settled_stats  # the cluster tests' reader of executor counters
+
 import triplane as tp
 from triplane.launcher import LocalCluster
-from triplane.registry import connect_registry
 from triplane.sdk.remote import RemoteSession
 from triplane.sdk.tensor import build_graph
 
@@ -32,32 +34,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, running_cluster: Any) -> I
     with running_cluster(tmp_path_factory.mktemp("upcache"), bound_s=240.0,
                                             executors=2, memory="64MiB") as c:
         yield c
-
-
-def _cache_counters(cluster: LocalCluster) -> dict[str, dict[str, int]]:
-    """Each executor's published ``cache`` counters (``stats/<node>`` in the registry)."""
-
-    async def read() -> dict[str, dict[str, int]]:
-        reg = connect_registry(cluster.executor_registry, secret=cluster.run.secret_file.read_text().strip())
-        try:
-            return {e.key.removeprefix("stats/"): json.loads(e.value)["cache"]
-                    for e in await reg.get_prefix("stats/")}
-        finally:
-            await reg.close()
-
-    return asyncio.run(read())
-
-
-def _settled_counters(cluster: LocalCluster) -> dict[str, dict[str, int]]:
-    # Executors publish their stats at most once a second: wait until two reads agree.
-    last = _cache_counters(cluster)
-    for _ in range(20):
-        time.sleep(1.2)
-        now = _cache_counters(cluster)
-        if now == last:
-            return now
-        last = now
-    return last
 
 
 def _scheduler_pulls(plan: dict[str, Any]) -> list[tuple[str, str]]:
@@ -88,9 +64,9 @@ def test_second_run_reads_its_upload_tiles_where_they_are_cached(cluster: LocalC
             return got, plan
 
         first, plan1 = run()
-        before = _settled_counters(cluster)
+        before = settled_stats(cluster, "cache")
         second, plan2 = run()
-        after = _settled_counters(cluster)
+        after = settled_stats(cluster, "cache")
     finally:
         api.close()
         session.close()
