@@ -121,7 +121,10 @@ def test_a_partitioned_executor_host_drifts_its_tasks_and_rejoins(cluster: Multi
     c = cluster
     lead = c.leader()
     victim = "exec-2"
-    graph, ids, refs = chains_job(3, 120, 256)  # long enough to leave work on the victim at the cut
+    # Six chains, so that every executor holds some (three could all go to two executors),
+    # each long enough to leave the victim work at the cut; the cut waits until the victim
+    # has done a task and has one running (3 x 30 links left it none on a quiet machine).
+    graph, ids, refs = chains_job(6, 60, 256)
     t_submit = time.monotonic()
     job = submit(c, lead, graph, ids)
     total = len(graph["nodes"])

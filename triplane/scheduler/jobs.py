@@ -316,7 +316,8 @@ class Jobs:
 
     def store_job(self, plan: JobPlan, fetch: list[str], bindings: dict[str, Any], now: float,
                   owner: str | None = None) -> None:
-        """Store the job's rows (``jobrecords.store_job``; blocking: a worker thread)."""
+        """Store the job's rows (``jobrecords.store_job``; blocking: a worker thread, or the
+        loop for a grouped job's few rows)."""
         store_job(self.db, plan, fetch, bindings, now, owner)
         self.journal.stored(plan.job, [t.id for t in plan.specs])
 

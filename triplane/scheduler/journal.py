@@ -74,6 +74,7 @@ class Journal:
         self.events = EventBus() if events is None else events
         self.events.persist = self.record
         self.writer: mdb.BatchWriter | None = None
+        self._flushing: asyncio.Future[int] | None = None  # a reader's flush of the writer (written)
         self._tx: dict[tuple[str, str], Transitioned] = {}
         self._events: list[Event] = []  # published, to be written
         self._tiles: dict[str, list[mdb.TileLocation]] = defaultdict(list)
@@ -115,8 +116,10 @@ class Journal:
         self.flush()
         if self.writer is None:
             return
-        done = asyncio.ensure_future(asyncio.to_thread(self.writer.flush))
-        done.add_done_callback(lambda f: f.cancelled() or f.exception())  # (logged by the writer)
+        done = self._flushing
+        if done is None or done.done():  # one flush thread at a time, however many readers wait
+            done = self._flushing = asyncio.ensure_future(asyncio.to_thread(self.writer.flush))
+            done.add_done_callback(lambda f: f.cancelled() or f.exception())  # (logged by the writer)
         try:
             await asyncio.wait_for(asyncio.shield(done), timeout_s)
         except (TimeoutError, mdb.BatchWriteError) as e:
