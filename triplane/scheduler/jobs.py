@@ -371,6 +371,12 @@ class Jobs:
             except REBUILD_ERRORS as e:  # not a graph we accepted
                 await asyncio.to_thread(self._set_failed, info.id, f"cannot resume: {e}")
                 continue
+            gone = sorted(u for u in plan.uploads.values() if self.store.get(u) is None)
+            if gone:  # a compiled step's inline inputs lived in the last process's memory only
+                await asyncio.to_thread(self._set_failed, info.id, f"cannot resume: its input {gone[0]} "
+                                        "is gone (a compiled step's inline input, held in the "
+                                        "scheduler's memory only, or an upload released since)")
+                continue
             try:
                 held = await self.refs.reattach(bindings.get("refs") or {})
             except Exception as e:  # a ref's value is gone (its job released, its holder down)

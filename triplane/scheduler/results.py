@@ -332,9 +332,8 @@ class Results:
         known: list[bool] = []
         by_node: dict[str, list[str]] = defaultdict(list)
         for upload in uploads:
-            # a compiled step's inline input: its deletion only queues behind its write, so
-            # no worker-thread hop for it
-            known.append(self.store.delete(upload) if self.store.deletes_behind(upload) else
+            # a compiled step's inline input is held in memory: no file I/O, no thread hop
+            known.append(self.store.delete(upload) if self.store.is_held(upload) else
                          await asyncio.to_thread(self.store.delete, upload))
             for node, tiles in self.cluster.residency.drop(upload).items():
                 by_node[node].extend(tiles)

@@ -313,7 +313,7 @@ class Scheduler(Leading):
         if known is None or known[2] != tuple(fetch):
             raise Conflict(f"unknown plan {plan_hash[:16]!r} for this fetch list: submit the graph",
                            kind="unknown_plan")
-        inline = {i: self.store.put(*a, owner, later=True).id  # files written off the event loop
+        inline = {i: self.store.put(*a, owner, held=True).id  # in memory only, no file
                   for i, a in enumerate(args) if not isinstance(a, str)}
         ids = [inline.get(i, a) for i, a in enumerate(args)]
         try:

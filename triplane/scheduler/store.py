@@ -8,6 +8,11 @@ half tensor under a real id, and a restarted scheduler finds every upload again.
 upload lives until it is released (``DELETE /v1/tensors/{id}``, or the end of the client
 session that made it: ``sessions.py``), which deletes both files.
 
+A compiled step's inline inputs (``put(held=True)``) are held in memory only: they live
+as long as their job, travel to the executor inside its task packet, and never touch the
+disk (a scheduler that restarts under such a job fails it: ``Jobs.resume``). Past
+``HELD_TOTAL_BYTES`` of them, a new one is written like any upload.
+
 ``UploadTiles`` serves the uploads on the data port (``triplane.net.dataport``'s server,
 the one every node runs): ``get`` and ``stat`` only, since uploads come through the REST
 API.
@@ -20,7 +25,6 @@ import json
 import logging
 import math
 import os
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -86,27 +90,26 @@ def _storage_dtype(dtype: str) -> np.dtype:
 
 SMALL_BYTES = 64 * 1024  # uploads up to this size are also kept in memory (``TensorStore``)
 SMALL_TOTAL_BYTES = 64 << 20  # the most bytes kept so (the oldest go first)
+HELD_TOTAL_BYTES = 64 << 20  # the most bytes of held (memory-only) uploads; then they are written
 
 
 class TensorStore:
     """Uploaded tensors under ``root``; ``max_bytes`` bounds one tensor.
 
-    The bytes of a small upload (at most ``SMALL_BYTES``: a compiled step's inline inputs,
-    read once by an executor right after they are stored) are also kept in memory, up to
-    ``SMALL_TOTAL_BYTES`` in all, so that serving them costs no file read; the files stay
-    the record a restarted scheduler finds."""
+    The bytes of a small upload (at most ``SMALL_BYTES``) are also kept in memory, up to
+    ``SMALL_TOTAL_BYTES`` in all (the oldest go first), so that serving them costs no file
+    read; the files stay the record a restarted scheduler finds. A held upload (a compiled
+    step's inline input) has no file: its bytes stay in memory until it is deleted."""
 
     def __init__(self, root: str | os.PathLike[str], max_bytes: int = 1 << 30) -> None:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.max_bytes = max_bytes
         self._index: dict[str, StoredTensor] = {}
-        self._small: dict[str, bytes] = {}  # id -> raw bytes (oldest first)
+        self._small: dict[str, bytes] = {}  # id -> raw bytes of a written upload (oldest first)
         self._small_bytes = 0
-        # files of ``put(later=True)`` uploads: written (and deleted) in order by one thread
-        self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tensor-store")
-        self._writes: dict[str, Future[None]] = {}
-        self._behind: set[str] = set()  # put(later=True): their files are written and deleted by _io
+        self._held: dict[str, bytes] = {}  # id -> raw bytes of a held upload (no file)
+        self._held_bytes = 0
         for meta in self.root.glob("u-*.json"):
             try:
                 d = json.loads(meta.read_text())
@@ -117,32 +120,25 @@ class TensorStore:
                 log.warning("skipping unreadable upload %s: %s", meta, e)
 
     def put(self, data: bytes | bytearray | memoryview, shape: tuple[int, ...], dtype: str,
-            owner: str | None = None, *, later: bool = False) -> StoredTensor:
+            owner: str | None = None, *, held: bool = False) -> StoredTensor:
         """Store raw little-endian C-order bytes; UploadError if they do not fit the header.
         ``owner`` (the uploading token's name) may delete it (``DELETE /v1/tensors/{id}``).
-        ``later``: a small upload (a compiled step's inline input) is servable from memory
-        at once and its files are written by a worker thread, off the caller's path (its
-        deletion queues behind the write)."""
+        ``held``: a small upload (a compiled step's inline input) is kept in memory only,
+        no file written or deleted, while held uploads total at most ``HELD_TOTAL_BYTES``."""
         need = expected_bytes(shape, dtype)
         if len(data) != need:
             raise UploadError(f"{dtype}{list(shape)} is {need} bytes, the body has {len(data)}")
         tid = new_tensor_id()
         t = StoredTensor(tid, shape, dtype, need, owner)
-        if need <= SMALL_BYTES:
-            raw = bytes(data)
-            if later:
-                self._index[tid] = t
-                self._keep(tid, raw)
-                fut = self._io.submit(self._write, t, raw)
-                self._writes[tid] = fut
-                self._behind.add(tid)
-                fut.add_done_callback(lambda f, tid=tid: self._wrote(tid, f))
-                return t
-            data = raw
+        if held and need <= SMALL_BYTES and self._held_bytes + need <= HELD_TOTAL_BYTES:
+            self._held[tid] = bytes(data)
+            self._held_bytes += need
+            self._index[tid] = t
+            return t
         self._write(t, data)
         self._index[tid] = t
         if need <= SMALL_BYTES:
-            self._keep(tid, data)  # type: ignore[arg-type]
+            self._keep(tid, bytes(data))
         return t
 
     def _write(self, t: StoredTensor, data: bytes | bytearray | memoryview) -> None:
@@ -157,23 +153,16 @@ class TensorStore:
                                         "owner": t.owner}))
         os.replace(meta_tmp, self.root / f"{tid}.json")
 
-    def _wrote(self, tid: str, fut: Future[None]) -> None:
-        if self._writes.get(tid) is fut:
-            self._writes.pop(tid, None)
-        if not fut.cancelled() and fut.exception() is not None:
-            log.error("cannot write upload %s (served from memory until released): %s", tid, fut.exception())
-
-    def _written(self, tid: str) -> None:
-        """Wait for a pending write of ``tid``'s files (before reading them)."""
-        fut = self._writes.get(tid)
-        if fut is not None:
-            fut.result()
-
     def _keep(self, tid: str, raw: bytes) -> None:
         self._small[tid] = raw
         self._small_bytes += len(raw)
         while self._small_bytes > SMALL_TOTAL_BYTES:
             self._small_bytes -= len(self._small.pop(next(iter(self._small))))
+
+    def _raw(self, tid: str) -> bytes | None:
+        """The bytes of upload ``tid`` if memory holds them (held, or a small kept one)."""
+        raw = self._held.get(tid)
+        return self._small.get(tid) if raw is None else raw
 
     def get(self, tid: str) -> StoredTensor | None:
         return self._index.get(tid)
@@ -182,10 +171,9 @@ class TensorStore:
         """The raw bytes of an upload (memory-mapped); KeyError if unknown."""
         if tid not in self._index:
             raise KeyError(tid)
-        raw = self._small.get(tid)
+        raw = self._raw(tid)
         if raw is not None:
             return memoryview(raw)
-        self._written(tid)
         arr = np.load(self.root / f"{tid}.npy", mmap_mode="r", allow_pickle=False)
         return memoryview(np.ascontiguousarray(arr)).cast("B")
 
@@ -216,25 +204,24 @@ class TensorStore:
             if not 0 <= lo <= hi <= n:
                 return None
             region.append((lo, hi))
-        raw = self._small.get(tid)
+        raw = self._raw(tid)
         if raw is not None:
             arr = np.frombuffer(raw, dtype=_storage_dtype(t.dtype)).reshape(t.shape)
         else:
-            self._written(tid)
             arr = np.load(self.root / f"{tid}.npy", mmap_mode="r", allow_pickle=False)
         part_arr = np.ascontiguousarray(arr[tuple(slice(lo, hi) for lo, hi in region)])
         shape = tuple(hi - lo for lo, hi in region)
         return StoredTensor(tile, shape, t.dtype, int(part_arr.nbytes)), memoryview(part_arr).cast("B")
 
     def delete(self, tid: str) -> bool:
-        """Forget an upload and delete its files; whether it was known."""
+        """Forget an upload and delete its files (a held one has none); whether it was known."""
         t = self._index.pop(tid, None)
         raw = self._small.pop(tid, None)
         if raw is not None:
             self._small_bytes -= len(raw)
-        if tid in self._writes or tid in self._behind:
-            self._behind.discard(tid)
-            self._io.submit(self._unlink, tid)  # behind its write (one thread, in order)
+        raw = self._held.pop(tid, None)
+        if raw is not None:
+            self._held_bytes -= len(raw)
         else:
             self._unlink(tid)
         return t is not None
@@ -244,22 +231,22 @@ class TensorStore:
             with contextlib.suppress(FileNotFoundError):
                 (self.root / f"{tid}{suffix}").unlink()
 
-    def deletes_behind(self, tid: str) -> bool:
-        """Was upload ``tid`` put with ``later=True`` (a compiled step's inline input)? Its
-        :meth:`delete` then does no I/O itself: the unlink goes to the thread that wrote it."""
-        return tid in self._behind
+    def is_held(self, tid: str) -> bool:
+        """Is upload ``tid`` held in memory only (a compiled step's inline input)? Its
+        :meth:`delete` then does no I/O."""
+        return tid in self._held
 
     def carried(self, tid: str) -> Carried | None:
         """Upload ``tid`` (a whole one) as a task packet carries it, if its bytes are held in
         memory and fit ``CARRY_MAX_BYTES``; else None."""
-        raw, t = self._small.get(tid), self._index.get(tid)
+        raw, t = self._raw(tid), self._index.get(tid)
         if raw is None or t is None or len(raw) > CARRY_MAX_BYTES:
             return None
         return Carried(t.shape, t.dtype, raw)
 
     def in_memory(self, tid: str) -> bool:
-        """Are the bytes of upload ``tid`` (a whole one) held in memory?"""
-        return tid in self._small
+        """Are the bytes of upload ``tid`` (a whole one) in memory?"""
+        return tid in self._small or tid in self._held
 
     def __contains__(self, tid: object) -> bool:
         return tid in self._index

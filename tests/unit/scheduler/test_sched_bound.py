@@ -83,8 +83,9 @@ def test_an_unknown_upload_in_a_step_is_refused(cluster: Cluster) -> None:
 
 
 def test_releasing_a_step_deletes_the_inputs_it_sent_inline(cluster: Cluster) -> None:
-    """An inline input is stored as an upload of its job: releasing the job (the SDK does
-    once it read the results) deletes its file, so a training loop leaves nothing on disk."""
+    """An inline input is held as an upload of its job, in memory only (never a file):
+    releasing the job (the SDK does once it read the results) deletes it, so a training
+    loop leaves nothing behind."""
     first = _first(cluster)
     tensors = cluster.scheduler.run_dir / "tensors"
     files = lambda: sorted(p.name for p in tensors.glob("*.npy"))  # noqa: E731
@@ -94,10 +95,10 @@ def test_releasing_a_step_deletes_the_inputs_it_sent_inline(cluster: Cluster) ->
     assert r.status_code == 201, r.text
     job = r.json()["id"]
     (inline,) = cluster.scheduler.jobs.live[job].plan.args
-    assert f"{inline}.npy" in files()
+    assert cluster.scheduler.store.is_held(inline) and files() == before
     assert cluster.client.delete(f"/v1/jobs/{job}", headers=cluster.headers("submit")).status_code == 200
     assert files() == before
-    assert cluster.scheduler.store.get(inline) is None
+    assert cluster.scheduler.store.get(inline) is None and not cluster.scheduler.store.is_held(inline)
 
 
 def test_prefer_names_the_executor_of_a_submit_and_a_step_and_a_bad_one_is_400(cluster: Cluster) -> None:

@@ -111,3 +111,29 @@ def test_a_resumed_job_keeps_the_deadline_it_was_submitted_with(tmp_path: Path) 
 
     deadline = asyncio.run(resume())
     assert deadline is not None and abs(deadline - (submitted + 60.0)) < 1e-3  # from submit, not resume
+
+
+def test_a_job_whose_held_inline_input_is_gone_fails_at_resume_naming_it(tmp_path: Path) -> None:
+    """A compiled step's inline input is held in the scheduler's memory only: a restarted
+    scheduler cannot run the job again, so it fails it with a message naming the input."""
+    import numpy as np
+
+    db = mdb.open_db(f"sqlite:///{tmp_path / 'meta.sqlite3'}")
+    first = Scheduler(registry=MemoryBackend(), db=db, run_dir=tmp_path, secret=b"s" * 32)
+    u = first.store.put(np.ones((2, 2), np.float32).tobytes(), (2, 2), "float32", held=True).id
+    doc = {"version": 1, "nodes": {
+        "x": {"op": "input", "shape": [2, 2], "dtype": "float32",
+              "attrs": {"tensor": u, "shape": [2, 2], "dtype": "float32"}},
+        "y": {"op": "exp", "inputs": ["x"], "shape": [2, 2], "dtype": "float32"}}, "outputs": ["y"]}
+    plan = first.jobs.compile(doc, ["y"], ClusterSnapshot())
+    first.jobs.store_job(plan, ["y"], {"args": list(plan.args), "fetch": dict(plan.fetch)}, time.time())
+    second = Scheduler(registry=MemoryBackend(), db=db, run_dir=tmp_path, secret=b"s" * 32)
+
+    async def resume() -> None:
+        await second.jobs.resume(await asyncio.to_thread(second.jobs.load_resumable), set())
+
+    asyncio.run(resume())
+    assert plan.job not in second.jobs.live
+    with db.read() as s:
+        info = mdb.get_job(s, plan.job)
+    assert info.state == "failed" and f"cannot resume: its input {u} is gone" in (info.error or "")

@@ -1,5 +1,5 @@
-"""TensorStore's small uploads: kept in memory and served from it; with ``later`` their
-files are written off the caller's path, in order with their deletion."""
+"""TensorStore's small uploads: kept in memory and served from it; held ones (a compiled
+step's inline inputs) live in memory only and never touch the disk."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
+from triplane.scheduler import store as store_mod
 from triplane.scheduler.store import SMALL_BYTES, TensorStore, UploadTiles
 
 
@@ -24,29 +25,32 @@ def test_a_small_upload_is_served_from_memory_and_still_written(tmp_path: Path) 
     assert not s.in_memory(b.id) and bytes(s.data(b.id)) == big.tobytes()
 
 
-def test_put_later_writes_the_files_behind_and_delete_queues_after_them(tmp_path: Path) -> None:
+def test_a_held_upload_is_served_from_memory_and_never_written(tmp_path: Path) -> None:
     s = TensorStore(tmp_path)
-    x = np.arange(6, dtype=np.int64)
-    kept = s.put(x.tobytes(), (6,), "int64", "bob", later=True)
-    assert bytes(s.data(kept.id)) == x.tobytes()  # at once, from memory
-    gone = s.put(x.tobytes(), (6,), "int64", later=True)
-    assert s.delete(gone.id) and gone.id not in s
-    s._io.submit(lambda: None).result()  # every queued write and deletion done
-    assert sorted(p.name for p in tmp_path.iterdir()) == [f"{kept.id}.json", f"{kept.id}.npy"]
-    again = TensorStore(tmp_path)  # a restarted scheduler finds the written one
-    assert again.get(kept.id) == kept and bytes(again.data(kept.id)) == x.tobytes()
+    x = np.arange(12, dtype=np.int64).reshape(3, 4)
+    t = s.put(x.tobytes(), (3, 4), "int64", "bob", held=True)
+    assert s.is_held(t.id) and s.in_memory(t.id) and list(tmp_path.iterdir()) == []
+    assert bytes(s.data(t.id)) == x.tobytes() and s.array(t.id).tolist() == x.tolist()
+    _, view = s.region(f"{t.id}@0:2,1:3")  # type: ignore[misc]
+    assert view.tobytes() == np.ascontiguousarray(x[0:2, 1:3]).tobytes()
+    carried = s.carried(t.id)
+    assert carried is not None and carried.data == x.tobytes() and carried.shape == (3, 4)
+    assert TensorStore(tmp_path).get(t.id) is None  # a restarted scheduler does not know it
+    assert s.delete(t.id) and t.id not in s and not s.is_held(t.id) and not s.in_memory(t.id)
+    assert not s.delete(t.id)
 
 
-def test_an_inline_inputs_delete_queues_its_unlink_on_the_writer_thread(tmp_path: Path) -> None:
-    """A ``later`` upload's delete does no I/O on the caller (the unlink follows its write on
-    the store's one thread), after its write too; a plain upload's delete unlinks at once."""
-    store = TensorStore(tmp_path)
-    raw = np.arange(4, dtype=np.float32).tobytes()
-    inline, plain = store.put(raw, (4,), "float32", later=True), store.put(raw, (4,), "float32")
-    store._written(inline.id)  # its files are on disk now
-    assert store.deletes_behind(inline.id) and not store.deletes_behind(plain.id)
-    assert (tmp_path / f"{inline.id}.npy").exists() and (tmp_path / f"{plain.id}.npy").exists()
-    assert store.delete(plain.id) and not (tmp_path / f"{plain.id}.npy").exists()
-    assert store.delete(inline.id) and not store.deletes_behind(inline.id)
-    store._io.submit(lambda: None).result()  # the thread's queue, in order, is done
-    assert not (tmp_path / f"{inline.id}.npy").exists() and not (tmp_path / f"{inline.id}.json").exists()
+def test_held_uploads_past_their_budget_are_written_like_any_upload(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(store_mod, "HELD_TOTAL_BYTES", 100)
+    s = TensorStore(tmp_path)
+    raw = np.zeros(10, np.float32).tobytes()  # 40 bytes
+    a, b, c = (s.put(raw, (10,), "float32", held=True) for _ in range(3))
+    assert s.is_held(a.id) and s.is_held(b.id) and not s.is_held(c.id)
+    assert (tmp_path / f"{c.id}.npy").exists() and bytes(s.data(c.id)) == raw
+    assert s.delete(a.id)  # room again
+    d = s.put(raw, (10,), "float32", held=True)
+    assert s.is_held(d.id)
+    big = np.zeros(SMALL_BYTES // 4 + 1, np.float32)  # over SMALL_BYTES: never held
+    monkeypatch.setattr(store_mod, "HELD_TOTAL_BYTES", 1 << 30)
+    e = s.put(big.tobytes(), big.shape, "float32", held=True)
+    assert not s.is_held(e.id) and (tmp_path / f"{e.id}.npy").exists()
