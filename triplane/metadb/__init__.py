@@ -38,16 +38,19 @@ from triplane.metadb.errors import (
 )
 from triplane.metadb.events import max_event_seq, stream_events
 from triplane.metadb.jobs import (
+    JobRows,
     create_job,
     get_graph,
     get_job,
     get_plan,
     insert_job,
+    job_rows,
     list_jobs,
     put_graph,
     set_job_labels,
     set_job_state,
     upsert_plan,
+    write_job_rows,
 )
 from triplane.metadb.records import (
     EventInfo,
@@ -93,7 +96,8 @@ __all__ = [
     "head_revision", "migrate", "open_db",
     "BatchWriteError", "ConflictError", "InvalidInputError", "MetaDBError", "NotFoundError",
     "PayloadTooLargeError", "SchemaError", "UnknownJobError", "UnknownTaskError",
-    "create_job", "insert_job", "get_graph", "get_job", "get_plan", "list_jobs", "put_graph", "set_job_state",
+    "create_job", "insert_job", "JobRows", "job_rows", "write_job_rows",
+    "get_graph", "get_job", "get_plan", "list_jobs", "put_graph", "set_job_state",
     "upsert_plan",
     "EventInfo", "GraphInfo", "JobInfo", "NewEvent", "NewTask", "PlanInfo", "ResumeJob", "TaskInfo",
     "TileInfo", "TileLocation",

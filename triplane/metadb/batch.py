@@ -18,6 +18,10 @@ Contract:
 - At most ``max_pending`` items wait; past that (the database is down or too slow) the
   queueing call raises BatchWriteError instead of growing memory without bound.
 - ``close()`` flushes and stops the thread; queueing afterwards raises BatchWriteError.
+- ``new_job`` queues a whole new job (``jobs.job_rows``, checked when built), inserted in
+  its batch's transaction before that batch's updates. A batch that fails on a conflict
+  (a job id in use, a graph hash stored with other bytes: a broken id generator or a hash
+  collision) is not retried: it is logged and dropped.
 """
 
 from __future__ import annotations
@@ -34,8 +38,9 @@ import sqlalchemy as sa
 
 from triplane.metadb import validate as v
 from triplane.metadb.db import MetaDB
-from triplane.metadb.errors import BatchWriteError, UnknownJobError, UnknownTaskError
+from triplane.metadb.errors import BatchWriteError, ConflictError, UnknownJobError, UnknownTaskError
 from triplane.metadb.fast import update_many
+from triplane.metadb.jobs import JobRows, write_job_rows
 from triplane.metadb.models import Event, Job, Task
 from triplane.metadb.records import NewEvent, TileLocation
 from triplane.metadb.tasks import event_row, task_changes, tile_row, upsert_tiles
@@ -46,6 +51,7 @@ _TASK = 0
 _EVENT = 1
 _JOB = 2
 _TILE = 3
+_NEW_JOB = 4
 
 
 @dataclass
@@ -135,7 +141,13 @@ class BatchWriter:
         self._check_job(job_id)
         self._put(_JOB, job_id, values)
 
-    def _put(self, kind: int, key: Any, values: dict[str, Any]) -> None:
+    def new_job(self, rows: JobRows) -> None:
+        """Queue a new job's rows (``jobs.job_rows``): written before the updates of its
+        batch, in order with the other new jobs; its later writes need no check."""
+        self._put_many([(_NEW_JOB, rows.job_id, rows)])
+        self.known(rows.job_id, (t[1] for t in rows.tasks))
+
+    def _put(self, kind: int, key: Any, values: Any) -> None:
         self._put_many([(kind, key, values)])
 
     def _put_many(self, items: list[tuple[int, Any, Any]]) -> None:
@@ -168,6 +180,10 @@ class BatchWriter:
         new job each time: two queries on the scheduler's loop per step otherwise)."""
         self._known_jobs.add(job_id)
         self._known_tasks.setdefault(job_id, set()).update(task_ids)
+
+    def knows(self, job_id: str) -> bool:
+        """Is ``job_id``'s row taken as stored (a write naming it costs no query)?"""
+        return job_id in self._known_jobs
 
     # Known ids are cached so that validation costs one query per job, not one per item.
     def _check_job(self, job_id: str) -> None:
@@ -226,6 +242,11 @@ class BatchWriter:
                     return written
                 try:
                     self._write(batch)
+                except ConflictError as exc:  # not retried: the same rows would conflict again
+                    self.stats.failures += 1
+                    self.stats.last_error = f"{type(exc).__name__}: {exc}"
+                    log.error("metadb batch of %d writes dropped: %s", len(batch), exc)
+                    raise BatchWriteError(f"a batch of {len(batch)} writes was dropped: {exc}") from exc
                 except Exception as exc:
                     with self._cond:
                         self._pending[:0] = batch  # keep it, in order, for the next attempt
@@ -242,8 +263,11 @@ class BatchWriter:
         jobs: dict[str, dict[str, Any]] = {}
         events: list[dict[str, Any]] = []
         tiles: list[tuple[Any, ...]] = []
+        new_jobs: list[JobRows] = []
         for kind, key, values in batch:
-            if kind == _TASK:
+            if kind == _NEW_JOB:
+                new_jobs.append(values)
+            elif kind == _TASK:
                 known = tasks.get(key)
                 if known is None:
                     tasks[key] = values
@@ -256,6 +280,8 @@ class BatchWriter:
             else:
                 events.append(values)
         with self._db.engine.begin() as conn:
+            for rows in new_jobs:  # queued before any write that names them
+                write_job_rows(conn, rows)
             # Driver-level executemany (fast.py): one statement per set of columns changed.
             groups: dict[tuple[str, ...], list[tuple[Any, ...]]] = defaultdict(list)
             for (job_id, task_id), vals in tasks.items():

@@ -12,6 +12,7 @@ import json
 import time
 import uuid
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
@@ -126,7 +127,30 @@ def insert_job(session: Session, *, graph_hash: str, graph_json: bytes, fetch: S
     in use or a graph hash stored with other bytes), in four to five driver statements
     instead of about a dozen ORM ones (the submit path of a small job: a compiled training
     step stored this way took a third of the scheduler's time per step, bench/README.md).
-    No name or tags (``create_job`` and ``set_job_labels`` have them)."""
+    No name or tags (``create_job`` and ``set_job_labels`` have them). The checks and the
+    rows are :func:`job_rows`, the statements :func:`write_job_rows` (the batch writer
+    queues the one and runs the other in its transaction: ``BatchWriter.new_job``)."""
+    write_job_rows(session.connection(), job_rows(
+        graph_hash=graph_hash, graph_json=graph_json, fetch=fetch, tasks=tasks, events=events, owner=owner,
+        job_id=job_id, state=state, now=now, node_count=node_count))
+
+
+@dataclass(frozen=True)
+class JobRows:
+    """A new job's rows, checked (:func:`job_rows`): written by :func:`write_job_rows`."""
+
+    job_id: str
+    graph: tuple[str, bytes, int, float]  # hash, canonical bytes, node count, created at
+    job: tuple[Any, ...]  # JOB_COLUMNS
+    tasks: list[tuple[Any, ...]]
+    events: list[dict[str, Any]]
+
+
+def job_rows(*, graph_hash: str, graph_json: bytes, fetch: Sequence[str], tasks: Sequence[NewTask],
+             events: Sequence[NewEvent] = (), owner: str | None = None, job_id: str,
+             state: str = "submitted", now: float, node_count: int | None = None) -> JobRows:
+    """Check a new job (the errors of :func:`insert_job`, but for conflicts with stored
+    rows) and build its rows; no database access."""
     v.check_id("job_id", job_id)
     v.check_state("state", state, v.JOB_STATES)
     v.check_optional_id("owner", owner)
@@ -146,24 +170,31 @@ def insert_job(session: Session, *, graph_hash: str, graph_json: bytes, fetch: S
     evs = [event_row(e, now) for e in events]
     if any(e["job_id"] not in (None, job_id) for e in evs):
         raise UnknownJobError(next(e["job_id"] for e in evs if e["job_id"] not in (None, job_id)))
-    conn = session.connection()
+    job = (job_id, state, graph_hash, None, json_text(names), None, owner, None, None, len(rows), 0, 0,
+           now, now)
+    return JobRows(job_id, (graph_hash, canonical, count, now), job, rows, evs)
+
+
+def write_job_rows(conn: sa.Connection, r: JobRows) -> None:
+    """Insert :func:`job_rows`' rows on ``conn`` (in the caller's transaction): the graph
+    unless stored (ConflictError if stored with other bytes), the job (ConflictError for an
+    id in use), its tasks and events."""
     mark = "?" if conn.dialect.paramstyle == "qmark" else "%s"
+    graph_hash, canonical = r.graph[0], r.graph[1]
     added = conn.exec_driver_sql(
         f"INSERT INTO graphs (hash, canonical, node_count, created_at) VALUES ({', '.join([mark] * 4)}) "
-        "ON CONFLICT (hash) DO NOTHING", (graph_hash, canonical, count, now)).rowcount
+        "ON CONFLICT (hash) DO NOTHING", r.graph).rowcount
     if added != 1:  # stored before: the same bytes, or a collision
         (stored,) = conn.exec_driver_sql(f"SELECT canonical FROM graphs WHERE hash = {mark}",
                                          (graph_hash,)).one()
         if bytes(stored) != canonical:
             raise ConflictError(f"graph hash {graph_hash!r} is already stored with different bytes")
     try:
-        insert_many(conn, Job.__table__, JOB_COLUMNS, [(
-            job_id, state, graph_hash, None, json_text(names), None, owner, None, None,
-            len(rows), 0, 0, now, now)])
+        insert_many(conn, Job.__table__, JOB_COLUMNS, [r.job])
     except sa.exc.IntegrityError:
-        raise ConflictError(f"job id {job_id!r} already exists") from None
-    insert_many(conn, Task.__table__, TASK_COLUMNS, rows)
-    insert_event_rows(conn, evs)
+        raise ConflictError(f"job id {r.job_id!r} already exists") from None
+    insert_many(conn, Task.__table__, TASK_COLUMNS, r.tasks)
+    insert_event_rows(conn, r.events)
 
 
 JOB_COLUMNS = ("id", "state", "graph_hash", "plan_id", "fetch", "error", "owner", "name", "tags",

@@ -39,16 +39,15 @@ def store_job(db: mdb.MetaDB, plan: JobPlan, fetch: list[str], bindings: dict[st
     scheduler needs to compile it again."""
     cgraph = plan.graph
     assert cgraph is not None
-    tasks = [mdb.NewTask(t.id, t.op, "ready" if not t.deps else "pending", predicted_s=t.cost_s)
-             for t in plan.specs]
-    events = [mdb.NewEvent(plan.job, BINDINGS, at=now, payload=bindings)]
     lay = plan.layout
+    if lay is None or lay.placement is None:  # a small job (a compiled step): a few statements
+        rows = small_job_rows(plan, fetch, bindings, now, owner)
+        with db.transaction() as s:
+            mdb.write_job_rows(s.connection(), rows)
+        return
+    tasks = _new_tasks(plan)
+    events = [mdb.NewEvent(plan.job, BINDINGS, at=now, payload=bindings)]
     with db.transaction() as s:
-        if lay is None or lay.placement is None:  # a small job (a compiled step): a few statements
-            mdb.insert_job(s, graph_hash=cgraph.hash(), graph_json=cgraph.to_json(), fetch=fetch,
-                           tasks=tasks, events=events, owner=owner, job_id=plan.job, state="running",
-                           now=now, node_count=len(cgraph.nodes))
-            return
         mdb.create_job(s, graph_hash=cgraph.hash(), graph_json=cgraph.to_json(), fetch=fetch,
                        owner=owner, job_id=plan.job, state="running", now=now,
                        node_count=len(cgraph.nodes))
@@ -62,6 +61,29 @@ def store_job(db: mdb.MetaDB, plan: JobPlan, fetch: list[str], bindings: dict[st
         row = s.get(JobRow, plan.job)
         if row is not None:
             row.plan_id = info.id
+
+
+def is_small(plan: JobPlan) -> bool:
+    """Is ``plan`` stored as a few rows (no placement recorded: :func:`small_job_rows`)?"""
+    return plan.layout is None or plan.layout.placement is None
+
+
+def small_job_rows(plan: JobPlan, fetch: list[str], bindings: dict[str, Any], now: float,
+                   owner: str | None = None) -> mdb.JobRows:
+    """The checked rows of a small job (its graph, job, tasks and bindings event), built
+    without the database: stored by :func:`store_job`, or queued to the journal's batch
+    writer (``Journal.new_job``)."""
+    cgraph = plan.graph
+    assert cgraph is not None
+    events = [mdb.NewEvent(plan.job, BINDINGS, at=now, payload=bindings)]
+    return mdb.job_rows(graph_hash=cgraph.hash(), graph_json=cgraph.to_json(), fetch=fetch,
+                        tasks=_new_tasks(plan), events=events,
+                        owner=owner, job_id=plan.job, state="running", now=now, node_count=len(cgraph.nodes))
+
+
+def _new_tasks(plan: JobPlan) -> list[mdb.NewTask]:
+    return [mdb.NewTask(t.id, t.op, "ready" if not t.deps else "pending", predicted_s=t.cost_s)
+            for t in plan.specs]
 
 
 def bindings_of(plan: JobPlan) -> dict[str, Any]:

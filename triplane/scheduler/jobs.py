@@ -49,7 +49,14 @@ from triplane.scheduler.dispatch.shell import DispatchShell
 from triplane.scheduler.dispatch.state import CancelJob, JobFinished, SubmitJob
 from triplane.scheduler.earlier import BINDINGS, REBUILD_ERRORS, plan_again
 from triplane.scheduler.errors import BadRequest, Conflict, NotFound, Unavailable
-from triplane.scheduler.jobrecords import bindings_of, store_failed, store_job, stored_body
+from triplane.scheduler.jobrecords import (
+    bindings_of,
+    is_small,
+    small_job_rows,
+    store_failed,
+    store_job,
+    stored_body,
+)
 from triplane.scheduler.journal import FAILED, Journal
 from triplane.scheduler.livejob import LiveJob, fetched_tasks_of, prefer_node
 from triplane.scheduler.refs import Held, Refs, refs_in_args, refs_in_graph
@@ -260,11 +267,12 @@ class Jobs:
         self.refs.bind(plan.job, held)
         live = self._dispatch(plan, now, (), factors, deadline_s, owner=owner, persist=persist, locs=locs)
         try:
-            if plan.group and len(plan.specs) <= INLINE_STORE_TASKS:
-                # A grouped job (a compiled step) is a few rows: stored on the loop while its
-                # one task runs. The two worker-thread hops cost more than the insert: 1-2 ms
-                # each way on a busy loop, on the step's path (bench/train.py).
-                self.store_job(plan, fetch, bindings, now, owner)
+            if plan.group and len(plan.specs) <= INLINE_STORE_TASKS and is_small(plan):
+                # A grouped job (a compiled step) is a few rows: queued to the journal's batch
+                # writer, which inserts them with the next batch (one transaction for many
+                # steps, before their transitions). A transaction of its own per step, or two
+                # worker-thread hops, cost more than the rest of the step's storing.
+                self.journal.new_job(small_job_rows(plan, fetch, bindings, now, owner))
             else:
                 await asyncio.to_thread(self.store_job, plan, fetch, bindings, now, owner)
         except Exception as e:

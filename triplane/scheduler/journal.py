@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
@@ -124,6 +125,29 @@ class Journal:
             await asyncio.wait_for(asyncio.shield(done), timeout_s)
         except (TimeoutError, mdb.BatchWriteError) as e:
             log.info("reading rows the journal has not written yet: %s", e or "the database is slow")
+
+    def new_job(self, rows: mdb.JobRows) -> None:
+        """Store a small job's rows with the writer's next batch (before its other writes);
+        without a writer (a journal not opened), at once. BatchWriteError when the writer
+        is full (the database is down or too slow): the job is not stored."""
+        if self.writer is None:
+            with self.db.transaction() as s:
+                mdb.write_job_rows(s.connection(), rows)
+            return
+        self.writer.new_job(rows)
+
+    def note(self, job: str, kind: str) -> bool:
+        """Write an event of ``kind`` (no payload) for ``job`` with the next batch, if the
+        writer knows the job's row (a job it stored or was told of); whether it was queued
+        (if not, the caller writes it itself)."""
+        w = self.writer
+        if w is None or not w.knows(job):
+            return False
+        try:
+            w.event(job, kind, at=time.time())
+        except mdb.MetaDBError as e:
+            log.error("cannot record %s of job %s: %s", kind, job, e)
+        return True
 
     def stored(self, job: str, tasks: list[str]) -> None:
         """A job's rows were just stored: its writes need no check that they exist."""

@@ -32,6 +32,7 @@ from triplane.scheduler.compiler.planview import plan_document
 from triplane.scheduler.dispatch.shell import DispatchShell
 from triplane.scheduler.earlier import (
     REBUILD_ERRORS,
+    RELEASED,
     EarlierJobs,
     placed_now,
     read_recorded_plan,
@@ -46,6 +47,7 @@ from triplane.scheduler.livejob import LiveJob, fetched_tasks_of
 from triplane.scheduler.store import TensorStore
 
 if TYPE_CHECKING:
+    from triplane.scheduler.journal import Journal
     from triplane.scheduler.lineage import Lineage
 
 log = logging.getLogger("triplane.scheduler.service")
@@ -83,6 +85,7 @@ class Results:
         self._pins: dict[str, int] = {}
         self._deferred: dict[str, list[dict[str, list[str]]]] = {}
         self.persist: dict[str, Any] = {}  # kind -> persistence target (set by the service)
+        self.journal: Journal | None = None  # writes a release with its batches (set by the service)
         self.persisted_reads = 0
         self.lineage: Lineage | None = None  # recomputes lost tiles of done jobs (set by the service)
 
@@ -342,7 +345,11 @@ class Results:
         return known
 
     async def record_released(self, job: str) -> None:
-        """Record a release, so that no later process serves the deleted tiles."""
+        """Record a release, so that no later process serves the deleted tiles: with the
+        journal's next batch when its writer knows the job (a compiled step: no transaction
+        of its own), else in a worker thread."""
+        if self.journal is not None and self.journal.note(job, RELEASED):
+            return
         try:
             await asyncio.to_thread(record_released, self.db, job)
         except mdb.MetaDBError as e:

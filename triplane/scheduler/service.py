@@ -139,6 +139,7 @@ class Scheduler(Leading):
                                require_leader=self.require_leader)
         self.events = EventBus(db)
         self.journal = Journal(db, lambda job: self.jobs.progress(job), self.events, lambda: self.shell.state)
+        self.results.journal = self.journal
         self._inline: dict[str, list[str]] = {}  # job -> its own uploads (sent inline, copies of refs)
         self.refs = Refs(live=live, results=self.results, shell=self.shell, store=self.store,
                          job_uploads=self._inline)

@@ -231,3 +231,50 @@ def test_a_job_taken_as_known_is_written_without_checking_queries(db: MetaDB) ->
         finally:
             sa.event.remove(db.engine, "before_cursor_execute", count)
     assert len(selects) >= 1
+
+
+def _new_rows(job: str, graph: bytes = GRAPH) -> mdb.JobRows:
+    return mdb.job_rows(graph_hash="h-new", graph_json=graph, fetch=["x"], job_id=job, state="running",
+                        now=1.0, tasks=[NewTask("a", "noop"), NewTask("b", "noop", "pending")],
+                        events=[mdb.NewEvent(job, "job.bindings", at=1.0, payload={"args": []})])
+
+
+def test_new_jobs_are_inserted_with_their_batch_before_its_writes(db: MetaDB) -> None:
+    """Steps' rows queued with their transitions, progress and events: one commit for all,
+    the same rows as insert_job and the writes after it."""
+    counter = CommitCounter(db.engine)
+    with BatchWriter(db, max_items=500, max_delay=5.0) as w:
+        for j in ("j-new-1", "j-new-2", "j-new-3"):
+            w.new_job(_new_rows(j))
+            assert w.knows(j)
+            w.transitions(j, [("a", "done", {"node": "n1"}), ("b", "done", {"node": "n2"})])
+            w.job_progress(j, state="done", tasks_done=2)
+            w.event(j, "job.released")
+        w.flush()
+    counter.remove()
+    assert counter.count == 1
+    with db.read() as s:
+        for j in ("j-new-1", "j-new-2", "j-new-3"):
+            info = mdb.get_job(s, j)
+            assert (info.state, info.tasks_total, info.tasks_done) == ("done", 2, 2)
+            assert [(t.task_id, t.state, t.node) for t in mdb.list_tasks(s, j)] == [
+                ("a", "done", "n1"), ("b", "done", "n2")]
+            assert [e.kind for e in mdb.list_events(s, j)] == ["job.bindings", "job.released"]
+
+
+def test_new_job_rows_are_checked_when_built_and_a_conflict_drops_its_batch(db: MetaDB) -> None:
+    with pytest.raises(mdb.InvalidInputError):
+        mdb.job_rows(graph_hash="h-new", graph_json=GRAPH, fetch="x", job_id="j-bad", now=1.0, tasks=[])
+    with pytest.raises(mdb.InvalidInputError):
+        _new_rows("bad\x00id")
+    with BatchWriter(db, max_items=500, max_delay=5.0) as w:
+        w.new_job(_new_rows("j-once"))
+        w.flush()
+        w.new_job(_new_rows("j-once"))  # the same id again: a conflict, not retried
+        with pytest.raises(mdb.BatchWriteError, match="dropped"):
+            w.flush()
+        assert w.stats.failures == 1
+        w.new_job(_new_rows("j-after"))  # the writer goes on
+        w.flush()
+    with db.read() as s:
+        assert mdb.get_job(s, "j-after").tasks_total == 2

@@ -59,6 +59,6 @@ def test_public_api_is_pinned() -> None:
                  "set_job_state", "upsert_plan", "insert_tasks", "transition_task", "record_tiles",
                  "list_tiles", "add_events", "list_events", "jobs_to_resume", "UnknownJobError",
                  "task_page", "tile_page", "task_events", "index_key", "set_job_labels", "max_event_seq",
-                 "stream_events", "insert_job"):
+                 "stream_events", "insert_job", "job_rows", "write_job_rows", "JobRows"):
         assert name in mdb.__all__ and hasattr(mdb, name)
-    assert len(mdb.__all__) == 62
+    assert len(mdb.__all__) == 65

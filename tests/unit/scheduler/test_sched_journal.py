@@ -157,3 +157,25 @@ def test_kernel_times_wait_with_a_held_job_and_unmatched_ones_are_dropped(tmp_pa
         assert (n0.state, n0.started_at, n0.finished_at, n0.actual_s) == ("done", None, 7.0, None)
         held = mdb.get_task(s, "j2", "n0")
         assert (held.state, held.started_at, held.finished_at, held.actual_s) == ("done", 1.5, 2.5, 1.0)
+
+
+def test_a_small_jobs_rows_and_its_release_go_with_the_writers_batches(tmp_path: Path) -> None:
+    """A compiled step's rows are queued (``new_job``), its task runs and ends, and its
+    release is a queued event (``note``): all written by the writer, in order; a job the writer does not know is left to the caller (``note`` is False)."""
+    db = open_db(tmp_path)
+    j = Journal(db, lambda job: (False, 1, 1))
+    j.open()
+    rows = mdb.job_rows(graph_hash="h", graph_json=GRAPH, fetch=[], job_id="step", state="running", now=1.0,
+                        tasks=[mdb.NewTask("n0", "group", "ready")])
+    j.hold("step")
+    j.new_job(rows)
+    ran(j, "step", "n0", "ex0")
+    j.release("step")
+    j.job_ended("step", "done", 1, None)
+    assert j.note("step", "job.released") and not j.note("unknown", "job.released")
+    j.close()
+    with db.read() as s:
+        info = mdb.get_job(s, "step")
+        assert (info.state, info.tasks_done) == ("done", 1)
+        assert mdb.get_task(s, "step", "n0").node == "ex0"
+        assert "job.released" in [e.kind for e in mdb.list_events(s, "step")]
