@@ -42,7 +42,7 @@ __all__ = ["DRIFT_KINDS", "Admin", "job_body"]
 # an attempt that left its node (journal.py; the last two: rows written before scheduler/events.py)
 DRIFT_KINDS = ("task.drifted", "task.ready", "task.pending")
 RETRYABLE = ("failed", "cancelled")
-JUST_ENDED_S = 2.0  # a job that ended this recently has its journal written before its tasks are read
+JUST_ENDED_S = 2.0  # a job that started or ended this recently: its journal written before its rows are read
 T = TypeVar("T")
 
 
@@ -162,6 +162,18 @@ class Admin:
 
     # --- tasks and tiles ---------------------------------------------------------------------
 
+    async def _settled(self, job: str) -> None:
+        """Before a read of ``job``'s rows: if it started or ended in the last ``JUST_ENDED_S``,
+        once the journal has written what it holds of it (a compiled step's rows and a job's
+        last transitions trail by up to a journal period and a batch)."""
+        live = self.s.jobs.live.get(job)
+        if live is None:
+            return
+        now = time.time()
+        ended = live.state != "running" and now - live.updated < JUST_ENDED_S
+        if now - live.created < JUST_ENDED_S or ended:
+            await self.s.journal.written()
+
     async def tasks(self, job: str, *, after: str | None, limit: int) -> list[dict[str, Any]]:
         """Up to ``limit`` of a job's tasks by id after ``after``, each with its drifts."""
         def read() -> tuple[list[mdb.TaskInfo], list[mdb.EventInfo]]:
@@ -172,9 +184,7 @@ class Admin:
                     events += mdb.list_events(s, job, limit=1, kind=FAILED)
                 return rows, events
 
-        live = self.s.jobs.live.get(job)
-        if live is not None and live.state != "running" and time.time() - live.updated < JUST_ENDED_S:
-            await self.s.journal.written()  # its last rows, not those of a journal period ago
+        await self._settled(job)
         try:
             rows, events = await self._read(read)
         except (mdb.UnknownJobError, mdb.InvalidInputError):  # the cursor's key is checked already
@@ -231,6 +241,7 @@ class Admin:
             fetch = ev[0].payload.get("fetch") if ev and isinstance(ev[0].payload, dict) else None
             return rows, {node: name for name, node in fetch.items()} if isinstance(fetch, dict) else {}
 
+        await self._settled(job)
         try:
             rows, names = await asyncio.to_thread(read)
         except (mdb.UnknownJobError, mdb.InvalidInputError):  # the cursor's key is checked already

@@ -215,15 +215,18 @@ class Jobs:
             else:
                 plan = await asyncio.to_thread(compile_now)
             plan = prefer_node(await self._with_refs(plan, held, owner, compile_now), prefer)
-            return await self._start(plan, fetch, deadline_s, owner, engines, factors, held, locs=locs)
+            return await self._start(plan, fetch, deadline_s, owner, engines, factors, held, locs=locs,
+                                     step=True)
         except BaseException:
             self.refs.drop(held)
             raise
 
     async def _start(self, plan: JobPlan, fetch: list[str], deadline_s: float | None, owner: str | None,
                      engines: Any, factors: Factors, held: Held,
-                     persist: str | None = None, locs: Mapping[str, str] | None = None) -> dict[str, Any]:
-        """Check, store and dispatch a compiled job; its status body."""
+                     persist: str | None = None, locs: Mapping[str, str] | None = None,
+                     step: bool = False) -> dict[str, Any]:
+        """Check, store and dispatch a compiled job; its status body. ``step``: a compiled
+        step (``submit_bound``), whose rows may trail its answer by a batch of the journal."""
         bindings = bindings_of(plan)
         if held.refs:  # a resumed job finds them again (once their holders are back)
             bindings["refs"] = self.refs.recorded(held)
@@ -267,12 +270,16 @@ class Jobs:
         self.refs.bind(plan.job, held)
         live = self._dispatch(plan, now, (), factors, deadline_s, owner=owner, persist=persist, locs=locs)
         try:
-            if plan.group and len(plan.specs) <= INLINE_STORE_TASKS and is_small(plan):
-                # A grouped job (a compiled step) is a few rows: queued to the journal's batch
-                # writer, which inserts them with the next batch (one transaction for many
-                # steps, before their transitions). A transaction of its own per step, or two
-                # worker-thread hops, cost more than the rest of the step's storing.
+            if step and plan.group and len(plan.specs) <= INLINE_STORE_TASKS and is_small(plan):
+                # A compiled step is a few rows: queued to the journal's batch writer, which
+                # inserts them with its next batch (one transaction for many steps, before
+                # their transitions). A transaction of its own per step, or two worker-thread
+                # hops, cost more than the rest of the step's storing.
                 self.journal.new_job(small_job_rows(plan, fetch, bindings, now, owner))
+            elif plan.group and len(plan.specs) <= INLINE_STORE_TASKS:
+                # Another grouped job is stored on the loop while its one task runs (its row
+                # exists once the submit is answered: labels, listings).
+                self.store_job(plan, fetch, bindings, now, owner)
             else:
                 await asyncio.to_thread(self.store_job, plan, fetch, bindings, now, owner)
         except Exception as e:

@@ -44,7 +44,7 @@ from triplane.proto.packet import Carried
 from triplane.registry import Leadership, NodeInfo, RegistryBackend, leader, list_memory_engines
 from triplane.scheduler.admin import Admin
 from triplane.scheduler.cluster import ClusterView
-from triplane.scheduler.compiler.jobplan import TaskTemplate, tile_id
+from triplane.scheduler.compiler.jobplan import TaskTemplate, is_tensor_id, tile_id
 from triplane.scheduler.compiler.pipeline import PlanCache
 from triplane.scheduler.dispatch.shell import DispatchShell, Hooks
 from triplane.scheduler.dispatch.state import (
@@ -386,16 +386,20 @@ class Scheduler(Leading):
         self.sessions.untag_job(job)
         return await self._release_job(job)
 
-    async def release_jobs(self, jobs: Sequence[str]) -> None:
+    async def release_many(self, ids: Sequence[str]) -> None:
         """The ``release`` of a job request (``api/waiting.py``): each job released as by
-        :meth:`release_job`; an unknown one is skipped, a failure logged."""
-        for job in jobs:
+        :meth:`release_job`, each upload as by :meth:`release_upload`; an unknown one is
+        skipped, a failure logged."""
+        for ident in ids:
             try:
-                await self.release_job(job)
+                if is_tensor_id(ident):
+                    await self.release_upload(ident)
+                else:
+                    await self.release_job(ident)
             except NotFound:
                 pass
             except Exception as e:  # the answer is sent: nobody to tell but the log
-                log.warning("releasing job %s after a submit failed: %s", job, e)
+                log.warning("releasing %s after a submit failed: %s", ident, e)
 
     async def _release_job(self, job: str) -> dict[str, Any]:
         body = await self.jobs.cancel(job)

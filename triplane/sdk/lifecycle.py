@@ -113,8 +113,8 @@ class Keeper:
         self.batch_s = batch_s
         self.renew_every_s: float | None = None  # set once a lease is open
         self._queue: collections.deque[tuple[str, str, float]] = collections.deque()  # kind, id, queued at
-        # how long a job release waits for a submit to carry it (``take``) before the thread
-        # sends it itself (0: at once; the remote session sets it while its scheduler takes them)
+        # how long a release waits for a submit to carry it (``take``) before the thread sends
+        # it itself (0: at once; the remote session sets it while its scheduler takes them)
         self.carry_s = 0.0
         self._wake = threading.Event()
         self._stop = False
@@ -131,43 +131,38 @@ class Keeper:
     def pending(self) -> int:
         return len(self._queue)
 
-    def take(self, kind: str, limit: int) -> list[str]:
-        """Up to ``limit`` queued releases of ``kind``, off the queue: a submit carries them
-        (``release`` of ``POST /v1/jobs``) instead of a request each. :meth:`put_back`
-        returns them if that submit fails."""
-        taken: list[str] = []
-        others: list[tuple[str, str, float]] = []
+    def take(self, limit: int) -> list[tuple[str, str]]:
+        """Up to ``limit`` queued releases, (kind, id) each, off the queue: a submit carries
+        them (``release`` of ``POST /v1/jobs``: job and upload ids) instead of a request
+        each. :meth:`put_back` returns them if that submit fails."""
+        taken: list[tuple[str, str]] = []
         if not self._lock.acquire(blocking=False):
             return taken  # the thread is sending them: the submit does not wait for it
         try:
             while self._queue and len(taken) < limit:
-                item = self._queue.popleft()
-                if item[0] == kind:
-                    taken.append(item[1])
-                else:
-                    others.append(item)
-            self._queue.extendleft(reversed(others))
+                kind, ident, _ = self._queue.popleft()
+                taken.append((kind, ident))
         finally:
             self._lock.release()
         return taken
 
-    def put_back(self, kind: str, idents: Sequence[str]) -> None:
+    def put_back(self, items: Sequence[tuple[str, str]]) -> None:
         """Queue again releases :meth:`take` took (their submit did not arrive)."""
-        for ident in idents:
+        for kind, ident in items:
             self.queue(kind, ident)
 
     def flush(self, *, give_up_on_error: bool = False, due: bool = False) -> bool:
         """Send every queued release now (``disconnect`` and tests). With
         ``give_up_on_error``, the first failure drops the rest (an unreachable scheduler is
         not retried once per value at exit; the lease frees them). ``due`` (the thread):
-        job releases queued less than ``carry_s`` ago stay for a submit to carry; whether
-        any stayed."""
+        releases queued less than ``carry_s`` ago stay for a submit to carry; whether any
+        stayed."""
         kept: list[tuple[str, str, float]] = []
         with self._lock:
             since = time.monotonic() - self.carry_s
             while self._queue:
                 kind, ident, at = item = self._queue.popleft()
-                if due and kind == "jobs" and at > since:
+                if due and self.carry_s and at > since:
                     kept.append(item)
                     continue
                 try:

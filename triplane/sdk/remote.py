@@ -69,7 +69,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 TERMINAL = ("done", "failed", "cancelled")
-MAX_RELEASE = 1000  # job releases one submit carries (the scheduler's bound, api/waiting.py)
+MAX_RELEASE = 1000  # releases one submit carries (the scheduler's bound, api/waiting.py)
 CARRY_S = 1.0  # ... and how long one waits for a submit before the keeper sends a DELETE
 
 
@@ -122,7 +122,7 @@ class RemoteSession:
         self._closed = False
         self.last_job: str | None = None
         self.last_stats: dict[str, Any] = {}
-        self.keeper.carry_s = CARRY_S if release else 0.0  # job releases ride on submits (_post_releasing)
+        self.keeper.carry_s = CARRY_S if release else 0.0  # releases ride on submits (_post_releasing)
         _open_sessions.add(self)
 
     # --- the session protocol ------------------------------------------------------------
@@ -338,19 +338,20 @@ class RemoteSession:
         return dict(answer)
 
     def _post_releasing(self, body: dict[str, Any], waits: bool) -> httpx.Response:
-        """``POST /v1/jobs`` carrying the queued job releases (a step frees the one before)."""
-        release = self.keeper.take("jobs", MAX_RELEASE) if self.keeper.carry_s else []
+        """``POST /v1/jobs`` carrying the queued releases (a step frees the one before, and
+        the uploads that died meanwhile)."""
+        release = self.keeper.take(MAX_RELEASE) if self.keeper.carry_s else []
         if not release:
             return self._post_job(body, waits)
         try:
-            return self._post_job({**body, "release": release}, waits)
+            return self._post_job({**body, "release": [ident for _, ident in release]}, waits)
         except RemoteError as e:
-            self.keeper.put_back("jobs", release)
+            self.keeper.put_back(release)
             if e.status != 400 or "'release'" not in str(e):
                 raise
             self.keeper.carry_s = 0.0  # a scheduler that predates "release": DELETEs from now on
         except BaseException:
-            self.keeper.put_back("jobs", release)
+            self.keeper.put_back(release)
             raise
         return self._post_job(body, waits)  # (without them)
 

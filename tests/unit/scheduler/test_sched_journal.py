@@ -161,7 +161,8 @@ def test_kernel_times_wait_with_a_held_job_and_unmatched_ones_are_dropped(tmp_pa
 
 def test_a_small_jobs_rows_and_its_release_go_with_the_writers_batches(tmp_path: Path) -> None:
     """A compiled step's rows are queued (``new_job``), its task runs and ends, and its
-    release is a queued event (``note``): all written by the writer, in order; a job the writer does not know is left to the caller (``note`` is False)."""
+    release is a queued event (``note``): all written by the writer, in order; a job the
+    writer does not know is left to the caller (``note`` is False)."""
     db = open_db(tmp_path)
     j = Journal(db, lambda job: (False, 1, 1))
     j.open()

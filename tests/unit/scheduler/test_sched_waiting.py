@@ -25,10 +25,10 @@ def cluster(tmp_path: Path) -> Cluster:
     ({"inline": ["y"]}, "'inline' needs 'wait_s'"),
     ({"wait_s": 1, "inline": "y"}, "'inline' must be a list"),
     ({"wait_s": 1, "inline": ["x"]}, "inline[0] = 'x' is not in 'fetch'"),
-    ({"release": "j1"}, "'release' must be a list of at most 1000 job ids"),
+    ({"release": "j1"}, "'release' must be a list of at most 1000 job or upload ids"),
     ({"release": ["j1"] * 1001}, "'release' must be a list"),
-    ({"release": [3]}, "release[0] = '3' is not a job id"),
-    ({"release": ["j1", "../x"]}, "release[1] = '../x' is not a job id"),
+    ({"release": [3]}, "release[0] = '3' is not a job or upload id"),
+    ({"release": ["j1", "../x"]}, "release[1] = '../x' is not a job or upload id"),
 ])
 def test_a_malformed_wait_is_400_naming_the_field(cluster: Cluster, extra: dict, says: str) -> None:
     body = {**job_body(cluster.upload()), **extra}
@@ -80,3 +80,22 @@ def test_release_frees_the_jobs_named_once_the_submit_is_answered(cluster: Clust
     states = {j: cluster.client.get(f"/v1/jobs/{j}", headers=alice).json()["state"] for j in (second, new)}
     assert states == {second: "cancelled", new: "running"}
     assert cluster.client.get(f"/v1/jobs/{bobs}", headers=bob).json()["state"] == "running"
+
+
+def test_release_frees_the_uploads_named_and_refuses_another_tokens(cluster: Cluster) -> None:
+    """Uploads in ``release`` go as DELETE /v1/tensors/{id} deletes them, once the submit is
+    answered (an unknown one is skipped); another token's upload is 403 and nothing is
+    submitted or released."""
+    alice = cluster.headers("submit")
+    mine, gone, bobs = cluster.upload(), cluster.upload(), cluster.upload("bob")
+    assert cluster.client.delete(f"/v1/tensors/{gone}", headers=alice).status_code == 200
+    before = len(cluster.client.get("/v1/jobs", headers=alice).json()["items"])
+    r = cluster.client.post("/v1/jobs", json={**job_body(cluster.upload()), "release": [mine, bobs]},
+                            headers=alice)
+    assert r.status_code == 403 and bobs in r.json()["error"]["message"], r.text
+    assert len(cluster.client.get("/v1/jobs", headers=alice).json()["items"]) == before
+    assert cluster.scheduler.store.get(mine) is not None and cluster.scheduler.store.get(bobs) is not None
+    r = cluster.client.post("/v1/jobs", json={**job_body(cluster.upload()), "release": [mine, gone]},
+                            headers=alice)
+    assert r.status_code == 201, r.text
+    assert cluster.scheduler.store.get(mine) is None and cluster.scheduler.store.get(bobs) is not None

@@ -237,9 +237,10 @@ def test_closing_against_a_dead_scheduler_does_not_retry_each_value() -> None:
     assert time.monotonic() - t0 < 3.0  # one bounded retry, not 50
 
 
-def test_the_keeper_leaves_a_job_release_to_a_submit_for_carry_s_then_sends_it() -> None:
-    """Job releases wait up to ``carry_s`` for a submit to take them (``take``); upload
-    releases, and job releases past that, go from the keeper's thread; ``flush`` sends all."""
+def test_the_keeper_leaves_releases_to_a_submit_for_carry_s_then_sends_them() -> None:
+    """Job and upload releases wait up to ``carry_s`` for a submit to take them (``take``);
+    past that they go from the keeper's thread; ``flush`` sends all; with ``carry_s`` 0
+    they go at once."""
     from triplane.sdk.lifecycle import Keeper
 
     sent: list[tuple[str, str]] = []
@@ -250,16 +251,23 @@ def test_the_keeper_leaves_a_job_release_to_a_submit_for_carry_s_then_sends_it()
         keeper.queue("tensors", "u-1")
         keeper.queue("jobs", "j2")
         time.sleep(0.2)
-        assert sent == [("tensors", "u-1")]  # the jobs wait for a submit
-        assert keeper.take("jobs", 1) == ["j1"]  # a submit carries j1
+        assert sent == []  # they wait for a submit
+        assert keeper.take(2) == [("jobs", "j1"), ("tensors", "u-1")]  # a submit carries them
+        keeper.put_back([("tensors", "u-1")])  # ... that failed: u-1 waits again
         deadline = time.monotonic() + 5.0
-        while ("jobs", "j2") not in sent and time.monotonic() < deadline:
+        while len(sent) < 2 and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert sent == [("tensors", "u-1"), ("jobs", "j2")]  # j2 waited long enough: sent
-        assert keeper.take("jobs", 10) == []
+        assert sent == [("jobs", "j2"), ("tensors", "u-1")]  # waited long enough: sent
+        assert keeper.take(10) == []
         keeper.carry_s = 60.0
         keeper.queue("jobs", "j3")
         keeper.flush()
         assert sent[-1] == ("jobs", "j3")  # an explicit flush sends everything
+        keeper.carry_s = 0.0
+        keeper.queue("tensors", "u-2")
+        deadline = time.monotonic() + 5.0
+        while ("tensors", "u-2") not in sent and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert sent[-1] == ("tensors", "u-2")
     finally:
         keeper.close()

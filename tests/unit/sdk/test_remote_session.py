@@ -47,6 +47,7 @@ class FakeScheduler:
         self.can_copy = True  # False: a scheduler that predates the copy request (405)
         self.knows_release = True  # False: a scheduler that predates a submit's "release" (400)
         self.carried = 0  # jobs released by a submit's "release"
+        self.released_uploads: set[str] = set()  # uploads released by a submit's "release"
         self.refused_release = 0  # submits refused for their "release" (knows_release False)
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
@@ -79,10 +80,13 @@ class FakeScheduler:
                     "unknown field(s) ['release'] (known: ['deadline_s', 'fetch', 'graph', ...])")}})
             r = self._submit(body)
             if r.status_code == 201:  # released once answered, as DELETE does
-                self.carried += len(release)
-                for job in release:
-                    self.released.add(job)
-                    self.jobs[job].pop("_values", None)
+                for ident in release:
+                    if ident.startswith("u-"):
+                        self.released_uploads.add(ident)
+                        continue
+                    self.carried += 1
+                    self.released.add(ident)
+                    self.jobs[ident].pop("_values", None)
             return r
         m = re.fullmatch(r"/v1/jobs/(j\w+)/wait", path)
         if m:

@@ -41,6 +41,7 @@ from triplane.scheduler.api.events import events_router
 from triplane.scheduler.api.jobrequest import parse_job_request
 from triplane.scheduler.api.static import install_static
 from triplane.scheduler.api.views import install_views
+from triplane.scheduler.compiler.jobplan import is_tensor_id
 from triplane.scheduler.errors import BadRequest, Forbidden, NotFound, TooLarge
 from triplane.scheduler.refs import MAX_COPY, parse_ref, refs_in_args, refs_in_graph
 from triplane.scheduler.service import VERSION, Scheduler
@@ -155,6 +156,14 @@ def create_app(
             return None
         return scheduler.sessions.renew(sid, p.name, admin=p.role == "admin")
 
+    def check_upload_owner(p: Principal, upload: str) -> None:
+        """403 unless ``p`` may delete ``upload``: admin, or the token that uploaded it. An
+        unknown upload passes (the route answers its 404, a carried release skips it)."""
+        t = scheduler.store.get(upload)
+        if t is not None and p.role != "admin" and t.owner != p.name:
+            raise Forbidden(f"upload {upload} is not one of {p.name!r}'s; a submit token releases "
+                            "only its own uploads")
+
     @app.get("/v1/health", response_model=m.Health, tags=["health"])
     async def health() -> dict[str, Any]:
         return {"ok": True, "role": scheduler.role, "version": VERSION}
@@ -203,12 +212,9 @@ def create_app(
 
     @api.delete("/tensors/{upload}", response_model=m.Released, tags=["tensors"])
     async def release_upload(upload: str, p: Principal = changer) -> dict[str, Any]:
-        t = scheduler.store.get(upload)
-        if t is None:
+        if scheduler.store.get(upload) is None:
             raise NotFound(f"unknown upload {upload[:40]!r} (released already?)")
-        if p.role != "admin" and t.owner != p.name:
-            raise Forbidden(f"upload {upload} is not one of {p.name!r}'s; a submit token releases "
-                            "only its own uploads")
+        check_upload_owner(p, upload)
         await scheduler.release_upload(upload)
         return {"id": upload, "released": True}
 
@@ -237,10 +243,13 @@ def create_app(
         else:
             parsed, waiting, release = parse_job_request(body)
         lease = session_of(request, p)
-        for job in release:  # as DELETE /v1/jobs/{job} checks, before anything is submitted
-            owners.check(p, job)
+        for ident in release:  # as the DELETEs check, before anything is submitted
+            if is_tensor_id(ident):
+                check_upload_owner(p, ident)
+            else:
+                owners.check(p, ident)
         if release:  # once the answer is sent: off this request's path (api/waiting.py)
-            background.add_task(scheduler.release_jobs, release)
+            background.add_task(scheduler.release_many, release)
         # whoever may fetch a tensor may use it as a ref (a submit token: its own jobs')
         named = refs_in_args(parsed.args) if isinstance(parsed, BoundRequest) else refs_in_graph(parsed.graph)
         for ref in named:

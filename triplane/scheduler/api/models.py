@@ -143,8 +143,9 @@ class JobRequestBody(BaseModel):
     deadline_s: float | None = Field(None, gt=0, le=604800)
     wait_s: float | None = Field(None, gt=0, le=60, description="answer when the job ends or this passes")
     inline: list[str] | None = Field(None, description="fetched names whose values come back inline")
-    release: list[str] | None = Field(None, max_length=1000, description="job ids to release (as DELETE "
-                                      "/v1/jobs/{id}) once this job is submitted and answered")
+    release: list[str] | None = Field(None, max_length=1000, description="job and upload ids to release "
+                                      "(as DELETE /v1/jobs/{id} and /v1/tensors/{id}) once this job is "
+                                      "submitted and answered")
     grad: dict[str, Any] | None = Field(None, description="{of: <node>, wrt: [<nodes>]}: the gradients, "
                                                            "fetched as grad:<node>")
     persist: Literal["file", "redis"] | None = Field(None, description="keep the job's tiles in the "

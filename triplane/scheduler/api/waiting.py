@@ -9,12 +9,13 @@ terminal or ``wait_s`` has passed, with its state, progress and ``error`` as
 left out: fetch them as usual). Checked here (400 naming the field); without ``wait_s``
 nothing changes.
 
-``"release"`` (a list of at most :data:`MAX_RELEASE` job ids, either form, with or without
-``wait_s``): jobs whose values the client no longer holds, released as ``DELETE
-/v1/jobs/{id}`` releases them once this job is submitted and its answer sent (so a step
-releases the step before it without a request of its own). The caller must be allowed
-to cancel each (else 403 and nothing is submitted); a job that is unknown or already
-released is skipped, and a release that fails is logged, not answered.
+``"release"`` (a list of at most :data:`MAX_RELEASE` job ids and upload ids, either form,
+with or without ``wait_s``): jobs and uploads whose values the client no longer holds,
+released as ``DELETE /v1/jobs/{id}`` and ``DELETE /v1/tensors/{id}`` release them once
+this job is submitted and its answer sent (so a step releases the step before it, and
+the uploads that died meanwhile, without a request of their own). The caller must be
+allowed to delete each (else 403 and nothing is submitted); one that is unknown or
+already released is skipped, and a release that fails is logged, not answered.
 """
 
 from __future__ import annotations
@@ -60,14 +61,14 @@ def check_inline(waiting: Waiting | None, fetch: Any) -> None:
 
 
 def pop_release(doc: dict[str, Any]) -> tuple[str, ...]:
-    """Take ``release`` out of a job request: the job ids to release after it (in order, once
-    each); BadRequest naming a malformed one."""
+    """Take ``release`` out of a job request: the job and upload ids to release after it (in
+    order, once each); BadRequest naming a malformed one."""
     release = doc.pop("release", None)
     if release is None:
         return ()
     if not isinstance(release, list) or len(release) > MAX_RELEASE:
-        raise BadRequest(f"'release' must be a list of at most {MAX_RELEASE} job ids")
-    for i, job in enumerate(release):
-        if type(job) is not str or not 0 < len(job) <= 128 or not job.replace("-", "").isalnum():
-            raise BadRequest(f"release[{i}] = {str(job)[:60]!r} is not a job id")
+        raise BadRequest(f"'release' must be a list of at most {MAX_RELEASE} job or upload ids")
+    for i, ident in enumerate(release):
+        if type(ident) is not str or not 0 < len(ident) <= 128 or not ident.replace("-", "").isalnum():
+            raise BadRequest(f"release[{i}] = {str(ident)[:60]!r} is not a job or upload id")
     return tuple(dict.fromkeys(release))
