@@ -111,13 +111,27 @@ class TensorStore:
         self._held: dict[str, bytes] = {}  # id -> raw bytes of a held upload (no file)
         self._held_bytes = 0
         for meta in self.root.glob("u-*.json"):
-            try:
-                d = json.loads(meta.read_text())
-                t = StoredTensor(meta.stem, tuple(d["shape"]), d["dtype"], int(d["bytes"]), d.get("owner"))
-                if is_tensor_id(t.id) and (self.root / f"{t.id}.npy").exists():
-                    self._index[t.id] = t
-            except (OSError, ValueError, KeyError, TypeError) as e:
-                log.warning("skipping unreadable upload %s: %s", meta, e)
+            self._load(meta.stem)
+
+    def _load(self, tid: str) -> StoredTensor | None:
+        """Index upload ``tid`` from its files, if it has them (written by this process
+        before a restart, or by another scheduler sharing the run directory: a standby
+        that took over finds the uploads its leader stored)."""
+        if not is_tensor_id(tid):
+            return None
+        meta = self.root / f"{tid}.json"
+        try:
+            d = json.loads(meta.read_text())
+            t = StoredTensor(tid, tuple(d["shape"]), d["dtype"], int(d["bytes"]), d.get("owner"))
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            log.warning("skipping unreadable upload %s: %s", meta, e)
+            return None
+        if not (self.root / f"{tid}.npy").exists():
+            return None
+        self._index[tid] = t
+        return t
 
     def put(self, data: bytes | bytearray | memoryview, shape: tuple[int, ...], dtype: str,
             owner: str | None = None, *, held: bool = False) -> StoredTensor:
@@ -165,11 +179,12 @@ class TensorStore:
         return self._small.get(tid) if raw is None else raw
 
     def get(self, tid: str) -> StoredTensor | None:
-        return self._index.get(tid)
+        t = self._index.get(tid)
+        return self._load(tid) if t is None else t
 
     def data(self, tid: str) -> memoryview:
         """The raw bytes of an upload (memory-mapped); KeyError if unknown."""
-        if tid not in self._index:
+        if self.get(tid) is None:
             raise KeyError(tid)
         raw = self._raw(tid)
         if raw is not None:
@@ -178,7 +193,9 @@ class TensorStore:
         return memoryview(np.ascontiguousarray(arr)).cast("B")
 
     def array(self, tid: str) -> np.ndarray:
-        t = self._index[tid]
+        t = self.get(tid)
+        if t is None:
+            raise KeyError(tid)
         return np.frombuffer(self.data(tid), dtype=dt.BY_NAME[t.dtype].np).reshape(t.shape)
 
     def region(self, tile: str) -> tuple[StoredTensor, memoryview] | None:
@@ -187,7 +204,7 @@ class TensorStore:
         are copied out of the memory-mapped file, C order). None for anything else:
         unknown, malformed or out of range -- the caller answers "no such tile"."""
         tid, at, spec = tile.partition("@")
-        t = self._index.get(tid)
+        t = self.get(tid)
         if t is None:
             return None
         if not at:
@@ -249,7 +266,7 @@ class TensorStore:
         return tid in self._small or tid in self._held
 
     def __contains__(self, tid: object) -> bool:
-        return tid in self._index
+        return isinstance(tid, str) and self.get(tid) is not None
 
     def __len__(self) -> int:
         return len(self._index)

@@ -54,3 +54,15 @@ def test_held_uploads_past_their_budget_are_written_like_any_upload(tmp_path: Pa
     monkeypatch.setattr(store_mod, "HELD_TOTAL_BYTES", 1 << 30)
     e = s.put(big.tobytes(), big.shape, "float32", held=True)
     assert not s.is_held(e.id) and (tmp_path / f"{e.id}.npy").exists()
+
+
+def test_an_upload_another_process_wrote_is_found_on_first_use(tmp_path: Path) -> None:
+    """A standby shares the run directory: the uploads its leader stored after the standby
+    started are found (and served) once asked for; ids that are not upload ids are not
+    looked up on disk."""
+    standby = TensorStore(tmp_path)
+    x = np.arange(6, dtype=np.float32)
+    t = TensorStore(tmp_path).put(x.tobytes(), (6,), "float32", "alice")  # the leader's
+    assert t.id in standby and standby.get(t.id) == t
+    assert bytes(standby.data(t.id)) == x.tobytes()
+    assert standby.get("../meta") is None and standby.get("u-nothere") is None
