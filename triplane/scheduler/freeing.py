@@ -1,4 +1,6 @@
-"""Deleting a running job's intermediate tiles on the executors, batched per node.
+"""Deleting tiles on the executors, batched per node: a running job's intermediates (the
+service's freer), and a released job's tiles (``Results.releaser``, every
+``results.RELEASE_BATCH_S``: a training loop releases one step per step).
 
 The dispatcher's state machine says when a tile may go (``Free``: every task that reads it
 is done and it is not fetched; docs/scheduler.md, "Intermediates"). Deleting it is a data

@@ -16,6 +16,7 @@ a standby (it tracks no executors).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections import defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
@@ -42,6 +43,7 @@ from triplane.scheduler.earlier import (
 )
 from triplane.scheduler.errors import NotFound, NotReady, TooLarge, Unavailable
 from triplane.scheduler.fetching import FetchError, open_tiled
+from triplane.scheduler.freeing import TileFreer
 from triplane.scheduler.jobrecords import API_STATE
 from triplane.scheduler.livejob import LiveJob, fetched_tasks_of
 from triplane.scheduler.store import TensorStore
@@ -59,6 +61,7 @@ Opened = tuple[tuple[int, ...], str, int, AsyncIterator[bytes]]  # shape, dtype,
 # is repeated this long after (seconds, one after the other). Deleting a tile that is not
 # there is no error.
 LATE_RELEASE_S = (1.0, 4.0, 25.0)
+RELEASE_BATCH_S = 0.02  # how long a release's deletions wait for others to the same executor
 
 
 class Results:
@@ -80,6 +83,9 @@ class Results:
         self.cluster, self.earlier, self.live = cluster, earlier, live
         self.require_leader = require_leader
         self._late: set[asyncio.Task[None]] = set()
+        # a release's deletions, batched per executor (one request per node for the releases of
+        # ``RELEASE_BATCH_S``: a training loop releases a step per step)
+        self.releaser = TileFreer(data_client, self._address, interval_s=RELEASE_BATCH_S, batch=4096)
         # job -> how many running jobs read its tiles by ref (refs.py): its tiles stay until
         # they end; a release meanwhile is carried out then (the deletions wait here)
         self._pins: dict[str, int] = {}
@@ -302,10 +308,17 @@ class Results:
         self._late.add(task)
         task.add_done_callback(self._late.discard)
 
-    def close(self) -> None:
-        """Stop the repeated releases (the scheduler is closing)."""
+    async def close(self) -> None:
+        """Stop the repeated releases and send the batched deletions (the scheduler is closing)."""
         for task in list(self._late):
             task.cancel()
+        with contextlib.suppress(Exception):
+            await self.releaser.flush()
+        await self.releaser.close()
+
+    def _address(self, node: str) -> tuple[str, int] | None:
+        info = self.shell.nodes.get(node)
+        return None if info is None else (info.address, info.data_port)
 
     async def release_earlier(self, job: str) -> None:
         """Delete the fetched tiles of a done job not in memory, and record it."""
@@ -382,14 +395,11 @@ class Results:
             return
         orphans: list[str] = []  # tiles of holders that are gone: maybe kept in a persistence target
         for node, tiles in by_node.items():
-            info = self.shell.nodes.get(node)
-            if info is None:
+            if node not in self.shell.nodes:
                 orphans.extend(tiles)
                 continue
-            try:
-                await self.data_client.delete(info.address, info.data_port, tiles)
-            except Exception as e:  # best effort: the executor frees them with its memory anyway
-                log.debug("releasing %d tiles of %s on %s failed: %s", len(tiles), job, node, e)
+            for tile in tiles:  # sent within RELEASE_BATCH_S, with the other releases' (best effort:
+                self.releaser.free(node, tile)  # the executor frees them with its memory anyway)
         if orphans:
             await self._delete_persisted(job, orphans)
 

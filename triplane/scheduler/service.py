@@ -194,7 +194,7 @@ class Scheduler(Leading):
             await self._lead()
 
     async def close(self) -> None:
-        self.results.close()
+        await self.results.close()
         for t in self._lead_tasks:
             t.cancel()
         for t in self._tasks:

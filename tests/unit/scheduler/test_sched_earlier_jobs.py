@@ -296,6 +296,7 @@ def test_released_tensors_stay_404_whichever_process_released_them(db: mdb.MetaD
     held = {t.id: t.node or "e0" for t in by_second.specs}
     port = second.results.data_client = FakeDataPort(np.zeros((2048, 1024), np.float32), regions,  # type: ignore[assignment]
                                              dict(held))
+    second.results.releaser.client = port  # type: ignore[assignment]
 
     async def go() -> None:
         with pytest.raises(SchedulerError) as e:
@@ -307,6 +308,7 @@ def test_released_tensors_stay_404_whichever_process_released_them(db: mdb.MetaD
         with pytest.raises(SchedulerError) as e:
             await second.open_tensor(by_second.job, "y")
         assert status_of(e.value.kind) == 404 and "released" in e.value.message
+        await second.results.releaser.flush()  # (sent within RELEASE_BATCH_S otherwise)
 
     asyncio.run(go())
     # The second process deleted the fetched tiles where they were held.
