@@ -191,8 +191,9 @@ def test_releasing_an_upload_deletes_its_cache_entries_where_known(cluster: Clus
         async def delete(self, address: str, port: int, tiles: list[str]) -> None:
             deleted.append((address, port, tiles))
 
-    sched.results.data_client = DataClient()
+    sched.results.data_client = sched.results.releaser.client = DataClient()  # type: ignore[assignment]
     r = cluster.client.delete(f"/v1/tensors/{u}", headers=cluster.headers("submit"))
     assert r.status_code == 200, r.text
+    asyncio.run(sched.results.releaser.flush())  # (sent within RELEASE_BATCH_S by its loop)
     assert sorted(deleted) == [("10.0.0.1", 7001, [f"{u}@0:1,0:2"]), ("10.0.0.2", 7002, [f"{u}@1:2,0:2"])]
     assert sched.cluster.residency.holders(other) == ("n1",)  # the other upload stays known
