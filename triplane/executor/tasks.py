@@ -73,6 +73,10 @@ Puller = Callable[[str, str], Awaitable[np.ndarray]]  # (node, tile) -> array
 # Kernels touching at most this many bytes run on the event loop: a worker-thread hop costs
 # more than they do, and tiny tasks dominate dispatch benchmarks.
 INLINE_BYTES = 64 * 1024
+# A grouped task this small (a small model's training step: well under a millisecond of
+# kernels) runs on the event loop too: the hop to a worker thread and back cost as much.
+GROUP_INLINE_FLOPS = 2e7
+GROUP_INLINE_BYTES = 4 << 20
 # How long an early task waits for the task making its input here to arrive (it was sent
 # first, so normally it is here already; a lost datagram is resent within its deadline).
 WAIT_FOR_INPUT_S = 10.0
@@ -337,7 +341,8 @@ class TaskRunner:
                     except MemoryFullError:
                         raise _Fail("infra", str(e)) from None
                 reserved.append((tile, nbytes))
-            if prep.touched <= self.inline_bytes:
+            small = prep.flops <= GROUP_INLINE_FLOPS and prep.touched <= GROUP_INLINE_BYTES
+            if prep.touched <= self.inline_bytes or (small and not self._stalls(prep)):
                 start, results, end = _timed_group(self.engine, prep, inputs)
             else:
                 if on_slow is not None:
@@ -362,6 +367,11 @@ class TaskRunner:
                 self.store.release(nbytes)
             for key in in_use:
                 self.store.cache_done(key)
+
+    def _stalls(self, prep: Prepared) -> bool:
+        """Would the stall injection hang this program (it runs in a worker thread then)?"""
+        stall = self._stall
+        return stall is not None and (stall[0] == GROUP_OP or stall[0] in prep.ops)
 
     def _group_here(self, task_id: str, prep: Prepared, inputs: list[np.ndarray]
                     ) -> tuple[float, list[np.ndarray], float]:

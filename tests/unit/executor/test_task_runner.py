@@ -434,3 +434,25 @@ def test_a_grouped_program_runs_bound_kernels_with_the_values_and_errors_of_engi
     with pytest.raises(GroupError) as e:  # the declared types hold, the data does not
         run_prepared(bound, [x, np.ones((3, 2), np.float32)], numpy_engine)
     assert e.value.at == "n2" and e.value.kind == "user"
+
+
+def test_a_small_group_runs_on_the_loop_and_a_big_or_stalled_one_in_the_pool(monkeypatch) -> None:
+    """A group of few flops and bytes (a small model's step) runs on the event loop: no
+    worker-thread hop; past either bound, or when the stall injection names one of its ops
+    (it must hang a worker, not the loop), in the kernel pool."""
+    from triplane.executor import tasks as tasks_mod
+
+    runner, store = make(capacity=64 << 20, inline_bytes=0)
+    here: list[str] = []
+    real = runner._group_here
+    monkeypatch.setattr(runner, "_group_here", lambda task_id, *a: here.append(task_id) or real(task_id, *a))
+    x = np.ones((64, 64), np.float32)
+    store.put("x", x)
+    text = _program([("n1", "matmul", [0, 0], {}), ("n2", "tanh", [1], {})], [2], [([64, 64], "float32")])
+    assert run(runner, _group("j1.g.a0", text, ("x",), ("j1.n2",))).ok and here == []
+    np.testing.assert_allclose(store.get("j1.n2"), np.tanh(x @ x), rtol=1e-6)
+    monkeypatch.setattr(tasks_mod, "GROUP_INLINE_FLOPS", 1.0)
+    assert run(runner, _group("j2.g.a0", text, ("x",), ("j2.n2",))).ok and here == ["j2.g.a0"]
+    monkeypatch.setattr(tasks_mod, "GROUP_INLINE_FLOPS", 2e7)
+    runner._stall = ("tanh", 0.01)
+    assert run(runner, _group("j3.g.a0", text, ("x",), ("j3.n2",))).ok and here == ["j2.g.a0", "j3.g.a0"]
