@@ -52,6 +52,8 @@ _EVENT = 1
 _JOB = 2
 _TILE = 3
 _NEW_JOB = 4
+KNOWN_GRAPHS = 64  # graphs whose rows new_job knows are stored (retention deletes a graph
+# with its last job: ``forget`` clears them)
 
 
 @dataclass
@@ -85,6 +87,7 @@ class BatchWriter:
         self._closed = False
         self._known_jobs: set[str] = set()
         self._known_tasks: dict[str, set[str]] = {}
+        self._graphs: dict[str, bytes] = {}  # graph hash -> bytes committed by a new_job (the latest)
         self._thread = threading.Thread(target=self._run, name="metadb-batch-writer", daemon=True)
         self._thread.start()
 
@@ -169,10 +172,12 @@ class BatchWriter:
 
     def forget(self, job_ids: Iterable[str]) -> None:
         """Drop the cached ids of jobs whose rows were deleted (retention): a later write
-        naming one is refused as unknown instead of failing its batch."""
+        naming one is refused as unknown instead of failing its batch; and the graphs taken
+        as stored."""
         for job_id in job_ids:
             self._known_jobs.discard(job_id)
             self._known_tasks.pop(job_id, None)
+        self._graphs.clear()  # their graphs may have gone with them (a batch failing on one retries)
 
     def known(self, job_id: str, task_ids: Iterable[str]) -> None:
         """Take a job's rows as stored (its submitter has just committed them): its writes
@@ -279,9 +284,10 @@ class BatchWriter:
                 jobs.setdefault(key, {}).update(values)
             else:
                 events.append(values)
+        graphs = self._graphs
         with self._db.engine.begin() as conn:
             for rows in new_jobs:  # queued before any write that names them
-                write_job_rows(conn, rows)
+                write_job_rows(conn, rows, graph_stored=graphs.get(rows.graph[0]) == rows.graph[1])
             # Driver-level executemany (fast.py): one statement per set of columns changed.
             groups: dict[tuple[str, ...], list[tuple[Any, ...]]] = defaultdict(list)
             for (job_id, task_id), vals in tasks.items():
@@ -296,6 +302,10 @@ class BatchWriter:
                              .values({c: sa.bindparam(c) for c in cols}), rows)
             if events:
                 conn.execute(sa.insert(Event.__table__), events)
+        for rows in new_jobs:  # committed: a training loop's next steps skip their graph's row
+            graphs[rows.graph[0]] = rows.graph[1]
+            while len(graphs) > KNOWN_GRAPHS:
+                del graphs[next(iter(graphs))]
 
     def flush(self) -> int:
         """Commit everything queued so far; returns the number of items this call wrote.

@@ -175,16 +175,17 @@ def job_rows(*, graph_hash: str, graph_json: bytes, fetch: Sequence[str], tasks:
     return JobRows(job_id, (graph_hash, canonical, count, now), job, rows, evs)
 
 
-def write_job_rows(conn: sa.Connection, r: JobRows) -> None:
+def write_job_rows(conn: sa.Connection, r: JobRows, *, graph_stored: bool = False) -> None:
     """Insert :func:`job_rows`' rows on ``conn`` (in the caller's transaction): the graph
-    unless stored (ConflictError if stored with other bytes), the job (ConflictError for an
-    id in use), its tasks and events."""
+    unless stored (ConflictError if stored with other bytes; ``graph_stored``: the caller
+    knows this transaction's database holds it, with these bytes: not written or read),
+    the job (ConflictError for an id in use), its tasks and events."""
     mark = "?" if conn.dialect.paramstyle == "qmark" else "%s"
     graph_hash, canonical = r.graph[0], r.graph[1]
-    added = conn.exec_driver_sql(
+    added = 0 if graph_stored else conn.exec_driver_sql(
         f"INSERT INTO graphs (hash, canonical, node_count, created_at) VALUES ({', '.join([mark] * 4)}) "
         "ON CONFLICT (hash) DO NOTHING", r.graph).rowcount
-    if added != 1:  # stored before: the same bytes, or a collision
+    if added != 1 and not graph_stored:  # stored before: the same bytes, or a collision
         (stored,) = conn.exec_driver_sql(f"SELECT canonical FROM graphs WHERE hash = {mark}",
                                          (graph_hash,)).one()
         if bytes(stored) != canonical:

@@ -278,3 +278,32 @@ def test_new_job_rows_are_checked_when_built_and_a_conflict_drops_its_batch(db: 
         w.flush()
     with db.read() as s:
         assert mdb.get_job(s, "j-after").tasks_total == 2
+
+
+def test_a_stored_graph_is_written_once_for_many_new_jobs_until_retention_forgets(db: MetaDB) -> None:
+    """Steps of one graph: its row is inserted (and checked) by the first new_job only; after
+    ``forget`` (retention deleted jobs, maybe the graph) the next one writes it again."""
+    statements: list[str] = []
+
+    def seen(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        if "graphs" in statement:
+            statements.append(statement.split()[0].upper())
+
+    sa.event.listen(db.engine, "before_cursor_execute", seen)
+    try:
+        with BatchWriter(db, max_items=500, max_delay=5.0) as w:
+            for i in range(3):
+                w.new_job(_new_rows(f"j-g{i}"))
+                w.flush()
+            assert statements == ["INSERT"]
+            with db.transaction() as s:  # retention: every job of the graph, and the graph
+                s.execute(sa.text("DELETE FROM events")), s.execute(sa.text("DELETE FROM tasks"))
+                s.execute(sa.text("DELETE FROM jobs")), s.execute(sa.text("DELETE FROM graphs"))
+            w.forget(["j-g0", "j-g1", "j-g2"])
+            w.new_job(_new_rows("j-g3"))
+            w.flush()
+    finally:
+        sa.event.remove(db.engine, "before_cursor_execute", seen)
+    assert statements.count("INSERT") == 2
+    with db.read() as s:
+        assert mdb.get_job(s, "j-g3").tasks_total == 2 and mdb.get_graph(s, "h-new").canonical == GRAPH

@@ -123,7 +123,8 @@ def test_a_finished_jobs_persisted_result_is_fetchable_after_its_holder_died(
         big = (1024, 2048)  # 8 MiB, twice, on executors of 12 MiB: cut in tiles, fetched tile by tile
         body = {"graph": _graph(1.5, big), "fetch": ["n1"], "persist": "file"}
         tiled = h.post("/v1/jobs", json=body).json()["id"]
-        plain = h.post("/v1/jobs", json={"graph": _graph(2.0), "fetch": ["n1"]}).json()["id"]
+        # (1 KiB: over what a reply carries to the scheduler's memory, proto/packet.md)
+        plain = h.post("/v1/jobs", json={"graph": _graph(2.0, (16, 16)), "fetch": ["n1"]}).json()["id"]
         for job in (kept, tiled, plain):
             _wait_done(h, job)
         assert len(task_rows(cluster.db, tiled)) > 2  # tiled indeed
