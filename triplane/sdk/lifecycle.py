@@ -10,23 +10,28 @@
   session when an array dies so that its upload is released.
 * :class:`ProgressBar` -- a ``rich`` progress bar for a job that takes longer than
   ``DELAY_S``, on a terminal only (stderr a TTY), off with :func:`set_progress`.
+* :func:`deferred_interrupt` -- a Ctrl-C during a submit is held until its answer names
+  the job to cancel.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import hashlib
 import logging
+import signal
 import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
-__all__ = ["DELAY_S", "Keeper", "ProgressBar", "Uploads", "progress_enabled", "set_progress"]
+__all__ = ["DELAY_S", "Keeper", "ProgressBar", "Uploads", "deferred_interrupt", "progress_enabled",
+           "set_progress"]
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +103,37 @@ class Uploads:
 
     def __len__(self) -> int:
         return len(self._by_id)
+
+
+class Interrupt:
+    """What :func:`deferred_interrupt` yields: ``pressed`` once a Ctrl-C came meanwhile."""
+
+    pressed = False
+
+
+@contextlib.contextmanager
+def deferred_interrupt() -> Iterator[Interrupt | None]:
+    """Hold a Ctrl-C back while the body runs (a submit that waits: its answer names the
+    job, which the caller then cancels before it raises ``KeyboardInterrupt``); a second
+    Ctrl-C raises at once. Yields None, holding nothing, off the main thread or when the
+    program has its own SIGINT handler: the caller then runs the body on a helper thread
+    (a thread hop per submit that this saves)."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield None
+        return
+    held = Interrupt()
+
+    def hold(signum: int, frame: Any) -> None:
+        if held.pressed:
+            raise KeyboardInterrupt
+        held.pressed = True
+
+    signal.signal(signal.SIGINT, hold)
+    try:
+        yield held
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 class Keeper:

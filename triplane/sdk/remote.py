@@ -51,7 +51,7 @@ from triplane.proto import errors as E
 from triplane.proto.canonjson import canonical_json
 from triplane.proto.infer import add_locs
 from triplane.proto.ir import Attrs, TensorType
-from triplane.sdk.lifecycle import Keeper, ProgressBar, Uploads
+from triplane.sdk.lifecycle import Keeper, ProgressBar, Uploads, deferred_interrupt
 from triplane.sdk.remote_errors import RemoteError, job_error, lost_holder, request
 from triplane.sdk.remote_steps import BoundSteps, decode_values, fetched_array
 from triplane.sdk.remote_values import Holders, RemoteJob, RemoteValue, Resident
@@ -356,12 +356,26 @@ class RemoteSession:
         return self._post_job(body, waits)  # (without them)
 
     def _post_job(self, body: dict[str, Any], waits: bool) -> httpx.Response:
-        """``POST /v1/jobs``. A submit that waits (``wait_s``) runs on a helper thread: a
-        Ctrl-C meanwhile still learns the job's id (within ``wait_s``) and cancels it."""
+        """``POST /v1/jobs``. A Ctrl-C during a submit that waits (``wait_s``) still learns
+        the job's id (within ``wait_s``) and cancels it: held back until the answer comes
+        (``deferred_interrupt``), or, where it cannot be held, with the submit on a helper
+        thread."""
         headers = {"Content-Type": "application/json", **self._lease_header()}
         content = canonical_json(body)
         if not waits:
             return self._call("POST", "/v1/jobs", content=content, retry_sent=False, headers=headers)
+        with deferred_interrupt() as held:
+            if held is not None:
+                try:
+                    r = self._call("POST", "/v1/jobs", content=content, retry_sent=False, headers=headers)
+                except Exception:
+                    if held.pressed:
+                        raise KeyboardInterrupt from None
+                    raise
+                if held.pressed:
+                    self._interrupted(str(r.json().get("id")))
+                    raise KeyboardInterrupt from None
+                return r
         if self._submitter is None:
             from concurrent.futures import ThreadPoolExecutor
 

@@ -6,8 +6,11 @@ progress bar's switches (docs/cluster.md, "Lifecycle")."""
 from __future__ import annotations
 
 import gc
+import os
 import re
+import signal
 import socket
+import threading
 import time
 from typing import Any
 
@@ -33,6 +36,7 @@ class LeasingScheduler(FakeScheduler):
         self.deleted: list[str] = []
         self.tagged: list[tuple[str, str | None]] = []  # (route, X-Triplane-Session)
         self.interrupt_wait = False
+        self.interrupt_submit = False
         self.opened = 0
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
@@ -55,6 +59,8 @@ class LeasingScheduler(FakeScheduler):
             return httpx.Response(200, json={"id": path.rsplit("/", 1)[1], "state": "cancelled"})
         if self.interrupt_wait and path.endswith("/wait"):
             raise KeyboardInterrupt  # as if Ctrl-C arrived inside httpx's read
+        if self.interrupt_submit and method == "POST" and path == "/v1/jobs":
+            os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C while the submit waits for its answer
         return super().__call__(request)
 
 
@@ -158,6 +164,37 @@ def test_ctrl_c_cancels_the_job_and_raises_a_plain_keyboard_interrupt(
         (tp.Tensor.from_array(np.ones(2, np.float32)) + 1).numpy()
     assert info.value.__cause__ is None and info.value.__suppress_context__  # no httpx chain
     assert f"/v1/jobs/{remote.last_job}" in fake.deleted
+
+
+def test_ctrl_c_during_a_submit_is_held_until_its_answer_names_the_job_to_cancel(
+        remote: RemoteSession, fake: LeasingScheduler) -> None:
+    """On the main thread a Ctrl-C during the submit is held (no helper thread): the answer
+    comes, its job is cancelled, then a plain KeyboardInterrupt; SIGINT is restored."""
+    fake.interrupt_submit = True
+    with use_session(remote), pytest.raises(KeyboardInterrupt) as info:
+        (tp.Tensor.from_array(np.ones(2, np.float32)) + 1).numpy()
+    assert info.value.__cause__ is None and info.value.__suppress_context__
+    assert [p for p in fake.deleted if p.startswith("/v1/jobs/")] == [f"/v1/jobs/{j}" for j in fake.jobs]
+    assert remote._submitter is None  # no helper thread was needed
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_a_second_ctrl_c_while_one_is_held_raises_at_once() -> None:
+    from triplane.sdk.lifecycle import deferred_interrupt
+
+    with pytest.raises(KeyboardInterrupt), deferred_interrupt() as held:
+        assert held is not None
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.01)
+        assert held.pressed
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(1.0)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    result: list[Any] = []
+    t = threading.Thread(target=lambda: result.append(deferred_interrupt().__enter__()))
+    t.start()
+    t.join()
+    assert result == [None]  # off the main thread nothing is held
 
 
 def test_a_stopped_cluster_fails_fast_with_the_clear_message() -> None:
