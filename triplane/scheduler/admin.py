@@ -156,7 +156,7 @@ class Admin:
         deadline_s = bindings.get("deadline_s")
         body = await self.s.jobs.submit_bound(
             key, list(bindings["args"]), list(info.fetch),
-            deadline_s if type(deadline_s) in (int, float) else None, owner=info.owner)
+            deadline_s if type(deadline_s) in (int, float) else None, owner=info.owner, step=False)
         await self.label(body["id"], info.name, info.tags)
         return {"id": body["id"], "retry_of": job, "state": body["state"]}
 

@@ -184,9 +184,11 @@ class Jobs:
 
     async def submit_bound(self, plan_hash: str, args: list[str], fetch: list[str],
                            deadline_s: float | None = None, prefer: str | None = None, *,
-                           owner: str | None = None) -> dict[str, Any]:
+                           owner: str | None = None, step: bool = True) -> dict[str, Any]:
         """A job of a structure submitted before: its canonical graph (known by ``plan_hash``)
         with the uploads ``args`` bound to ``arg0, arg1, ...`` and the same ``fetch`` list.
+        ``step`` (a compiled step): its rows may trail the answer by a journal batch; a
+        retry's are stored before it answers (its labels are written next).
         Skips parsing, canonicalising, hashing and the passes (the plan cache holds the
         plan); laid out, stored and dispatched as :meth:`submit`. ``Conflict`` of kind
         ``unknown_plan`` when this process does not know the structure (never submitted,
@@ -216,7 +218,7 @@ class Jobs:
                 plan = await asyncio.to_thread(compile_now)
             plan = prefer_node(await self._with_refs(plan, held, owner, compile_now), prefer)
             return await self._start(plan, fetch, deadline_s, owner, engines, factors, held, locs=locs,
-                                     step=True)
+                                     step=step)
         except BaseException:
             self.refs.drop(held)
             raise
