@@ -66,6 +66,7 @@ __all__ = ["Held", "Refs", "Resolved", "parse_ref", "refs_in_args", "refs_in_gra
 
 _REF = re.compile(r"(j[0-9a-f]{16}):([^\x00-\x1f/]{1,128})")
 MAX_COPY = 1000  # refs one POST /v1/tensors/copy may name
+COPY_READS = 8  # ... read at a time (data-port requests in flight)
 
 
 def parse_ref(s: object) -> tuple[str, str] | None:
@@ -272,12 +273,24 @@ class Refs:
                 self.results.unpin(r.owner)
 
     async def copy(self, refs: Sequence[str], owner: str | None) -> list[str]:
-        """``POST /v1/tensors/copy``: each ref's value stored as an upload of ``owner``."""
+        """``POST /v1/tensors/copy``: each ref's value stored as an upload of ``owner``. The
+        values are read ``COPY_READS`` at a time (one data-port request each) and their files
+        written in one worker thread, off the event loop (a training loop's checkpoint)."""
+        gate = asyncio.Semaphore(COPY_READS)
+
+        async def read(ref: str) -> tuple[bytes, tuple[int, ...], str]:
+            async with gate:
+                return await self.read(ref)
+
+        values = await asyncio.gather(*(read(ref) for ref in refs))
         ids: list[str] = []
-        try:
-            for ref in refs:
-                data, shape, dtype = await self.read(ref)
+
+        def put_all() -> None:
+            for data, shape, dtype in values:
                 ids.append(self.store.put(data, shape, dtype, owner).id)
+
+        try:
+            await asyncio.to_thread(put_all)
         except BaseException:
             for u in ids:
                 self.store.delete(u)
