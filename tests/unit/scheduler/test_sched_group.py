@@ -234,3 +234,39 @@ def test_a_release_is_repeated_only_where_a_running_attempt_may_store_a_tile_lat
     results._release_again = lambda job, by_node: repeated.append(job)  # type: ignore[method-assign]
     asyncio.run(results.release(JOB, live, keep_fetched=False))
     assert repeated == ([JOB] if again else [])
+
+
+def test_a_compiled_step_binds_the_last_plan_to_its_job_and_inputs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stored graph planned again with other arguments (a compiled step) is the last plan
+    bound to the new job and inputs: the same as planning it in full, without the walk."""
+    cache = PlanCache()
+    jp = compile_job(mlp(), ["loss", "w2"], cache=cache, job=JOB)
+    cgraph, fetch = jp.graph, dict(jp.fetch)
+    assert cgraph is not None
+    first = compile_job(cgraph, fetch, cache=cache, job="j0000000000000002", args=[X, W])
+    walks: list[str] = []
+    real = jobplan._plan_job
+    monkeypatch.setattr(jobplan, "_plan_job", lambda job, *a: walks.append(job) or real(job, *a))
+    x2, w2 = "u-" + "12" * 16, "j00000000000000aa.n5"
+    step = compile_job(cgraph, fetch, cache=cache, job="j0000000000000003", args=[x2, w2])
+    assert walks == []  # bound, not planned
+    monkeypatch.setattr(jobplan, "_BOUND", type(jobplan._BOUND)())  # forget it: planned in full
+    full = compile_job(cgraph, fetch, cache=cache, job="j0000000000000003", args=[x2, w2])
+    assert walks == ["j0000000000000003"]
+    assert step == full and step.args == (x2, w2) and step.job == "j0000000000000003"
+    assert step.templates[GROUP_TASK].inputs != first.templates[GROUP_TASK].inputs
+    assert set(step.templates[GROUP_TASK].inputs) == {x2, w2} and step.uploads == full.uploads
+    walks.clear()
+    twice = compile_job(cgraph, fetch, cache=cache, job="j0000000000000004", args=[x2, x2])  # bound
+    assert walks == [] and twice.templates[GROUP_TASK].uploads == (x2,)
+    monkeypatch.setattr(jobplan, "_BOUND", type(jobplan._BOUND)())
+    assert twice == compile_job(cgraph, fetch, cache=cache, job="j0000000000000004", args=[x2, x2])
+    walks.clear()
+    compile_job(cgraph, fetch, cache=cache, job="j0000000000000005", args=[x2, x2])
+    assert walks == ["j0000000000000005"]  # a plan made for an argument given twice is not kept
+    with pytest.raises(Exception, match="not an uploaded tensor id"):  # bad input: the full error
+        compile_job(cgraph, fetch, cache=cache, job="j0000000000000006", args=[x2, "nope"])
+    monkeypatch.setattr(jobplan, "REPLAN_S", 0.0)
+    walks.clear()
+    compile_job(cgraph, fetch, cache=cache, job="j0000000000000007", args=[X, W])
+    assert walks == ["j0000000000000007"]  # due again: planned in full

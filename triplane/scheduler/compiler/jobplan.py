@@ -33,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import secrets
+import time
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -45,7 +46,14 @@ from triplane.proto.packet import canonical
 from triplane.proto.validate import Limits
 from triplane.scheduler.compiler.costmodel import NodeFigures
 from triplane.scheduler.compiler.group import GROUP_TASK, grouped
-from triplane.scheduler.compiler.layout import WHOLE_COMPUTE_S, Cached, Layout, lay_out
+from triplane.scheduler.compiler.layout import (
+    UNSPLIT_BYTES,
+    WHOLE_COMPUTE_S,
+    Cached,
+    Layout,
+    bigger_than,
+    lay_out,
+)
 from triplane.scheduler.compiler.pipeline import CompileOptions, Plan, PlanCache
 from triplane.scheduler.compiler.placement import PlacementError
 from triplane.scheduler.compiler.tiling import TileGrid
@@ -201,6 +209,13 @@ def plan_job(
     ``held``: ``argN`` -> the tile boundaries of a value held in tiles (``lay_out``);
     ``whole_s``: ``lay_out``'s bound for keeping a graph whole; ``whole``: group the job
     whatever its size (a stored job recorded so: ``earlier.plan_again``)."""
+    key = None
+    if options is None and limits is None and explicit is None and not held and group:
+        # a compiled step: the grouped job planned for an earlier step, bound to new inputs
+        key = (id(cgraph), whole, whole_s, tuple(f.ops for f in figures) if figures else None)
+        again = _rebound(key, cgraph, job, args, fetch, back)
+        if again is not None:
+            return again
     if options is None:
         options = CompileOptions(limits=limits) if limits else CompileOptions()
     lay = (figures, explicit, cached, held, whole_s)
@@ -219,8 +234,69 @@ def plan_job(
     if g is None:
         return planned
     template = TaskTemplate(g.spec.op, g.inputs, g.pulled, g.attrs, g.out, g.tiles)
-    return dataclasses.replace(planned, specs=(g.spec,), templates={GROUP_TASK: template},
-                               group=dict.fromkeys(g.tiles, GROUP_TASK))
+    out = dataclasses.replace(planned, specs=(g.spec,), templates={GROUP_TASK: template},
+                              group=dict.fromkeys(g.tiles, GROUP_TASK))
+    if key is not None and (lay_ is None or not lay_.tiled) and not bigger_than(cgraph, UNSPLIT_BYTES):
+        _remember(key, cgraph, out)
+    return out
+
+
+@dataclass(frozen=True)
+class _Bound:
+    """A grouped job planned before, to bind to new inputs: for its grouped task's inputs
+    and pulled tiles, and for its input nodes, the index of the argument each one is."""
+
+    graph: Graph
+    fetch: Mapping[str, str]
+    back: Mapping[str, str]
+    planned: JobPlan
+    inputs: tuple[int, ...]
+    pulled: tuple[int, ...]
+    uploads: tuple[tuple[str, int], ...]
+    at: float
+
+
+# (graph, grouping, the executors' ops) -> the grouped job last planned for it. A compiled
+# training step plans the same small graph every step: binding the last plan to the step's
+# job id and inputs skips the walk over every plan node (a tenth of the scheduler's step).
+# Its costs are planned in full again every REPLAN_S (they follow the executors' speeds).
+_BOUND: OrderedDict[tuple[Any, ...], _Bound] = OrderedDict()
+_BOUND_KEPT = 64
+REPLAN_S = 2.0
+
+
+def _remember(key: tuple[Any, ...], cgraph: Graph, planned: JobPlan) -> None:
+    """Keep ``planned`` (a grouped, untiled job) for :func:`_rebound` when each of its
+    grouped task's inputs is one whole argument, every argument distinct."""
+    args = planned.args
+    where = {a: i for i, a in enumerate(args)}
+    tpl = planned.templates[GROUP_TASK]
+    if len(where) != len(args) or any(t not in where for t in (*tpl.inputs, *tpl.uploads,
+                                                                   *planned.uploads.values())):
+        return  # a region of an upload, an argument given twice: planned in full each time
+    _BOUND[key] = _Bound(cgraph, planned.fetch, planned.back, planned, tuple(where[t] for t in tpl.inputs),
+                         tuple(where[t] for t in tpl.uploads),
+                         tuple((n, where[t]) for n, t in planned.uploads.items()), time.monotonic())
+    _BOUND.move_to_end(key)
+    while len(_BOUND) > _BOUND_KEPT:
+        _BOUND.popitem(last=False)
+
+
+def _rebound(key: tuple[Any, ...], cgraph: Graph, job: str, args: Sequence[str], fetch: Mapping[str, str],
+             back: Mapping[str, str]) -> JobPlan | None:
+    """The job :func:`_remember` kept for ``key``, bound to ``job`` and ``args``; None when
+    there is none for this graph, fetch list and arguments, or it is due to be planned again."""
+    b = _BOUND.get(key)
+    if (b is None or b.graph is not cgraph or time.monotonic() - b.at > REPLAN_S
+            or len(args) != len(b.planned.args) or b.fetch != fetch or b.back != back):
+        return None
+    if not all(is_tensor_id(a) or is_job_tile(a) for a in args):
+        return None  # planned in full: its error names the input
+    tpl = b.planned.templates[GROUP_TASK]
+    bound = dataclasses.replace(tpl, inputs=tuple(args[i] for i in b.inputs),
+                                uploads=tuple(dict.fromkeys(args[i] for i in b.pulled)))
+    return dataclasses.replace(b.planned, job=job, templates={GROUP_TASK: bound},
+                               uploads={n: args[i] for n, i in b.uploads}, args=tuple(args))
 
 
 def _runs_anywhere(templates: Any, figures: Sequence[NodeFigures] | None) -> bool:
