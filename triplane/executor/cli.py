@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import signal
 import sys
@@ -64,6 +65,7 @@ async def _serve(registry: str, engines: list[str], memory_bytes: int,
         with contextlib.suppress(Exception):
             await backend.close()
         return 1
+    gc.freeze()  # start-up's objects live as long as the process: out of the collector's way
     try:
         await stop.wait()
         log.info("executor %s: shutting down", executor.name)

@@ -43,7 +43,7 @@ from triplane.proto.packet import Reply
 from triplane.scheduler.cluster import ClusterView, Factors
 from triplane.scheduler.compiler.compile import ClusterSnapshot, compile_job
 from triplane.scheduler.compiler.group import GROUP_OP
-from triplane.scheduler.compiler.jobplan import JobPlan, TaskTemplate, unsupported_op
+from triplane.scheduler.compiler.jobplan import JobPlan, TaskTemplate, is_tensor_id, unsupported_op
 from triplane.scheduler.compiler.pipeline import CompileOptions, PlanCache
 from triplane.scheduler.dispatch.shell import DispatchShell
 from triplane.scheduler.dispatch.state import CancelJob, JobFinished, SubmitJob
@@ -388,7 +388,7 @@ class Jobs:
             except REBUILD_ERRORS as e:  # not a graph we accepted
                 await asyncio.to_thread(self._set_failed, info.id, f"cannot resume: {e}")
                 continue
-            gone = sorted(u for u in plan.uploads.values() if self.store.get(u) is None)
+            gone = sorted(u for u in plan.uploads.values() if is_tensor_id(u) and self.store.get(u) is None)
             if gone:  # a compiled step's inline inputs lived in the last process's memory only
                 await asyncio.to_thread(self._set_failed, info.id, f"cannot resume: its input {gone[0]} "
                                         "is gone (a compiled step's inline input, held in the "

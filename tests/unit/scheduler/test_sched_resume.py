@@ -137,3 +137,27 @@ def test_a_job_whose_held_inline_input_is_gone_fails_at_resume_naming_it(tmp_pat
     with db.read() as s:
         info = mdb.get_job(s, plan.job)
     assert info.state == "failed" and f"cannot resume: its input {u} is gone" in (info.error or "")
+
+
+def test_a_job_reading_another_jobs_tile_is_not_failed_as_a_lost_upload(tmp_path: Path) -> None:
+    """The resume check for lost inline inputs looks at uploads only: an input bound to
+    another job's tile (a ref) is reattached as before, not taken for a lost upload."""
+    db = mdb.open_db(f"sqlite:///{tmp_path / 'meta.sqlite3'}")
+    first = Scheduler(registry=MemoryBackend(), db=db, run_dir=tmp_path, secret=b"s" * 32)
+    tile = "j00000000000000aa.n1"
+    doc = {"version": 1, "nodes": {
+        "x": {"op": "input", "shape": [2, 2], "dtype": "float32",
+              "attrs": {"tensor": tile, "shape": [2, 2], "dtype": "float32"}},
+        "y": {"op": "exp", "inputs": ["x"], "shape": [2, 2], "dtype": "float32"}}, "outputs": ["y"]}
+    plan = first.jobs.compile(doc, ["y"], ClusterSnapshot())
+    assert list(plan.uploads.values()) == [tile]
+    first.jobs.store_job(plan, ["y"], {"args": list(plan.args), "fetch": dict(plan.fetch)}, time.time())
+    second = Scheduler(registry=MemoryBackend(), db=db, run_dir=tmp_path, secret=b"s" * 32)
+
+    async def resume() -> None:
+        await second.jobs.resume(await asyncio.to_thread(second.jobs.load_resumable), set())
+
+    asyncio.run(resume())
+    assert plan.job in second.jobs.live
+    with db.read() as s:
+        assert mdb.get_job(s, plan.job).state == "running"
