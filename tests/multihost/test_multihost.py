@@ -169,7 +169,7 @@ def test_the_standby_takes_over_when_the_leader_host_is_cut_off(cluster: MultiHo
     lead = c.leader()
     standby = next(s for s in c.schedulers if s != lead)
     assert c.role(standby) == "standby"
-    graph, ids, refs = chains_job(3, 120, 256)  # long enough to be running at the cut on a quiet machine
+    graph, ids, refs = chains_job(3, 200, 256)  # long enough to be running at the cut on a quiet machine
     job = submit(c, lead, graph, ids)
     wait_for(lambda: progress(c, lead, job) >= 60, 60, "a quarter of the job done")
     # Tasks done at least a metadb batch (0.2 s) before the cut are on record: none may run again.

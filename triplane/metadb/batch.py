@@ -88,6 +88,7 @@ class BatchWriter:
         self._known_jobs: set[str] = set()
         self._known_tasks: dict[str, set[str]] = {}
         self._graphs: dict[str, bytes] = {}  # graph hash -> bytes committed by a new_job (the latest)
+        self._new: set[str] = set()  # new jobs queued, not committed yet
         self._thread = threading.Thread(target=self._run, name="metadb-batch-writer", daemon=True)
         self._thread.start()
 
@@ -147,8 +148,13 @@ class BatchWriter:
     def new_job(self, rows: JobRows) -> None:
         """Queue a new job's rows (``jobs.job_rows``): written before the updates of its
         batch, in order with the other new jobs; its later writes need no check."""
+        self._new.add(rows.job_id)
         self._put_many([(_NEW_JOB, rows.job_id, rows)])
         self.known(rows.job_id, (t[1] for t in rows.tasks))
+
+    def inserting(self, job_id: str) -> bool:
+        """Is ``job_id`` a new job whose rows are queued, not committed yet?"""
+        return job_id in self._new
 
     def _put(self, kind: int, key: Any, values: Any) -> None:
         self._put_many([(kind, key, values)])
@@ -248,6 +254,7 @@ class BatchWriter:
                 try:
                     self._write(batch)
                 except ConflictError as exc:  # not retried: the same rows would conflict again
+                    self._new.difference_update(k for kind, k, _ in batch if kind == _NEW_JOB)
                     self.stats.failures += 1
                     self.stats.last_error = f"{type(exc).__name__}: {exc}"
                     log.error("metadb batch of %d writes dropped: %s", len(batch), exc)
@@ -303,6 +310,7 @@ class BatchWriter:
             if events:
                 conn.execute(sa.insert(Event.__table__), events)
         for rows in new_jobs:  # committed: a training loop's next steps skip their graph's row
+            self._new.discard(rows.job_id)
             graphs[rows.graph[0]] = rows.graph[1]
             while len(graphs) > KNOWN_GRAPHS:
                 del graphs[next(iter(graphs))]

@@ -42,7 +42,7 @@ __all__ = ["DRIFT_KINDS", "Admin", "job_body"]
 # an attempt that left its node (journal.py; the last two: rows written before scheduler/events.py)
 DRIFT_KINDS = ("task.drifted", "task.ready", "task.pending")
 RETRYABLE = ("failed", "cancelled")
-JUST_ENDED_S = 2.0  # a job that started or ended this recently: its journal written before its rows are read
+JUST_ENDED_S = 2.0  # a job that ended this recently has its journal written before its rows are read
 T = TypeVar("T")
 
 
@@ -163,15 +163,14 @@ class Admin:
     # --- tasks and tiles ---------------------------------------------------------------------
 
     async def _settled(self, job: str) -> None:
-        """Before a read of ``job``'s rows: if it started or ended in the last ``JUST_ENDED_S``,
-        once the journal has written what it holds of it (a compiled step's rows and a job's
-        last transitions trail by up to a journal period and a batch)."""
+        """Before a read of ``job``'s rows: if its rows are still queued (a compiled step's
+        trail its answer by up to a batch) or it ended in the last ``JUST_ENDED_S`` (its last
+        transitions trail by up to a journal period), once the journal has written them."""
         live = self.s.jobs.live.get(job)
         if live is None:
             return
-        now = time.time()
-        ended = live.state != "running" and now - live.updated < JUST_ENDED_S
-        if now - live.created < JUST_ENDED_S or ended:
+        ended = live.state != "running" and time.time() - live.updated < JUST_ENDED_S
+        if ended or self.s.journal.inserting(job):
             await self.s.journal.written()
 
     async def tasks(self, job: str, *, after: str | None, limit: int) -> list[dict[str, Any]]:

@@ -136,6 +136,10 @@ class Journal:
             return
         self.writer.new_job(rows)
 
+    def inserting(self, job: str) -> bool:
+        """Are ``job``'s rows queued to the writer, not in the metadb yet (a compiled step)?"""
+        return self.writer is not None and self.writer.inserting(job)
+
     def note(self, job: str, kind: str) -> bool:
         """Write an event of ``kind`` (no payload) for ``job`` with the next batch, if the
         writer knows the job's row (a job it stored or was told of); whether it was queued

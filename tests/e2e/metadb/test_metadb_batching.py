@@ -246,11 +246,12 @@ def test_new_jobs_are_inserted_with_their_batch_before_its_writes(db: MetaDB) ->
     with BatchWriter(db, max_items=500, max_delay=5.0) as w:
         for j in ("j-new-1", "j-new-2", "j-new-3"):
             w.new_job(_new_rows(j))
-            assert w.knows(j)
+            assert w.knows(j) and w.inserting(j)
             w.transitions(j, [("a", "done", {"node": "n1"}), ("b", "done", {"node": "n2"})])
             w.job_progress(j, state="done", tasks_done=2)
             w.event(j, "job.released")
         w.flush()
+        assert not any(w.inserting(j) for j in ("j-new-1", "j-new-2", "j-new-3"))
     counter.remove()
     assert counter.count == 1
     with db.read() as s:
@@ -273,6 +274,7 @@ def test_new_job_rows_are_checked_when_built_and_a_conflict_drops_its_batch(db: 
         w.new_job(_new_rows("j-once"))  # the same id again: a conflict, not retried
         with pytest.raises(mdb.BatchWriteError, match="dropped"):
             w.flush()
+        assert not w.inserting("j-once")
         assert w.stats.failures == 1
         w.new_job(_new_rows("j-after"))  # the writer goes on
         w.flush()
