@@ -162,7 +162,7 @@ class Admin:
 
     # --- tasks and tiles ---------------------------------------------------------------------
 
-    async def _settled(self, job: str) -> None:
+    async def settled(self, job: str) -> None:
         """Before a read of ``job``'s rows: if its rows are still queued (a compiled step's
         trail its answer by up to a batch) or it ended in the last ``JUST_ENDED_S`` (its last
         transitions trail by up to a journal period), once the journal has written them."""
@@ -183,7 +183,7 @@ class Admin:
                     events += mdb.list_events(s, job, limit=1, kind=FAILED)
                 return rows, events
 
-        await self._settled(job)
+        await self.settled(job)
         try:
             rows, events = await self._read(read)
         except (mdb.UnknownJobError, mdb.InvalidInputError):  # the cursor's key is checked already
@@ -240,7 +240,7 @@ class Admin:
             fetch = ev[0].payload.get("fetch") if ev and isinstance(ev[0].payload, dict) else None
             return rows, {node: name for name, node in fetch.items()} if isinstance(fetch, dict) else {}
 
-        await self._settled(job)
+        await self.settled(job)
         try:
             rows, names = await asyncio.to_thread(read)
         except (mdb.UnknownJobError, mdb.InvalidInputError):  # the cursor's key is checked already

@@ -103,6 +103,7 @@ class Views:
         if start is not None and end is not None and not end > start:
             raise BadRequest(f"end ({end}) must be after start ({start})")
 
+        await self.s.admin.settled(job)  # a job that just ended: its last rows written first
         live = self.s.jobs.live.get(job)
         running = live is not None and live.state in ("queued", "running")
 
