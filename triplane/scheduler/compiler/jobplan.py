@@ -33,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import secrets
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
@@ -262,6 +263,7 @@ class _Bound:
 # Its costs are planned in full again every REPLAN_S (they follow the executors' speeds).
 _BOUND: OrderedDict[tuple[Any, ...], _Bound] = OrderedDict()
 _BOUND_KEPT = 64
+_BOUND_LOCK = threading.Lock()
 REPLAN_S = 2.0
 
 
@@ -274,12 +276,14 @@ def _remember(key: tuple[Any, ...], cgraph: Graph, planned: JobPlan) -> None:
     if len(where) != len(args) or any(t not in where for t in (*tpl.inputs, *tpl.uploads,
                                                                    *planned.uploads.values())):
         return  # a region of an upload, an argument given twice: planned in full each time
-    _BOUND[key] = _Bound(cgraph, planned.fetch, planned.back, planned, tuple(where[t] for t in tpl.inputs),
-                         tuple(where[t] for t in tpl.uploads),
-                         tuple((n, where[t]) for n, t in planned.uploads.items()), time.monotonic())
-    _BOUND.move_to_end(key)
-    while len(_BOUND) > _BOUND_KEPT:
-        _BOUND.popitem(last=False)
+    bound = _Bound(cgraph, planned.fetch, planned.back, planned, tuple(where[t] for t in tpl.inputs),
+                   tuple(where[t] for t in tpl.uploads),
+                   tuple((n, where[t]) for n, t in planned.uploads.items()), time.monotonic())
+    with _BOUND_LOCK:  # plans are made on the event loop and in worker threads
+        _BOUND[key] = bound
+        _BOUND.move_to_end(key)
+        while len(_BOUND) > _BOUND_KEPT:
+            _BOUND.popitem(last=False)
 
 
 def _rebound(key: tuple[Any, ...], cgraph: Graph, job: str, args: Sequence[str], fetch: Mapping[str, str],
