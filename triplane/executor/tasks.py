@@ -358,7 +358,7 @@ class TaskRunner:
                     self.store.put(tile, arr, reserved=nbytes)
                 except MemoryFullError as e:
                     raise _Fail("infra", str(e)) from None
-                infos.append(TileInfo(tile, tuple(arr.shape), arr.dtype.name, int(arr.nbytes)))
+                infos.append(TileInfo(tile, arr.shape, dt.name_of(arr.dtype), arr.nbytes))
             return tuple(infos), start, end
         except GroupError as e:
             raise _Fail(e.kind, str(e), at=e.at) from None

@@ -99,6 +99,12 @@ DEFAULT_FLOAT = float32
 DEFAULT_INT = int64
 
 
+def name_of(npd: np.dtype) -> str:
+    """The wire name of numpy dtype ``npd`` (a dict lookup: ``np.dtype.name`` is not)."""
+    name = _FROM_NUMPY.get(npd)
+    return name if name is not None else npd.name
+
+
 def dtype(x: DType | str | np.dtype | type) -> DType:
     """Resolve a dtype given as a :class:`DType`, a wire name, or a numpy dtype/type."""
     if isinstance(x, DType):

@@ -80,15 +80,18 @@ class Journal:
         self._events: list[Event] = []  # published, to be written
         self._tiles: dict[str, list[mdb.TileLocation]] = defaultdict(list)
         # Kernel times of successful replies, until their done transition is written. The
-        # shell reports the reply before the transition, and a job's end flushes between
-        # the two (job_ended), so a time not yet matched waits one more flush (``_late``);
-        # one whose transition never comes (a reply to a job that failed meanwhile) is
-        # dropped after that.
+        # shell reports the reply before the transition, and a flush (``written``) may come
+        # between the two, so a time not yet matched waits one more flush (``_late``); one
+        # whose transition never comes (a reply to a job that failed meanwhile) is dropped
+        # after that.
         self._times: dict[tuple[str, str], Timings] = {}
         self._late: dict[tuple[str, str], Timings] = {}
         # Jobs dispatched while their rows are still being stored: their writes wait.
         self._held: set[str] = set()
         self._ended: dict[str, tuple[str, int, str | None]] = {}
+        # Jobs' ends (state, tasks done, error), written by the next flush after the job's
+        # other rows: off the path of the answer to a waiting submit (docs/runtime.md)
+        self._ends: dict[str, tuple[str, int, str | None]] = {}
 
     def hold(self, job: str) -> None:
         """Keep ``job``'s writes back until :meth:`release` (its rows are being inserted)."""
@@ -97,6 +100,7 @@ class Journal:
     def forget(self, job: str) -> None:
         """Drop everything held for ``job`` (its rows could not be stored)."""
         self._ended.pop(job, None)
+        self._ends.pop(job, None)
         self._tx = {k: t for k, t in self._tx.items() if k[0] != job}
         self._events = [e for e in self._events if e.job != job]
         self._tiles.pop(job, None)
@@ -107,7 +111,7 @@ class Journal:
         self._held.discard(job)
         ended = self._ended.pop(job, None)
         if ended is not None:
-            self._write_end(job, *ended)
+            self._ends[job] = ended
 
     async def written(self, timeout_s: float = WRITTEN_WAIT_S) -> None:
         """Once everything recorded so far is in the metadb, or after ``timeout_s``: a read of
@@ -229,8 +233,9 @@ class Journal:
         """Queue the latest transition of each task, the unusual ones as events, and the
         output tile locations (one BatchWriter call per job: thousands of tasks at a time)."""
         w = self.writer
-        if w is None or not (self._tx or self._events or self._tiles or self._errors):
+        if w is None or not (self._tx or self._events or self._tiles or self._errors or self._ends):
             return
+        ends, self._ends = self._ends, {}
         tx, self._tx = self._tx, {}
         errors, self._errors = self._errors, {}
         events, self._events = self._events, []
@@ -285,6 +290,11 @@ class Journal:
             except mdb.MetaDBError as e:
                 log.error("cannot record the tiles of job %s: %s", job, e)
         self._write_events(w, events)
+        for job, (state, done, error) in ends.items():
+            try:
+                w.job_progress(job, state=state, tasks_done=done, error=error)
+            except mdb.MetaDBError as e:
+                log.error("cannot record the end of job %s: %s", job, e)
 
     @staticmethod
     def _write_events(w: mdb.BatchWriter, events: list[Event]) -> None:
@@ -325,16 +335,8 @@ class Journal:
             return
         if job in self._held:
             self._ended[job] = (state, done, error)
-            return
-        self._write_end(job, state, done, error)
-
-    def _write_end(self, job: str, state: str, done: int, error: str | None) -> None:
-        assert self.writer is not None
-        try:
-            self.flush()  # the job's events with it
-            self.writer.job_progress(job, state=state, tasks_done=done, error=error)
-        except mdb.MetaDBError as e:
-            log.error("cannot record the end of job %s: %s", job, e)
+        else:
+            self._ends[job] = (state, done, error)
 
     def _take_tiles(self) -> dict[str, list[mdb.TileLocation]]:
         """The tile locations to write now (those of held jobs stay)."""

@@ -137,3 +137,20 @@ def test_fast_reply_writer_accepts_only_what_decodes(r: pk.Reply) -> None:
         return
     assert body == general_reply(r)
     schema.reply_from_wire(json.loads(body))
+
+
+@settings(max_examples=300)
+@given(attrs_maps, st.sampled_from([dict, MappingProxyType]))
+def test_known_attrs_text_gives_the_same_packet(attrs: dict[str, Any], kind: Any) -> None:
+    """A sender's ``attrs_text`` (computed once, passed to every packet with those attrs)
+    writes the bytes ``encode_task`` writes without it, and refuses what it refuses."""
+    p = GOOD_TASK._replace(attrs=kind(attrs))
+    try:
+        plain = pk.encode_task(p, SECRET)
+    except pk.PacketInvalid:
+        with pytest.raises(pk.PacketInvalid):
+            pk.attrs_text(p.attrs)
+        return
+    text = pk.attrs_text(p.attrs)
+    assert pk.encode_task(p, SECRET, known_attrs=text) == plain
+    assert pk.decode_task(plain, SECRET, now=p.t).attrs == json.loads(text)

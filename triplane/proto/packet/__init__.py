@@ -40,6 +40,7 @@ message the decoder would refuse, so nothing is sent that the other end must dro
 """
 
 from triplane.proto.packet.codec import (
+    attrs_text,
     canonical,
     decode,
     decode_control,
@@ -86,7 +87,7 @@ __all__ = [
     "MAX_DATAGRAM_BYTES", "MAX_FRAME_BYTES", "REPLY_CARRY_MAX_BYTES",
     "VERSION", "Control", "DropCounters", "FrameBuffer", "Message", "PacketError", "PacketInvalid",
     "PacketMalformed", "PacketSignatureError", "PacketStale", "PacketTooLarge", "PacketVersionError",
-    "ReplayGuard", "Reply", "TaskError", "TaskPacket", "TileInfo", "Timings", "canonical", "decode",
-    "decode_control", "decode_reply", "decode_task", "encode", "encode_control", "encode_reply",
+    "ReplayGuard", "Reply", "TaskError", "TaskPacket", "TileInfo", "Timings", "attrs_text", "canonical",
+    "decode", "decode_control", "decode_reply", "decode_task", "encode", "encode_control", "encode_reply",
     "encode_task", "frame", "parse_task_id", "read_frame", "sign",
 ]

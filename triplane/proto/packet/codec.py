@@ -9,6 +9,7 @@ import json
 import math
 import re
 import time
+from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
@@ -40,6 +41,7 @@ from triplane.proto.packet.schema import (
     Message,
     Reply,
     TaskPacket,
+    _attrs,
     _BadValue,
     _dtype_match,
     _id_match,
@@ -177,9 +179,17 @@ def _float_text(x: Any) -> str | None:
     return None if "e" in s or "n" in s else s  # "1e+16" needs fixing; "nan"/"inf" are refused
 
 
-def _task_body_checked(p: TaskPacket) -> bytes | None:
+def attrs_text(attrs: Mapping[str, Any]) -> str:
+    """The canonical JSON text of a task's ``attrs``, as :func:`encode_task` writes it;
+    ``PacketInvalid`` naming the field the decoder would refuse. A sender that sends one
+    mapping in many packets (a compiled step's group program) computes it once and passes it
+    to :func:`encode_task`; the mapping must not change after."""
+    return canonical(_attrs(dict(attrs))).decode() if attrs else "{}"
+
+
+def _task_body_checked(p: TaskPacket, known_attrs: str | None = None) -> bytes | None:
     """``canonical(task_to_wire(p))`` if cheap checks prove ``task_from_wire`` accepts it,
-    else None."""
+    else None. ``known_attrs``: :func:`attrs_text` of ``p.attrs``."""
     try:
         task, op, inputs, outputs, deadline, src, attrs, to, t, data = p
         if type(src) is not dict:
@@ -206,7 +216,7 @@ def _task_body_checked(p: TaskPacket) -> bytes | None:
         dl, tt = _float_text(deadline), _float_text(t)
         if dl is None or tt is None:
             return None
-        if attrs:
+        if attrs and known_attrs is None:
             _value(attrs, 0)
         carried = _carried_text(data, inputs, src) if data else ""
     except (TypeError, ValueError, _BadValue):
@@ -214,11 +224,11 @@ def _task_body_checked(p: TaskPacket) -> bytes | None:
     if carried is None:
         return None
     # Ids hold nothing to escape; str.join and + copy their characters as the regex saw them.
-    attrs_text = canonical(attrs).decode() if attrs else "{}"
+    text = known_attrs if known_attrs is not None else canonical(attrs).decode() if attrs else "{}"
     pairs = ",".join(['"' + k + '":"' + src[k] + '"' for k in sorted(src)])
     ins = '"' + '","'.join(inputs) + '"' if inputs else ""
     outs = '"' + '","'.join(outputs) + '"' if outputs else ""
-    return ('{"attrs":' + attrs_text + carried + ',"deadline":' + dl + ',"from":{' + pairs + '},"in":[' + ins
+    return ('{"attrs":' + text + carried + ',"deadline":' + dl + ',"from":{' + pairs + '},"in":[' + ins
             + '],"op":"' + op + '","out":[' + outs + '],"t":' + tt + ',"task":"' + task + '","to":"' + to
             + '","v":' + _V + "}").encode()
 
@@ -345,11 +355,12 @@ def _parse(data: bytes) -> tuple[Any, bool]:
 # --- encode / decode -----------------------------------------------------------------
 
 
-def encode_task(p: TaskPacket, secret: bytes) -> bytes:
+def encode_task(p: TaskPacket, secret: bytes, *, known_attrs: str | None = None) -> bytes:
     """The canonical signed bytes of ``p``. Raises ``PacketInvalid`` if the decoder would
     refuse ``p`` and ``PacketTooLarge`` above ``MAX_FRAME_BYTES``; a result of at most
-    ``MAX_DATAGRAM_BYTES`` may go as one UDP datagram, a larger one must go framed over TCP."""
-    body = _task_body_checked(p)
+    ``MAX_DATAGRAM_BYTES`` may go as one UDP datagram, a larger one must go framed over TCP.
+    ``known_attrs``: :func:`attrs_text` of ``p.attrs``, computed earlier (not checked again)."""
+    body = _task_body_checked(p, known_attrs)
     if body is None:  # not provably valid by the cheap check: the decoder's own check explains
         wire = task_to_wire(p)
         task_from_wire(wire)

@@ -28,6 +28,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,6 +46,7 @@ from triplane.proto.packet import (
     PacketTooLarge,
     Reply,
     TaskPacket,
+    attrs_text,
     decode,
     encode_control,
     encode_task,
@@ -74,6 +76,8 @@ from triplane.scheduler.dispatch.state import (
 )
 
 log = logging.getLogger(__name__)
+
+ATTRS_TEXTS_KEPT = 64  # grouped templates' attrs texts kept (DispatchShell._attrs_text)
 
 @dataclass
 class Hooks:
@@ -148,6 +152,9 @@ class DispatchShell:
         self._seq = 0
         # node -> its open TCP connection for packets over a datagram (module doc)
         self._conns: dict[str, _Conn] = {}
+        # id(a grouped template's attrs) -> (those attrs, their packet text): a compiled step's
+        # jobs share one template's attrs (its group program), checked and written once
+        self._attrs_texts: OrderedDict[int, tuple[Mapping[str, Any], str]] = OrderedDict()
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -385,7 +392,9 @@ class DispatchShell:
             kind = self.state.jobs[s.job].persist
             if kind is not None:
                 attrs = {**attrs, PERSIST_ATTR: kind}
-        carried = self._carried(s.node, tpl, pull) if tpl.op == GROUP_OP and self.carry is not None else {}
+        grouped = tpl.op == GROUP_OP
+        carried = self._carried(s.node, tpl, pull) if grouped and self.carry is not None else {}
+        known = self._attrs_text(attrs) if grouped and attrs is tpl.attrs else None
         p = TaskPacket(
             f"{s.job}.{s.task}.a{s.attempt}",
             tpl.op,
@@ -400,10 +409,26 @@ class DispatchShell:
         )
         if carried:
             try:
-                return encode_task(p, self.secret)
+                return encode_task(p, self.secret, known_attrs=known)
             except PacketTooLarge:  # the values and the program together exceed a frame: pulled
                 p = p._replace(pull_from=pull, data={})
-        return encode_task(p, self.secret)
+        return encode_task(p, self.secret, known_attrs=known)
+
+    def _attrs_text(self, attrs: Mapping[str, Any]) -> str | None:
+        """``attrs_text(attrs)``, kept for the next packets with the same attrs object
+        (templates are immutable); None when the codec refuses them (it then explains)."""
+        hit = self._attrs_texts.get(id(attrs))
+        if hit is not None and hit[0] is attrs:
+            self._attrs_texts.move_to_end(id(attrs))
+            return hit[1]
+        try:
+            text = attrs_text(attrs)
+        except PacketError:
+            return None
+        self._attrs_texts[id(attrs)] = (attrs, text)  # the entry holds attrs: its id is not reused
+        while len(self._attrs_texts) > ATTRS_TEXTS_KEPT:
+            self._attrs_texts.popitem(last=False)
+        return text
 
     def _carried(self, node: str, tpl: TaskTemplate, pull: Mapping[str, str]) -> dict[str, Carried]:
         """The uploads the scheduler serves that a grouped task's packet carries, up to
