@@ -144,6 +144,12 @@ class Journal:
         """Are ``job``'s rows queued to the writer, not in the metadb yet (a compiled step)?"""
         return self.writer is not None and self.writer.inserting(job)
 
+    def released(self, job: str) -> None:
+        """``job`` was released: its output locations not written yet are dropped (they
+        would name deleted tiles). A compiled step is released by the next step's submit,
+        mostly before the journal's next flush: its tiles rows are then never written."""
+        self._tiles.pop(job, None)
+
     def note(self, job: str, kind: str) -> bool:
         """Write an event of ``kind`` (no payload) for ``job`` with the next batch, if the
         writer knows the job's row (a job it stored or was told of); whether it was queued

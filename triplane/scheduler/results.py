@@ -361,8 +361,10 @@ class Results:
         """Record a release, so that no later process serves the deleted tiles: with the
         journal's next batch when its writer knows the job (a compiled step: no transaction
         of its own), else in a worker thread."""
-        if self.journal is not None and self.journal.note(job, RELEASED):
-            return
+        if self.journal is not None:
+            self.journal.released(job)
+            if self.journal.note(job, RELEASED):
+                return
         try:
             await asyncio.to_thread(record_released, self.db, job)
         except mdb.MetaDBError as e:

@@ -309,3 +309,29 @@ def test_a_stored_graph_is_written_once_for_many_new_jobs_until_retention_forget
     assert statements.count("INSERT") == 2
     with db.read() as s:
         assert mdb.get_job(s, "j-g3").tasks_total == 2 and mdb.get_graph(s, "h-new").canonical == GRAPH
+
+
+@pytest.mark.parametrize("n", [1, 7, 9000])
+def test_update_many_writes_every_row_and_only_those(db: MetaDB, n: int) -> None:
+    """``fast.update_many`` (many rows per ``UPDATE ... FROM (VALUES ...)``, chunked by the
+    bind limit) sets each row's columns by its key, NULLs included, and leaves the others."""
+    import random
+
+    from triplane.metadb.fast import update_many
+    from triplane.metadb.models import Task
+
+    job = make_job(db, n + 3)
+    rng = random.Random(n)
+    want = {f"t{i:05d}": (rng.choice(["ready", "done"]), rng.randrange(4), rng.choice([None, f"n{i}"]),
+                          rng.choice([None, rng.uniform(0, 1e9)])) for i in rng.sample(range(n + 3), n)}
+    with db.engine.begin() as conn:
+        update_many(conn, Task.__table__, ("state", "attempt", "node", "started_at"), ("job_id", "task_id"),
+                    [(*v, job, t) for t, v in want.items()])
+    with db.read() as s:
+        got = {t.task_id: t for t in mdb.list_tasks(s, job)}
+    assert len(got) == n + 3
+    for tid, t in got.items():
+        if tid in want:
+            assert (t.state, t.attempt, t.node, t.started_at) == want[tid], tid
+        else:
+            assert (t.state, t.attempt, t.node, t.started_at) == ("pending", 0, None, None), tid
