@@ -298,13 +298,13 @@ class Refs:
         return ids
 
     async def copy_into(self, held: Held, refs: Iterable[str], owner: str | None) -> None:
-        """Bind ``refs`` of ``held`` to copies of their values instead (see the module doc)."""
-        for ref in refs:
+        """Bind ``refs`` of ``held`` to copies of their values instead (see the module doc;
+        made as :meth:`copy` makes them)."""
+        refs = list(refs)
+        for ref, upload in zip(refs, await self.copy(refs, owner), strict=True):
             r = held.refs[ref]
-            data, shape, dtype = await self.read(ref)
-            upload = self.store.put(data, shape, dtype, owner).id
             held.copies.append(upload)
-            held.refs[ref] = Resolved(ref, upload, None, None, shape, dtype)
+            held.refs[ref] = Resolved(ref, upload, None, None, r.shape, r.dtype)
             if r.owner is not None:
                 self.results.unpin(r.owner)
 

@@ -34,6 +34,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from triplane.proto import optable
 from triplane.proto.ir import Graph, Node, TensorType
 from triplane.scheduler.compiler.costmodel import CostModel, NodeFigures, type_text
 from triplane.scheduler.compiler.placement import (
@@ -62,6 +63,13 @@ MODEL = CostModel()  # the one cost model of tiling and placement: they predict 
 # in all, whole on one executor 213-243 ms, and less wall time (bench/README.md, session 5).
 WHOLE_COMPUTE_S = 0.5
 WHOLE_MEMORY_SHARE = 4
+# Split rules whose tiles read only the matching tiles of their inputs: a graph of these
+# alone (an elementwise chain and its reductions over a big input) is cut with no transfer
+# between nodes but the partial sums, so cutting it divides its time by the nodes' count
+# at the cost of a packet per tile. Such a graph stays whole only under WHOLE_LOCAL_S
+# (bench/compute.py's chain on 8192x8192: 64 ms whole on one executor, 48 ms cut on two).
+LOCAL_SPLITS = frozenset({"input", "elementwise", "fused", "reduce", "full", "random", "eye"})
+WHOLE_LOCAL_S = 0.02
 MAX_PLACED_TASKS = 5000  # placement is superlinear; a bigger untiled graph is not placed on demand
 
 # (an ``input`` node's ``tensor`` attribute ("argN"), the region it reads or None for the
@@ -263,7 +271,8 @@ _WHOLE: OrderedDict[tuple[int, tuple[NodeFigures, ...], float], tuple[Graph, boo
 def stays_whole(graph: Graph, figures: Sequence[NodeFigures], whole_s: float = WHOLE_COMPUTE_S) -> bool:
     """Whether ``graph`` runs uncut (the module doc): its tensors total at most
     1/``WHOLE_MEMORY_SHARE`` of the smallest node's memory capacity and its tasks' predicted
-    compute on the fastest node totals at most ``whole_s`` seconds. Depends on the graph
+    compute on the fastest node totals at most ``whole_s`` seconds (``WHOLE_LOCAL_S`` for a
+    graph of ``LOCAL_SPLITS`` ops on a cluster of several nodes). Depends on the graph
     and the figures only (a resumed job is laid out for its recorded figures again);
     memoised for a training loop's plan, laid out every step."""
     if whole_s <= 0:
@@ -277,6 +286,8 @@ def stays_whole(graph: Graph, figures: Sequence[NodeFigures], whole_s: float = W
     room = min(f.memory_capacity for f in figs) // WHOLE_MEMORY_SHARE
     whole = not bigger_than(graph, room)
     if whole:
+        if len(figs) > 1 and _splits_locally(graph):
+            whole_s = min(whole_s, WHOLE_LOCAL_S)
         fastest = max(figs, key=lambda f: (f.gflops, f.gbps))
         total = 0.0
         for nid, node in graph.nodes.items():
@@ -289,6 +300,15 @@ def stays_whole(graph: Graph, figures: Sequence[NodeFigures], whole_s: float = W
     if len(_WHOLE) > 256:
         _WHOLE.popitem(last=False)
     return whole
+
+
+def _splits_locally(graph: Graph) -> bool:
+    """Whether every node's split rule is one of ``LOCAL_SPLITS`` (see there)."""
+    for node in graph.nodes.values():
+        split = optable.get(node.op).split
+        if split is None or split.kind not in LOCAL_SPLITS:
+            return False
+    return True
 
 
 def _check_support_once(graph: Graph, figures: Sequence[NodeFigures]) -> None:

@@ -131,3 +131,31 @@ def test_the_scheduler_clis_default_whole_s_is_the_layouts() -> None:
     from triplane.scheduler.compiler.layout import WHOLE_COMPUTE_S
 
     assert cli.WHOLE_COMPUTE_S == WHOLE_COMPUTE_S  # the CLI does not import the compiler at start
+
+
+def test_an_elementwise_chain_over_a_big_input_is_cut_on_several_nodes() -> None:
+    """bench/compute.py's chain, ``exp(x * 2 + 1).sum()`` on 8192x8192: its tiles read only
+    their row block of ``x`` (no transfer but the partial sums), so on two executors it is
+    cut although the cost model puts it far under WHOLE_COMPUTE_S on one; on one executor,
+    or as a small chain, it stays whole. A graph with a matmul keeps WHOLE_COMPUTE_S."""
+    from triplane.scheduler.compiler.layout import WHOLE_COMPUTE_S, WHOLE_LOCAL_S
+
+    def chain(n: int) -> Graph:
+        x = tp.tensor(np.empty((n, n), np.float32))  # host data (an upload), as the bench's
+        graph, _, _ = build_graph([tp.exp(x * 2 + 1).sum()])
+        return compile_graph(graph.canonical()[0]).graph
+
+    from triplane.scheduler.compiler.layout import MODEL
+
+    big, small = chain(8192), chain(1024)
+    compute = sum(MODEL.node_compute_time(big, nid, ONE_HOST[0]) for nid, n in big.nodes.items()
+                  if n.op != "input")
+    assert WHOLE_LOCAL_S < compute < WHOLE_COMPUTE_S  # whole under the general bound, cut under the local one
+    assert not stays_whole(big, ONE_HOST)
+    lay = lay_out(big, ONE_HOST)
+    assert lay.tiled and lay.placement is not None
+    assert {p.node for p in lay.placement.tasks.values()} == {"e0", "e1"}  # both executors compute
+    assert stays_whole(big, ONE_HOST[:1])  # one executor: nothing to gain
+    assert stays_whole(small, ONE_HOST)
+    mixed = _adam_step((1024, 2048, 2048, 10), 512)
+    assert stays_whole(mixed, ONE_HOST)  # matmuls: the general bound
