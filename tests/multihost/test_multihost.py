@@ -123,8 +123,9 @@ def test_a_partitioned_executor_host_drifts_its_tasks_and_rejoins(cluster: Multi
     victim = "exec-2"
     # Six chains, so that every executor holds some (three could all go to two executors),
     # each long enough to leave the victim work at the cut; the cut waits until the victim
-    # has done a task and has one running (3 x 30 links left it none on a quiet machine).
-    graph, ids, refs = chains_job(6, 60, 256)
+    # has done a task and has one running (3 x 30 links left it none on a quiet machine, and
+    # 6 x 60 about one run in ten: the task rows it reads trail by a journal period).
+    graph, ids, refs = chains_job(6, 120, 256)
     t_submit = time.monotonic()
     job = submit(c, lead, graph, ids)
     total = len(graph["nodes"])
