@@ -25,6 +25,7 @@ import json
 import logging
 import math
 import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -99,7 +100,10 @@ class TensorStore:
     The bytes of a small upload (at most ``SMALL_BYTES``) are also kept in memory, up to
     ``SMALL_TOTAL_BYTES`` in all (the oldest go first), so that serving them costs no file
     read; the files stay the record a restarted scheduler finds. A held upload (a compiled
-    step's inline input) has no file: its bytes stay in memory until it is deleted."""
+    step's inline input) has no file: its bytes stay in memory until it is deleted.
+    ``put`` and ``delete`` may run in worker threads (a checkpoint's copies, a release's
+    file deletions) beside the event loop: the in-memory maps and byte counts change under
+    one lock; file I/O is outside it."""
 
     def __init__(self, root: str | os.PathLike[str], max_bytes: int = 1 << 30) -> None:
         self.root = Path(root)
@@ -110,6 +114,7 @@ class TensorStore:
         self._small_bytes = 0
         self._held: dict[str, bytes] = {}  # id -> raw bytes of a held upload (no file)
         self._held_bytes = 0
+        self._lock = threading.Lock()  # the maps and counts above (the class doc)
         for meta in self.root.glob("u-*.json"):
             self._load(meta.stem)
 
@@ -144,15 +149,18 @@ class TensorStore:
             raise UploadError(f"{dtype}{list(shape)} is {need} bytes, the body has {len(data)}")
         tid = new_tensor_id()
         t = StoredTensor(tid, shape, dtype, need, owner)
-        if held and need <= SMALL_BYTES and self._held_bytes + need <= HELD_TOTAL_BYTES:
-            self._held[tid] = bytes(data)
-            self._held_bytes += need
-            self._index[tid] = t
-            return t
+        if held and need <= SMALL_BYTES:
+            with self._lock:
+                if self._held_bytes + need <= HELD_TOTAL_BYTES:
+                    self._held[tid] = bytes(data)
+                    self._held_bytes += need
+                    self._index[tid] = t
+                    return t
         self._write(t, data)
-        self._index[tid] = t
-        if need <= SMALL_BYTES:
-            self._keep(tid, bytes(data))
+        with self._lock:
+            self._index[tid] = t
+            if need <= SMALL_BYTES:
+                self._keep(tid, bytes(data))
         return t
 
     def _write(self, t: StoredTensor, data: bytes | bytearray | memoryview) -> None:
@@ -232,14 +240,15 @@ class TensorStore:
 
     def delete(self, tid: str) -> bool:
         """Forget an upload and delete its files (a held one has none); whether it was known."""
-        t = self._index.pop(tid, None)
-        raw = self._small.pop(tid, None)
-        if raw is not None:
-            self._small_bytes -= len(raw)
-        raw = self._held.pop(tid, None)
-        if raw is not None:
-            self._held_bytes -= len(raw)
-        else:
+        with self._lock:
+            t = self._index.pop(tid, None)
+            raw = self._small.pop(tid, None)
+            if raw is not None:
+                self._small_bytes -= len(raw)
+            raw = self._held.pop(tid, None)
+            if raw is not None:
+                self._held_bytes -= len(raw)
+        if raw is None:
             self._unlink(tid)
         return t is not None
 
