@@ -88,9 +88,9 @@ class Journal:
         self._late: dict[tuple[str, str], Timings] = {}
         # Jobs dispatched while their rows are still being stored: their writes wait.
         self._held: set[str] = set()
-        self._ended: dict[str, tuple[str, int, str | None]] = {}
         # Jobs' ends (state, tasks done, error), written by the next flush after the job's
-        # other rows: off the path of the answer to a waiting submit (docs/runtime.md)
+        # other rows (a held job's once it is released): off the path of the answer to a
+        # waiting submit (docs/runtime.md)
         self._ends: dict[str, tuple[str, int, str | None]] = {}
 
     def hold(self, job: str) -> None:
@@ -99,7 +99,6 @@ class Journal:
 
     def forget(self, job: str) -> None:
         """Drop everything held for ``job`` (its rows could not be stored)."""
-        self._ended.pop(job, None)
         self._ends.pop(job, None)
         self._tx = {k: t for k, t in self._tx.items() if k[0] != job}
         self._events = [e for e in self._events if e.job != job]
@@ -109,9 +108,6 @@ class Journal:
 
     def release(self, job: str) -> None:
         self._held.discard(job)
-        ended = self._ended.pop(job, None)
-        if ended is not None:
-            self._ends[job] = ended
 
     async def written(self, timeout_s: float = WRITTEN_WAIT_S) -> None:
         """Once everything recorded so far is in the metadb, or after ``timeout_s``: a read of
@@ -258,6 +254,8 @@ class Journal:
                     self._times[k] = src.pop(k)
             self._errors = {k: e for k, e in errors.items() if k[0] in self._held}
             errors = {k: e for k, e in errors.items() if k[0] not in self._held}
+            self._ends = {j: e for j, e in ends.items() if j in self._held}
+            ends = {j: e for j, e in ends.items() if j not in self._held}
         by_job: dict[str, list[tuple[str, str, dict[str, Any]]]] = defaultdict(list)
         for key, t in tx.items():
             fields: dict[str, Any] = {"attempt": t.attempt, "node": t.node}
@@ -337,11 +335,7 @@ class Journal:
                                                                                   node=end[2]))
         except RuntimeError:  # no event loop (a journal fed by hand)
             self.events.publish_data(end[0], end[1], job=job, node=end[2])
-        if self.writer is None:
-            return
-        if job in self._held:
-            self._ended[job] = (state, done, error)
-        else:
+        if self.writer is not None:
             self._ends[job] = (state, done, error)
 
     def _take_tiles(self) -> dict[str, list[mdb.TileLocation]]:

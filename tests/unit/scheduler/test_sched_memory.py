@@ -79,7 +79,7 @@ def per_job_sizes(s: Scheduler) -> dict[str, int]:
         "running": sum(len(n.running) for n in s.state.nodes.values()),
         "templates": len(s.templates),
         "journal": len(j._tx) + len(j._events) + len(j._tiles) + len(j._times) + len(j._late)
-        + len(j._held) + len(j._ended),
+        + len(j._held) + len(j._ends),
         "earlier": len(s.results.earlier),
         "plans": len(s.plans._plans),
         "residency": len(s.cluster.residency),
