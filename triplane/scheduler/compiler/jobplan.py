@@ -507,5 +507,7 @@ def _renamed(e: GraphError, back: Mapping[str, str]) -> GraphError:
 
 def unsupported_op(ops: Iterable[str], engine_ops: Iterable[Iterable[str]]) -> str | None:
     """The first op (sorted) no registered engine lists, else None."""
-    lists = [e if isinstance(e, (set, frozenset)) else set(e) for e in engine_ops]
-    return next((op for op in sorted(ops) if not any(op in e for e in lists)), None)
+    known: set[str] = set()
+    for e in engine_ops:
+        known.update(e)
+    return next((op for op in sorted(ops) if op not in known), None)
