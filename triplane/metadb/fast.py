@@ -105,7 +105,7 @@ def update_many(conn: sa.Connection, table: sa.FromClause, columns: Sequence[str
     name = prep.format_table(table)
     cols, keyed = _names(conn, columns), _names(conn, keys)
     dialect = conn.dialect.name
-    if not (dialect == "postgresql" or (dialect == "sqlite" and _sqlite_update_from(conn))):
+    if not (dialect == "postgresql" or (dialect == "sqlite" and _sqlite_update_from())):
         sets = ", ".join(f"{c} = {mark}" for c in cols)
         where = " AND ".join(f"{k} = {mark}" for k in keyed)
         conn.exec_driver_sql(f"UPDATE {name} SET {sets} WHERE {where}", list(rows))
@@ -129,7 +129,8 @@ def update_many(conn: sa.Connection, table: sa.FromClause, columns: Sequence[str
                              f"{alias} WHERE {where}", tuple(v for row in chunk for v in row))
 
 
-def _sqlite_update_from(conn: sa.Connection) -> bool:
+def _sqlite_update_from() -> bool:
+    """Whether the sqlite3 module's SQLite takes ``UPDATE ... FROM`` (3.33 and later)."""
     import sqlite3
 
     return sqlite3.sqlite_version_info >= (3, 33, 0)
