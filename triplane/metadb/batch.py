@@ -52,6 +52,7 @@ _EVENT = 1
 _JOB = 2
 _TILE = 3
 _NEW_JOB = 4
+KNOWN_JOBS = 4096  # jobs whose ids the writer takes as stored without a query (a bounded cache)
 KNOWN_GRAPHS = 64  # graphs whose rows new_job knows are stored (retention deletes a graph
 # with its last job: ``forget`` clears them)
 
@@ -85,8 +86,11 @@ class BatchWriter:
         self._cond = threading.Condition()
         self._flush_lock = threading.Lock()  # one batch in flight at a time keeps the order
         self._closed = False
-        self._known_jobs: set[str] = set()
+        # The ids taken as stored, the last KNOWN_JOBS jobs' (oldest first; an id evicted
+        # costs one checking query at its next write, as an unknown one does)
+        self._known_jobs: dict[str, None] = {}
         self._known_tasks: dict[str, set[str]] = {}
+        self._known_lock = threading.Lock()  # jobs are taken as stored from worker threads too
         self._graphs: dict[str, bytes] = {}  # graph hash -> bytes committed by a new_job (the latest)
         self._new: set[str] = set()  # new jobs queued, not committed yet
         self._thread = threading.Thread(target=self._run, name="metadb-batch-writer", daemon=True)
@@ -180,17 +184,26 @@ class BatchWriter:
         """Drop the cached ids of jobs whose rows were deleted (retention): a later write
         naming one is refused as unknown instead of failing its batch; and the graphs taken
         as stored."""
-        for job_id in job_ids:
-            self._known_jobs.discard(job_id)
-            self._known_tasks.pop(job_id, None)
+        with self._known_lock:
+            for job_id in job_ids:
+                self._known_jobs.pop(job_id, None)
+                self._known_tasks.pop(job_id, None)
         self._graphs.clear()  # their graphs may have gone with them (a batch failing on one retries)
 
     def known(self, job_id: str, task_ids: Iterable[str]) -> None:
         """Take a job's rows as stored (its submitter has just committed them): its writes
         are then queued without the queries that check them (a compiled training step is a
         new job each time: two queries on the scheduler's loop per step otherwise)."""
-        self._known_jobs.add(job_id)
+        self._know(job_id)
         self._known_tasks.setdefault(job_id, set()).update(task_ids)
+
+    def _know(self, job_id: str) -> None:
+        with self._known_lock:
+            self._known_jobs[job_id] = None
+            while len(self._known_jobs) > KNOWN_JOBS:
+                old = next(iter(self._known_jobs))
+                del self._known_jobs[old]
+                self._known_tasks.pop(old, None)
 
     def knows(self, job_id: str) -> bool:
         """Is ``job_id``'s row taken as stored (a write naming it costs no query)?"""
@@ -204,7 +217,7 @@ class BatchWriter:
         with self._reader.connect() as conn:
             if conn.scalar(sa.select(Job.id).where(Job.id == job_id)) is None:
                 raise UnknownJobError(job_id)
-        self._known_jobs.add(job_id)
+        self._know(job_id)
 
     def _check_task(self, job_id: str, task_id: str) -> None:
         known = self._known_tasks.get(job_id)

@@ -233,6 +233,26 @@ def test_a_job_taken_as_known_is_written_without_checking_queries(db: MetaDB) ->
     assert len(selects) >= 1
 
 
+def test_the_ids_taken_as_known_are_a_bounded_cache(db: MetaDB, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The writer keeps the last KNOWN_JOBS jobs' ids (a scheduler that ran 10^5 steps holds
+    no 10^5 of them); a job evicted from it is checked by a query at its next write, and
+    written as before."""
+    from triplane.metadb import batch
+
+    monkeypatch.setattr(batch, "KNOWN_JOBS", 3)
+    jobs = [make_job(db, 1) for _ in range(5)]
+    with BatchWriter(db, max_items=500, max_delay=0.05) as w:
+        for job in jobs:
+            w.known(job, ["t00000"])
+        assert [w.knows(j) for j in jobs] == [False, False, True, True, True]
+        for job in jobs:
+            w.transition(job, "t00000", "done", node="n1")  # the first two: checked again
+        assert [w.knows(j) for j in jobs] == [False, False, True, True, True]  # still the last three
+        w.flush()
+    with db.read() as s:
+        assert all(mdb.list_tasks(s, j)[0].state == "done" for j in jobs)
+
+
 def _new_rows(job: str, graph: bytes = GRAPH) -> mdb.JobRows:
     return mdb.job_rows(graph_hash="h-new", graph_json=graph, fetch=["x"], job_id=job, state="running",
                         now=1.0, tasks=[NewTask("a", "noop"), NewTask("b", "noop", "pending")],
