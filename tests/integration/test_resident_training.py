@@ -77,6 +77,14 @@ def _counting(s: RemoteSession) -> Counter[str]:
             calls[f"{request.method} {route}"] += 1
 
     s._client.event_hooks["request"].append(hook)
+    if s._wire is not None:  # job submits go on the session's own connections (remote_wire.py)
+        post = s._wire.post
+
+        def counted(path: str, content: bytes, *a: Any, **kw: Any) -> Any:
+            hook(httpx.Request("POST", s.url + path, content=content))
+            return post(path, content, *a, **kw)
+
+        s._wire.post = counted  # type: ignore[method-assign]
     return calls
 
 

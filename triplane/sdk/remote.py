@@ -55,6 +55,7 @@ from triplane.sdk.lifecycle import Keeper, ProgressBar, Uploads, deferred_interr
 from triplane.sdk.remote_errors import RemoteError, job_error, lost_holder, request
 from triplane.sdk.remote_steps import BoundSteps, decode_values, fetched_array
 from triplane.sdk.remote_values import Holders, RemoteJob, RemoteValue, Resident
+from triplane.sdk.remote_wire import wire_for
 
 if TYPE_CHECKING:
     import httpx
@@ -77,7 +78,8 @@ class RemoteSession:
     """Evaluates graphs on the cluster whose scheduler answers at ``url``.
 
     ``transport`` is an ``httpx`` transport (tests pass ``httpx.MockTransport`` or an
-    ASGI transport); by default a real HTTP connection pool. ``timeout_s`` bounds each
+    ASGI transport); by default a real HTTP connection pool (job submits on their own
+    connections, ``remote_wire.py``). ``timeout_s`` bounds each
     HTTP request, ``reconnect_s`` how long an unreachable scheduler is retried, and
     ``job_timeout_s`` (None: no bound) how long one job may take before
     :class:`RemoteError`. ``lease`` (default) opens a client session lease so that the
@@ -87,8 +89,7 @@ class RemoteSession:
     small outputs inline (one request per short step; 0: the submit answers at once).
     ``checkpoint_every``: how many optimiser steps apart the values kept on the cluster
     are copied to the scheduler's disk, so that a step whose executor died goes on from
-    there (0: never; a lost executor then fails the step). Thread-safe as far as
-    ``httpx.Client`` is.
+    there (0: never; a lost executor then fails the step). Thread-safe.
     """
 
     def __init__(self, url: str, token: str | None, transport: httpx.BaseTransport | None = None, *,
@@ -104,6 +105,7 @@ class RemoteSession:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._client = httpx.Client(base_url=self.url, headers=headers, transport=transport,
                                     timeout=httpx.Timeout(timeout_s, connect=min(2.0, timeout_s)))
+        self._wire = wire_for(self.url, headers, min(2.0, timeout_s), timeout_s, transport)  # job submits
         self.release_values = release
         self.keeper = Keeper(self._send_release, self._renew)
         self._uploads = Uploads(self._upload_died if release else None)
@@ -259,12 +261,6 @@ class RemoteSession:
             if self.release_values and not keep_job:
                 self.keeper.queue("jobs", job)
 
-    def collect(self, job: str, fetch: Sequence[str],
-                resubmit: Callable[[], str] | None = None) -> dict[str, np.ndarray]:
-        """Wait for the submitted ``job`` and fetch ``fetch`` as host arrays (:meth:`finish`)."""
-        again = (lambda: {"id": resubmit(), "state": "queued"}) if resubmit is not None else None
-        return self.finish({"id": job, "state": "queued"}, fetch, None, again)
-
     def fetch_value(self, value: RemoteValue) -> np.ndarray:
         """The host copy of a value kept on the cluster (a job's output or an upload)."""
         if self._closed:
@@ -337,7 +333,7 @@ class RemoteSession:
         self.last_job = str(answer["id"])
         return dict(answer)
 
-    def _post_releasing(self, body: dict[str, Any], waits: bool) -> httpx.Response:
+    def _post_releasing(self, body: dict[str, Any], waits: bool) -> Any:
         """``POST /v1/jobs`` carrying the queued releases (a step frees the one before, and
         the uploads that died meanwhile)."""
         release = self.keeper.take(MAX_RELEASE) if self.keeper.carry_s else []
@@ -355,19 +351,18 @@ class RemoteSession:
             raise
         return self._post_job(body, waits)  # (without them)
 
-    def _post_job(self, body: dict[str, Any], waits: bool) -> httpx.Response:
-        """``POST /v1/jobs``. A Ctrl-C during a submit that waits (``wait_s``) still learns
-        the job's id (within ``wait_s``) and cancels it: held back until the answer comes
-        (``deferred_interrupt``), or, where it cannot be held, with the submit on a helper
-        thread."""
+    def _post_job(self, body: dict[str, Any], waits: bool) -> Any:
+        """``POST /v1/jobs`` (``_post``). A Ctrl-C during a submit that waits (``wait_s``)
+        still learns the job's id and cancels it: held back until the answer comes
+        (``deferred_interrupt``), or else with the submit on a helper thread."""
         headers = {"Content-Type": "application/json", **self._lease_header()}
-        content = canonical_json(body)
         if not waits:
-            return self._call("POST", "/v1/jobs", content=content, retry_sent=False, headers=headers)
+            return self._post(canonical_json(body), headers)
+        content = canonical_json(body)
         with deferred_interrupt() as held:
             if held is not None:
                 try:
-                    r = self._call("POST", "/v1/jobs", content=content, retry_sent=False, headers=headers)
+                    r = self._post(content, headers)
                 except Exception:
                     if held.pressed:
                         raise KeyboardInterrupt from None
@@ -380,8 +375,7 @@ class RemoteSession:
             from concurrent.futures import ThreadPoolExecutor
 
             self._submitter = ThreadPoolExecutor(1, thread_name_prefix="triplane-submit")
-        pending = self._submitter.submit(self._call, "POST", "/v1/jobs", content=content,
-                                         retry_sent=False, headers=headers)
+        pending = self._submitter.submit(self._post, content, headers)
         try:
             return pending.result()
         except KeyboardInterrupt:
@@ -452,10 +446,7 @@ class RemoteSession:
         return ids
 
     def counters(self) -> dict[str, int]:
-        """Compiled steps sent as one small request (``trace_hits``), structures sent as a
-        graph (``trace_misses``), and compiled steps the scheduler had forgotten."""
-        c = self.steps.cache
-        return {"trace_hits": c.hits, "trace_misses": c.misses, "unknown_plan": self.steps.fallbacks}
+        return self.steps.counters()  # the compiled steps' (BoundSteps.counters)
 
     def health(self) -> dict[str, Any]:
         return dict(self._call("GET", "/v1/health", retry_sent=True).json())
@@ -508,6 +499,8 @@ class RemoteSession:
         if self._submitter is not None:
             self._submitter.shutdown(wait=False)
         self._client.close()
+        if self._wire is not None:
+            self._wire.close()
 
     def __enter__(self) -> RemoteSession:
         return self
@@ -573,6 +566,12 @@ class RemoteSession:
             log.debug("cancelling %s after Ctrl-C failed: %s", job, e)
 
     # --- plumbing ---------------------------------------------------------------------------
+
+    def _post(self, content: bytes, headers: dict[str, str]) -> Any:
+        """``POST /v1/jobs``, on the submits' own connections where there are (``remote_wire``)."""
+        if self._wire is None:
+            return self._call("POST", "/v1/jobs", content=content, retry_sent=False, headers=headers)
+        return self._wire.post("/v1/jobs", content, headers, self.reconnect_s)
 
     def _call(self, method: str, path: str, *, retry_sent: bool, **kw: Any) -> httpx.Response:
         """One request, retried while the scheduler is unreachable (``remote_errors.request``)."""

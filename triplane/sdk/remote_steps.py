@@ -51,6 +51,12 @@ class BoundSteps:
         self.cache: TraceCache[BoundStep] = TraceCache()
         self.fallbacks = 0  # steps the scheduler did not know any more
 
+    def counters(self) -> dict[str, int]:
+        """Compiled steps sent as one small request (``trace_hits``), structures sent as a
+        graph (``trace_misses``), and compiled steps the scheduler had forgotten."""
+        c = self.cache
+        return {"trace_hits": c.hits, "trace_misses": c.misses, "unknown_plan": self.fallbacks}
+
     def run(self, session: RemoteSession, outputs: Sequence[Tensor], keep: frozenset[int] = frozenset()
             ) -> tuple[list[Any] | None, Any]:
         """The outputs' values if the structure is known (one small request), else None;

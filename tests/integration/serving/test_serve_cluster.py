@@ -17,6 +17,7 @@ from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -58,6 +59,14 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         yield c
 
 
+def _counted(s: Any, post: Any, seen: Any) -> Any:
+    def counted(path: str, content: bytes, *a: Any, **kw: Any) -> Any:
+        seen(httpx.Request("POST", s.url + path, content=content))
+        return post(path, content, *a, **kw)
+
+    return counted
+
+
 def test_served_on_a_cluster_one_request_per_batch_and_an_executor_lost(cluster: LocalCluster,
                                                                          tmp_path: Path) -> None:
     model = _cnn(tmp_path / "cnn.tpm")
@@ -74,6 +83,8 @@ def test_served_on_a_cluster_one_request_per_batch_and_an_executor_lost(cluster:
 
         for s in server.host.sessions:  # what the replicas send the scheduler from here on
             s._client.event_hooks["request"].append(seen)
+            if s._wire is not None:  # job submits go on the session's own connections (remote_wire.py)
+                s._wire.post = _counted(s, s._wire.post, seen)  # type: ignore[method-assign]
         misses = sum(s.counters()["trace_misses"] for s in server.host.sessions)
         auth = {"Authorization": f"Bearer {cluster.token}"}
         c = httpx.Client(base_url=server.url, headers=auth, timeout=60)

@@ -1,0 +1,155 @@
+"""The job submits' own HTTP/1.1 connections: ``http.client`` with keep-alive, beside the
+session's ``httpx.Client``.
+
+A compiled step is one ``POST /v1/jobs`` a few milliseconds long, so the client's own cost
+per request counts: httpx (its client layer, then httpcore and h11, all Python) spends
+about twice what ``http.client`` does on the same request (``bench/train.py``'s small
+step, docs/runtime.md "Compiled steps"). :class:`Wire` sends ``POST /v1/jobs`` only; every
+other request stays on httpx. It keeps a few idle connections (one per thread that
+submits at once), drops one the scheduler closed while it was idle (it is readable before
+it is used), and behaves as ``remote_errors.request`` does: a refused connection or a 503
+is retried for up to ``reconnect_s``; a request that may have arrived is never sent twice.
+
+:func:`wire_for` gives none (the session stays on httpx) for an ``https`` scheduler, a
+test's own transport, or a URL that the environment sends through a proxy.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import select
+import socket
+import threading
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Mapping
+from typing import Any
+
+from triplane.sdk.remote_errors import RemoteError, http_error
+
+__all__ = ["Answer", "Wire", "wire_for"]
+
+IDLE_KEPT = 4  # idle connections kept for reuse (one per thread submitting at once)
+
+
+class Answer:
+    """A response of :class:`Wire` (the part of ``httpx.Response`` the session reads)."""
+
+    __slots__ = ("content", "headers", "status_code")
+
+    def __init__(self, status: int, headers: list[tuple[str, str]], content: bytes) -> None:
+        self.status_code = status
+        self.headers = headers
+        self.content = content
+
+    def json(self) -> Any:
+        return json.loads(self.content)
+
+
+def wire_for(url: str, headers: Mapping[str, str], connect_s: float, timeout_s: float,
+             transport: Any = None) -> Wire | None:
+    """A :class:`Wire` to the scheduler at ``url``, or None where httpx must carry the
+    submits (the module doc)."""
+    if transport is not None:
+        return None
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme != "http" or not parts.hostname:
+        return None
+    if urllib.request.getproxies().get("http") and not urllib.request.proxy_bypass(parts.hostname):
+        return None
+    return Wire(parts.hostname, parts.port or 80, parts.path.rstrip("/"), dict(headers), connect_s,
+                timeout_s)
+
+
+class Wire:
+    """``POST`` to one scheduler over kept-alive ``http.client`` connections."""
+
+    def __init__(self, host: str, port: int, base: str, headers: dict[str, str], connect_s: float,
+                 timeout_s: float) -> None:
+        self.host, self.port, self.base = host, port, base
+        self.url = f"http://{host}:{port}{base}"
+        self.headers = headers
+        self.connect_s, self.timeout_s = connect_s, timeout_s
+        self._idle: list[http.client.HTTPConnection] = []
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def post(self, path: str, content: bytes, headers: Mapping[str, str], reconnect_s: float,
+             timeout_s: float | None = None) -> Answer:
+        """``POST path`` with ``content``; the answer, :func:`http_error` of one of 400 or
+        more, or a RemoteError saying the scheduler cannot be reached."""
+        deadline = time.monotonic() + reconnect_s
+        delay = 0.05
+        while True:
+            r = self._try(path, content, {**self.headers, **headers}, timeout_s or self.timeout_s)
+            if r is not None and (r.status_code != 503 or time.monotonic() + delay > deadline):
+                break
+            if r is None and time.monotonic() + delay > deadline:
+                raise RemoteError(f"cannot reach the scheduler at {self.url} (POST {path}): connection "
+                                  "refused. Is the cluster up? (`triplane status`)")
+            time.sleep(delay)
+            delay = min(1.0, delay * 2)
+        if r.status_code >= 400:
+            import httpx
+
+            raise http_error(httpx.Response(r.status_code, headers=r.headers, content=r.content),
+                             f"POST {path}", self.url)
+        return r
+
+    def _try(self, path: str, content: bytes, headers: dict[str, str], timeout_s: float) -> Answer | None:
+        """One try; None when the connection was refused (nothing was sent)."""
+        try:
+            conn = self._take()
+        except OSError:
+            return None
+        try:
+            conn.sock.settimeout(timeout_s)
+            conn.request("POST", self.base + path, body=content, headers=headers)
+            resp = conn.getresponse()
+            body = resp.read()
+            answer = Answer(resp.status, resp.getheaders(), body)
+        except (OSError, http.client.HTTPException) as e:
+            conn.close()
+            raise RemoteError(f"cannot reach the scheduler at {self.url} (POST {path}): "
+                              f"{type(e).__name__}: {e}. Is the cluster up? (`triplane status`)") from None
+        except BaseException:  # Ctrl-C mid-request: the connection is in an unknown state
+            conn.close()
+            raise
+        if resp.will_close:
+            conn.close()
+        else:
+            self._give_back(conn)
+        return answer
+
+    def _take(self) -> http.client.HTTPConnection:
+        """An idle connection the scheduler has not closed, else a new one (OSError when
+        refused)."""
+        while True:
+            with self._lock:
+                conn = self._idle.pop() if self._idle else None
+            if conn is None:
+                break
+            readable, _, _ = select.select([conn.sock], [], [], 0)
+            if not readable:  # (readable while idle: closed by the scheduler, or garbage)
+                return conn
+            conn.close()
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=self.connect_s)
+        conn.connect()
+        conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return conn
+
+    def _give_back(self, conn: http.client.HTTPConnection) -> None:
+        with self._lock:
+            if not self._closed and len(self._idle) < IDLE_KEPT:
+                self._idle.append(conn)
+                return
+        conn.close()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
