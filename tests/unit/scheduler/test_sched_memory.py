@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from triplane import metadb as mdb
+from triplane.process import limit_malloc_arenas
 from triplane.proto.packet import PacketError, Reply, TileInfo, Timings, decode_task, encode_reply
 from triplane.registry import MemoryBackend, MemoryEngineInfo, NodeInfo, OpEngineInfo
 from triplane.registry.records import encode
@@ -93,6 +94,7 @@ def test_rss_after_5000_jobs_is_within_10_percent_of_after_500(tmp_path: Path,
     # Jobs leave memory by count here; the age floor (a job stays RETAIN_MIN_S after it
     # ended) is the next test's: with it the count would depend on the jobs' rate.
     monkeypatch.setattr(jobs, "RETAIN_MIN_S", 0.0)
+    limit_malloc_arenas()  # as the scheduler's process does at start (process.prepare_process)
 
     async def main() -> tuple[dict[str, int], int, dict[str, int], int, int, int]:
         loop = asyncio.get_running_loop()
