@@ -110,8 +110,12 @@ class Admin:
                    states: Sequence[str] | None, name: str | None, tags: Sequence[str],
                    since: float | None, until: float | None) -> list[dict[str, Any]]:
         """Up to ``limit`` jobs, newest first, after ``before`` (created_at, id); API states
-        (``queued`` covers the metadb's submitted and compiling)."""
+        (``queued`` covers the metadb's submitted and compiling). A state filter waits for
+        the journal's writes first, and a job whose state in memory differs from its row's
+        is left out."""
         stored = None if states is None else [k for k, v in API_STATE.items() if v in states]
+        if states is not None:  # a job's end reaches the metadb with the journal's next flush
+            await self.s.journal.written()
 
         def read() -> list[mdb.JobInfo]:
             with self.s.db.read() as s:
@@ -127,6 +131,8 @@ class Admin:
         for info in infos:
             live = jobs.live.get(info.id)
             status = jobs.body(info.id, live) if live is not None else stored_body(info, _error(info))
+            if states is not None and status["state"] not in states:
+                continue  # (ended after the journal's write: its row was read as it was)
             out.append(job_body(info, status))
         return out
 

@@ -337,3 +337,18 @@ def test_engines_page_names_each_engines_binding(api: Api) -> None:
     pages = api.pages("/v1/engines", 1)
     assert [len(p) for p in pages] == [1, 1]
     assert [(e["node"], e["memory_engine"]) for p in pages for e in p] == [("n1", "host"), ("n2", None)]
+
+
+def test_a_state_filter_sees_a_job_that_ended_a_moment_ago(api: Api) -> None:
+    """A job's end reaches the metadb with the journal's next flush; a list filtered by
+    state neither shows it under its old state nor leaves it out of its new one."""
+    api.s.journal.open()  # the metadb writer of a started scheduler (its flush loop is not run)
+    try:
+        a, b = api.submit(), api.submit()
+        assert api.c.post(f"/v1/jobs/{a}/cancel", headers=H).json()["state"] == "cancelled"
+        running = api.c.get("/v1/jobs", params={"state": "running"}, headers=H).json()["items"]
+        assert [(j["id"], j["state"]) for j in running] == [(b, "running")]
+        cancelled = api.c.get("/v1/jobs", params={"state": "cancelled"}, headers=H).json()["items"]
+        assert [(j["id"], j["state"]) for j in cancelled] == [(a, "cancelled")]
+    finally:
+        api.s.journal.writer.close()
