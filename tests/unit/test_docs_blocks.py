@@ -27,6 +27,8 @@ from docblocks import (
     shown_pattern,
 )
 
+from triplane.proto import optable
+from triplane.sdk.custom import unregister_op
 from triplane.sdk.session import set_default_session
 
 IN_PROCESS = [p for p in doc_files() if not runs_processes(p)]
@@ -101,8 +103,11 @@ def test_a_known_failure_must_keep_failing(tmp_path: Path, monkeypatch: pytest.M
 def test_blocks_run(path: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TRIPLANE_HOME", str(tmp_path / "home"))
     ns: dict[str, object] = {"__name__": "__docs__"}
+    ops_before = set(optable.names())
     try:
         with in_dir(tmp_path):
             run_file(path, ns, tmp_path / "home", tmp_path)
     finally:
         set_default_session(None)
+        for name in set(optable.names()) - ops_before:  # user ops a page registers leave with it
+            unregister_op(name)

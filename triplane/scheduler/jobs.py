@@ -183,12 +183,13 @@ class Jobs:
         return Refs.prefer_holders(plan, held)
 
     async def submit_bound(self, plan_hash: str, args: list[str], fetch: list[str],
-                           deadline_s: float | None = None, prefer: str | None = None, *,
-                           owner: str | None = None, step: bool = True) -> dict[str, Any]:
+                           deadline_s: float | None = None, prefer: str | None = None,
+                           await_refs_s: float = 0.0, *, owner: str | None = None,
+                           step: bool = True) -> dict[str, Any]:
         """A job of a structure submitted before: its canonical graph (known by ``plan_hash``)
         with the uploads ``args`` bound to ``arg0, arg1, ...`` and the same ``fetch`` list.
-        ``step`` (a compiled step): its rows may trail the answer by a journal batch; a
-        retry's are stored before it answers (its labels are written next).
+        ``step`` (a compiled step): its rows may trail the answer by a journal batch; a retry's
+        are stored first. ``await_refs_s``: a ref to a running job waits for it (``Refs.resolve``).
         Skips parsing, canonicalising, hashing and the passes (the plan cache holds the
         plan); laid out, stored and dispatched as :meth:`submit`. ``Conflict`` of kind
         ``unknown_plan`` when this process does not know the structure (never submitted,
@@ -203,7 +204,7 @@ class Jobs:
         if len(args) != nargs:
             raise BadRequest(f"plan {plan_hash[:16]} binds {nargs} inputs, the request gives {len(args)}")
         cluster, engines, factors = await self.cluster.snapshot()
-        held = await self.refs.resolve(refs_in_args(args))
+        held = await self.refs.resolve(refs_in_args(args), wait_s=await_refs_s)
         try:
             def compile_now() -> JobPlan:
                 bind = held.bind

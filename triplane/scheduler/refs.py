@@ -42,6 +42,7 @@ fails with job error kind ``lost`` and ``ref`` (the service's node-down hook,
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -151,12 +152,15 @@ class Refs:
 
     # --- resolution ----------------------------------------------------------------------
 
-    async def resolve(self, refs: Sequence[str]) -> Held:
-        """Resolve and pin ``refs``; the errors of the module doc."""
+    async def resolve(self, refs: Sequence[str], wait_s: float = 0.0) -> Held:
+        """Resolve and pin ``refs``; the errors of the module doc. ``wait_s``: a ref to a job
+        still running waits up to that long for its end (a pipelined step binds the outputs
+        of the step before it, docs/runtime.md) instead of NotReady; if that job failed for
+        a lost value, Lost naming that value's ref (the client goes back to its checkpoint)."""
         held = Held()
         try:
             for ref in refs:
-                r = await self._resolve(ref)
+                r = await self._resolve(ref, wait_s)
                 if r.owner is not None:
                     self.results.pin(r.owner)
                 held.refs[ref] = r
@@ -165,11 +169,19 @@ class Refs:
             raise
         return held
 
-    async def _resolve(self, ref: str) -> Resolved:
+    async def _resolve(self, ref: str, wait_s: float = 0.0) -> Resolved:
         parsed = parse_ref(ref)
         if parsed is None:
             raise BadRequest(f"{ref[:60]!r} is not a ref (<job>:<fetched name>)", ref=ref)
         job, name = parsed
+        live = self.live.get(job)
+        if wait_s > 0 and live is not None and live.state == "running":
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(live.ended.wait(), wait_s)
+            if live.state == "failed" and live.error and live.error.get("kind") == "lost":
+                lost = live.error.get("ref") or ref
+                raise Lost(f"ref {ref}: job {job} failed, a value it read was lost: "
+                           f"{live.error.get('message')}", ref=lost)
         await self.results.settled(job)
         plan, holders = await self._done_job(ref, job, name)
         nid = plan.fetch[name]
@@ -232,7 +244,8 @@ class Refs:
         if state == "running":
             raise NotReady(f"ref {ref}: job {job} is running; a ref is used once it is done", ref=ref)
         if state != "done":
-            raise NotFound(f"ref {ref}: job {job} is {state}, its outputs were never made", ref=ref)
+            why = f" ({live.error.get('message')})" if live is not None and live.error else ""
+            raise NotFound(f"ref {ref}: job {job} is {state}, its outputs were never made{why}", ref=ref)
         if released:
             raise NotFound(f"ref {ref}: the tensors of job {job} were released", ref=ref)
         return plan, holders

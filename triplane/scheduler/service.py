@@ -306,8 +306,8 @@ class Scheduler(Leading):
         return body
 
     async def submit_bound(self, plan_hash: str, args: Sequence[str | tuple[bytes, tuple[int, ...], str]],
-                           fetch: list[str], deadline_s: float | None = None, prefer: str | None = None, *,
-                           owner: str | None = None) -> dict[str, Any]:
+                           fetch: list[str], deadline_s: float | None = None, prefer: str | None = None,
+                           await_refs_s: float = 0.0, *, owner: str | None = None) -> dict[str, Any]:
         """A compiled step (``Jobs.submit_bound``); inline arguments (raw bytes, shape,
         dtype) are stored as uploads first, once the plan is known to exist."""
         known = self.jobs.structures.get(plan_hash)
@@ -318,7 +318,8 @@ class Scheduler(Leading):
                   for i, a in enumerate(args) if not isinstance(a, str)}
         ids = [inline.get(i, a) for i, a in enumerate(args)]
         try:
-            body = await self.jobs.submit_bound(plan_hash, ids, fetch, deadline_s, prefer, owner=owner)
+            body = await self.jobs.submit_bound(plan_hash, ids, fetch, deadline_s, prefer, await_refs_s,
+                                                owner=owner)
         except BaseException:
             for u in inline.values():
                 await self.release_upload(u)

@@ -89,13 +89,15 @@ class RemoteSession:
     small outputs inline (one request per short step; 0: the submit answers at once).
     ``checkpoint_every``: how many optimiser steps apart the values kept on the cluster
     are copied to the scheduler's disk, so that a step whose executor died goes on from
-    there (0: never; a lost executor then fails the step). Thread-safe.
+    there (0: never; a lost executor then fails the step). ``pipeline``: a compiled step
+    that keeps values does not wait for its job (``remote_steps``, "Pipelined steps").
+    Thread-safe.
     """
 
     def __init__(self, url: str, token: str | None, transport: httpx.BaseTransport | None = None, *,
                  timeout_s: float = 30.0, reconnect_s: float = 3.0, job_timeout_s: float | None = None,
                  poll_s: float = 10.0, lease: bool = True, release: bool = True, wait_s: float = 1.0,
-                 checkpoint_every: int = 50) -> None:
+                 checkpoint_every: int = 50, pipeline: bool = True) -> None:
         import httpx
 
         self.url = url.rstrip("/")
@@ -109,7 +111,7 @@ class RemoteSession:
         self.release_values = release
         self.keeper = Keeper(self._send_release, self._renew)
         self._uploads = Uploads(self._upload_died if release else None)
-        self.steps = BoundSteps()  # compiled steps: structures the scheduler planned before
+        self.steps = BoundSteps(pipeline)  # compiled steps: structures the scheduler planned before
         self.wait_s = wait_s
         self.persist: str | None = None  # "file" or "redis": graph jobs keep their tiles there too
         self.prefer: str | None = None  # an executor's name: every job's tasks prefer it (docs/runtime.md)
@@ -222,7 +224,7 @@ class RemoteSession:
 
     def finish(self, answer: dict[str, Any], fetch: Sequence[str],
                kept: Mapping[str, TensorType] | None = None,
-               resubmit: Callable[[], dict[str, Any]] | None = None) -> dict[str, Any]:
+               resubmit: Callable[[], dict[str, Any]] | None = None, wait: bool = True) -> dict[str, Any]:
         """The values of a submitted job (``answer``: its submit response): those in
         ``fetch`` but not ``kept`` as host arrays (inline in the answer when the job ended
         within ``wait_s``, else waited for and fetched), the ``kept`` ones as
@@ -239,7 +241,7 @@ class RemoteSession:
                 raise job_error(job, answer.get("error"))
             if state == "cancelled":
                 raise RemoteError(f"job {job} was cancelled")
-            if state != "done":
+            if state != "done" and wait:  # (not for a pipelined step: all its outputs are kept)
                 self.wait(job)
             inline = decode_values(answer.get("values"))
             out: dict[str, Any] = {n: inline[n] if n in inline else self.fetch(job, n)
@@ -255,7 +257,7 @@ class RemoteSession:
             log.warning("job %s: an output's executor is gone (%s); running the job again", job, e)
             return self.finish(resubmit(), fetch, kept)
         except KeyboardInterrupt:
-            self._interrupted(job)
+            self.interrupted(job)
             raise KeyboardInterrupt from None  # the user pressed Ctrl-C: no transport internals
         finally:
             if self.release_values and not keep_job:
@@ -276,6 +278,7 @@ class RemoteSession:
             out = np.asarray(arr).reshape(value.shape)
             out.flags.writeable = False
             return out
+        self.steps.settle(self, value)  # a value of the pipelined step in flight: once its job ended
         job, node = value.ref.split(":", 1)
         return self.fetch(job, node)
 
@@ -299,7 +302,8 @@ class RemoteSession:
         """``POST /v1/jobs``; the job id. Never retried once the request may have arrived."""
         return str(self.submit_job({"graph": graph_doc, "fetch": fetch})["id"])
 
-    def submit_job(self, request: dict[str, Any], inline: Sequence[str] | None = None) -> dict[str, Any]:
+    def submit_job(self, request: dict[str, Any], inline: Sequence[str] | None = None, *,
+                   hold: bool = False) -> dict[str, Any]:
         """``POST /v1/jobs`` of a graph (``{"graph", "fetch"}``) or a compiled step
         (``{"plan", "args", "fetch"}``, ``remote_steps.py``); the response. With ``inline``
         (names in ``fetch``) the scheduler answers when the job ends or after ``wait_s``,
@@ -318,7 +322,7 @@ class RemoteSession:
             # On a terminal a job longer than the bar's delay is polled, so that its bar shows.
             wait_s = min(self.wait_s, lifecycle.DELAY_S) if lifecycle.progress_enabled() else self.wait_s
             body = {**request, "wait_s": wait_s, "inline": list(inline)}
-        waits = body is not request
+        waits = body is not request or hold  # (hold: a pipelined step, which may wait for the one before)
         try:
             r = self._post_releasing(body, waits)
         except RemoteError as e:
@@ -368,7 +372,7 @@ class RemoteSession:
                         raise KeyboardInterrupt from None
                     raise
                 if held.pressed:
-                    self._interrupted(str(r.json().get("id")))
+                    self.interrupted(str(r.json().get("id")))
                     raise KeyboardInterrupt from None
                 return r
         if self._submitter is None:
@@ -385,7 +389,7 @@ class RemoteSession:
                 log.debug("after Ctrl-C, the submit gave no job: %s", e)
             else:
                 if job:
-                    self._interrupted(str(job))
+                    self.interrupted(str(job))
             raise KeyboardInterrupt from None
 
     def upload_once(self, arr: np.ndarray) -> str:
@@ -558,7 +562,7 @@ class RemoteSession:
             if e.status != 404:  # released already (the lease ended): nothing to do
                 raise
 
-    def _interrupted(self, job: str) -> None:
+    def interrupted(self, job: str) -> None:
         """Ctrl-C while ``job`` runs: cancel it (one quick try; the lease is the fallback)."""
         try:
             self._client.request("DELETE", f"/v1/jobs/{job}", timeout=3.0)

@@ -163,6 +163,7 @@ class Resident:
         from triplane.sdk.remote import RemoteError
 
         s = self.session
+        s.steps.settle(s)  # the values of a pipelined step in flight are copied once it ended
         live = list(s.holders.live(s))
         refs = list(dict.fromkeys(v.ref for _, v in live if v.job is not None))
         copies: dict[str, Any] = {}
@@ -210,10 +211,13 @@ class Resident:
             if t is not None:
                 t._value = RemoteValue(s, uid, ty) if isinstance(uid, str) else uid
                 restored += 1
-        for _, v in s.holders.live(s):
+        for t, v in list(s.holders.live(s)):
             if lost_job is not None and v.job_id == lost_job:
-                raise RemoteError(f"{v} was lost with its executor and is not in the checkpoint of "
-                                  f"step {ck.step} ({error})", kind="lost", ref=ref) from None
+                try:  # still readable (a pipelined step's loss: the scheduler keeps what the reply carried)
+                    t._value = v.numpy()
+                except RemoteError:
+                    raise RemoteError(f"{v} was lost with its executor and is not in the checkpoint of "
+                                      f"step {ck.step} ({error})", kind="lost", ref=ref) from None
         self.restores += 1
         logging.getLogger("triplane.sdk.remote").warning(
             "an executor holding this session's values is gone (%s): went back to the checkpoint of "

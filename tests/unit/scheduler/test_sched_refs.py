@@ -214,3 +214,36 @@ def test_a_job_reading_a_tiled_ref_reads_only_its_tiles_and_is_planned_again_the
     bindings = {**bindings_of(jp), "held": Refs.held_cuts(jp.args, held)}
     again = plan_again(jp.job, jp.graph, bindings, PlanCache())  # a restarted scheduler
     assert again.templates == jp.templates
+
+
+def test_a_compiled_step_awaits_the_job_whose_outputs_it_binds(cluster: Cluster) -> None:
+    """``await_refs_s`` (a pipelined step): a ref to a running job waits up to that long for
+    its end instead of 409 at once; the wait ends when the job does (here: cancelled, so the
+    ref is refused naming it); out of [0, 60] is a 400."""
+    with cluster.client:  # one event loop for every request (the scheduler's, as in production)
+        _await_refs(cluster)
+
+
+def _await_refs(cluster: Cluster) -> None:
+    import threading
+
+    admin = cluster.headers("admin")
+    running = cluster.submit("admin")  # no executor runs it: it stays running
+    first = cluster.client.post("/v1/jobs", json=job_body(cluster.upload("admin")), headers=admin).json()
+    step = {"plan": first["plan"], "args": [f"{running}:y"], "fetch": ["y"]}
+    r = cluster.client.post("/v1/jobs", json=step, headers=admin)
+    assert r.status_code == 409 and r.json()["error"]["kind"] == "not_ready", r.text
+    t0 = time.monotonic()
+    r = cluster.client.post("/v1/jobs", json={**step, "await_refs_s": 0.3}, headers=admin)
+    assert r.status_code == 409 and r.json()["error"]["kind"] == "not_ready", r.text
+    assert time.monotonic() - t0 >= 0.3
+    cancel = threading.Timer(0.3, lambda: cluster.client.delete(f"/v1/jobs/{running}", headers=admin))
+    cancel.start()
+    t0 = time.monotonic()
+    r = cluster.client.post("/v1/jobs", json={**step, "await_refs_s": 30}, headers=admin)
+    cancel.join()
+    assert time.monotonic() - t0 < 10, "the wait did not end with the job"
+    assert r.status_code == 404 and running in r.json()["error"]["message"], r.text
+    for bad in (-1, 61, "1", None):
+        r = cluster.client.post("/v1/jobs", json={**step, "await_refs_s": bad}, headers=admin)
+        assert r.status_code == 400 and "await_refs_s" in r.json()["error"]["message"], (bad, r.text)

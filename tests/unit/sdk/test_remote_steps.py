@@ -67,7 +67,7 @@ def fake() -> CompilingFake:
     return CompilingFake()
 
 
-def _train(session: Any, steps: int) -> tuple[list[float], list[np.ndarray]]:
+def _train(session: Any, steps: int, read_each_step: bool = True) -> tuple[list[float], list[np.ndarray]]:
     rng = np.random.default_rng(0)
     xs = rng.standard_normal((steps, 16, 4)).astype(np.float32)
     ys = rng.integers(0, 3, (steps, 16))
@@ -81,8 +81,8 @@ def _train(session: Any, steps: int) -> tuple[list[float], list[np.ndarray]]:
             opt.zero_grad()
             loss.backward()
             opt.step()
-            losses.append(loss.item())
-        return losses, [np.array(p.numpy()) for p in model.parameters()]
+            losses.append(loss.item() if read_each_step else loss)
+        return [float(x) for x in losses], [np.array(p.numpy()) for p in model.parameters()]
 
 
 def test_a_known_structure_is_one_small_request_with_inline_inputs(fake: CompilingFake) -> None:
@@ -92,8 +92,9 @@ def test_a_known_structure_is_one_small_request_with_inline_inputs(fake: Compili
     np.testing.assert_allclose(got_losses, want_losses, rtol=1e-6)
     for g, w in zip(got_params, want_params):
         np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-7)
-    # Adam's first step differs from the others: two graphs, then three compiled steps
-    assert remote.counters() == {"trace_hits": 3, "trace_misses": 2, "unknown_plan": 0}
+    # Adam's first step differs from the others: two graphs, then three compiled steps; the
+    # loop reads each step's loss, so two are pipelined, then the structure runs synchronously
+    assert remote.counters() == {"trace_hits": 3, "trace_misses": 2, "unknown_plan": 0, "pipelined": 2}
     assert len(fake.bound) == 3
     uploads_after_graphs = fake.calls["POST /v1/tensors"]
     # small host inputs inline; parameters and Adam's state kept on the cluster, bound by ref
@@ -101,6 +102,25 @@ def test_a_known_structure_is_one_small_request_with_inline_inputs(fake: Compili
     assert sum(isinstance(a, str) for a in fake.bound[-1]["args"]) == 3 * 4  # 4 params, m, v
     _train(remote, 0)
     assert fake.calls["POST /v1/tensors"] == uploads_after_graphs
+    remote.close()
+
+
+@pytest.mark.parametrize("pipeline", [True, False])
+def test_pipelined_steps_give_the_synchronous_values(fake: CompilingFake, pipeline: bool) -> None:
+    """A loop that reads its losses at the end: every compiled step is submitted without
+    waiting (nothing inline; the step before bound by ref with await_refs_s), unless the
+    session says ``pipeline=False``; the values are the embedded session's either way."""
+    remote = RemoteSession(URL, TOKEN, httpx.MockTransport(fake), reconnect_s=1.0, poll_s=0.01,
+                           pipeline=pipeline)
+    got_losses, got_params = _train(remote, 8, read_each_step=False)
+    want_losses, want_params = _train(EmbeddedSession(), 8)
+    np.testing.assert_allclose(got_losses, want_losses, rtol=1e-6)
+    for g, w in zip(got_params, want_params):
+        np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-7)
+    assert remote.counters()["trace_hits"] == 6
+    assert remote.counters()["pipelined"] == (6 if pipeline else 0)
+    for b in fake.bound:
+        assert ("await_refs_s" in b) == pipeline and ("wait_s" in b) != pipeline, sorted(b)
     remote.close()
 
 
@@ -125,7 +145,7 @@ def test_a_forgotten_plan_falls_back_to_the_graph(fake: CompilingFake) -> None:
         fake.plans.clear()  # a restarted scheduler
         np.testing.assert_array_equal((tp.tensor(np.full((4, 3), 5, np.float32)) @ w).numpy(), 15)
         np.testing.assert_array_equal((tp.tensor(np.full((4, 3), 6, np.float32)) @ w).numpy(), 18)
-    assert remote.counters() == {"trace_hits": 3, "trace_misses": 1, "unknown_plan": 1}
+    assert remote.counters() == {"trace_hits": 3, "trace_misses": 1, "unknown_plan": 1, "pipelined": 0}
     assert [b["plan"] for b in fake.bound] == ["p0", "p0", "p1"]
     remote.close()
 

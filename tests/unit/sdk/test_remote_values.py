@@ -99,8 +99,11 @@ def test_a_steady_state_step_is_one_request_that_releases_the_step_before(fake: 
     s.keeper.batch_s = 60.0  # the keeper's own DELETEs would come later than the next submit
     with use_session(s):
         tr = Trainer()
-        for _ in range(3):  # Adam's first step is another structure: two graphs, then compiled
+        # Adam's first step is another structure: two graphs, then compiled steps; the first
+        # two are pipelined, and as the loop reads each loss before the next step, the rest wait
+        for _ in range(4):
             tr.step()
+        assert s.counters()["pipelined"] == 2
         before, carried = Counter(fake.calls), fake.carried
         for _ in range(10):
             tr.step()

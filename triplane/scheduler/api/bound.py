@@ -7,8 +7,10 @@ names the executor its tasks should run on, as on a graph submit (``jobrequest.p
 output of a done job (``"<job>:<name>"``, ``scheduler/refs.py``) or a small tensor inline,
 ``{"shape": [...], "dtype": "float32", "data": <base64 of its raw little-endian C-order
 bytes>}`` of at most :data:`INLINE_MAX_BYTES`; ``fetch`` is the list the full
-submit gave. Checked here at the front door (400 naming the field); the scheduler answers
-409 ``unknown_plan`` for a structure it does not know, and the client sends the graph.
+submit gave. ``await_refs_s`` (a pipelined step, docs/runtime.md): a ref to a job still
+running waits up to that long for its end instead of 409 ``not_ready``. Checked here at
+the front door (400 naming the field); the scheduler answers 409 ``unknown_plan`` for a
+structure it does not know, and the client sends the graph.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from triplane.scheduler.store import UploadError, expected_bytes, parse_dtype
 
 INLINE_MAX_BYTES = 64 * 1024
 MAX_ARGS = 10_000
+MAX_AWAIT_REFS_S = 60.0  # the longest a step waits for the job whose outputs it binds
 
 # one argument: an upload id, or (raw bytes, shape, dtype) to store
 Arg = str | tuple[bytes, tuple[int, ...], str]
@@ -35,14 +38,15 @@ class BoundRequest(NamedTuple):
     fetch: list[str]
     deadline_s: float | None
     prefer: str | None = None
+    await_refs_s: float = 0.0
 
 
 def parse_bound_request(doc: dict[str, Any]) -> BoundRequest:
     """The fields of a parsed compiled-step request; BadRequest naming a bad one."""
-    unknown = set(doc) - {"plan", "args", "fetch", "deadline_s", "prefer"}
+    unknown = set(doc) - {"plan", "args", "fetch", "deadline_s", "prefer", "await_refs_s"}
     if unknown:
         raise BadRequest(f"unknown field(s) {sorted(unknown)} "
-                         "(known: ['args', 'deadline_s', 'fetch', 'plan', 'prefer'])")
+                         "(known: ['args', 'await_refs_s', 'deadline_s', 'fetch', 'plan', 'prefer'])")
     plan = doc.get("plan")
     if not isinstance(plan, str) or not 1 <= len(plan) <= 128 or not plan.isalnum():
         raise BadRequest("'plan' must be the hash a submit of the graph answered with")
@@ -54,8 +58,11 @@ def parse_bound_request(doc: dict[str, Any]) -> BoundRequest:
     deadline_s = doc.get("deadline_s")
     if deadline_s is not None and (type(deadline_s) not in (int, float) or not 0 < deadline_s <= 604800):
         raise BadRequest(f"'deadline_s' must be seconds in (0, 604800], got {deadline_s!r:.40}")
+    await_s = doc.get("await_refs_s", 0.0)
+    if type(await_s) not in (int, float) or not 0 <= await_s <= MAX_AWAIT_REFS_S:
+        raise BadRequest(f"'await_refs_s' must be seconds in [0, {MAX_AWAIT_REFS_S:g}], got {await_s!r:.40}")
     return BoundRequest(plan, [_arg(i, a) for i, a in enumerate(args)], fetch, deadline_s,
-                        check_prefer(doc.get("prefer")))
+                        check_prefer(doc.get("prefer")), float(await_s))
 
 
 def check_prefer(prefer: Any) -> str | None:

@@ -154,6 +154,8 @@ class JobRequestBody(BaseModel):
     tags: list[str] | None = Field(None, max_length=16)
     prefer: str | None = Field(None, min_length=1, max_length=128, description="an executor's name: the "
                                "tasks the dispatcher places run there while it is up (else anywhere)")
+    await_refs_s: float | None = Field(None, ge=0, le=60, description="compiled steps: a ref to a job "
+                                       "still running waits up to this long for its end (not 409)")
 
 
 class CopyRequest(BaseModel):
