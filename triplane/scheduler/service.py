@@ -307,9 +307,12 @@ class Scheduler(Leading):
 
     async def submit_bound(self, plan_hash: str, args: Sequence[str | tuple[bytes, tuple[int, ...], str]],
                            fetch: list[str], deadline_s: float | None = None, prefer: str | None = None,
-                           await_refs_s: float = 0.0, *, owner: str | None = None) -> dict[str, Any]:
+                           await_refs_s: float = 0.0, inline_refs: Sequence[str] = (), *,
+                           owner: str | None = None) -> dict[str, Any]:
         """A compiled step (``Jobs.submit_bound``); inline arguments (raw bytes, shape,
-        dtype) are stored as uploads first, once the plan is known to exist."""
+        dtype) are stored as uploads first, once the plan is known to exist. With
+        ``inline_refs`` the body has ``ref_values`` (``inline_values`` of each ref's job,
+        once done; a job still running after ``await_refs_s`` gives none)."""
         known = self.jobs.structures.get(plan_hash)
         if known is None or known[2] != tuple(fetch):
             raise Conflict(f"unknown plan {plan_hash[:16]!r} for this fetch list: submit the graph",
@@ -326,6 +329,17 @@ class Scheduler(Leading):
             raise
         if inline:  # the job's own inputs: they go when the job is released (beside its ref copies)
             self._inline.setdefault(body["id"], []).extend(inline.values())
+        if inline_refs:
+            values: dict[str, Any] = {}
+            for job, names in _by_job(inline_refs).items():  # (the job is submitted: nothing may raise)
+                try:
+                    done = (await self.jobs.wait(job, await_refs_s))["state"] == "done"
+                except SchedulerError:  # unknown: the client's fetch says so
+                    continue
+                if done:
+                    got = await self.inline_values(job, names)
+                    values.update((f"{job}:{n}", v) for n, v in got.items())
+            body = {**body, "ref_values": values}
         return body
 
     def status(self, job: str) -> dict[str, Any]:
@@ -344,21 +358,27 @@ class Scheduler(Leading):
         "data": <base64 of its raw little-endian C-order bytes>}``."""
         job = answer["id"]
         status = await self.jobs.wait(job, wait_s)  # the job's end is an asyncio.Event: no polling
-        values: dict[str, Any] = {}
-        if status["state"] == "done":
-            for name in inline:
-                size = self.results.fetched_nbytes(job, name)
-                if size is None or size > INLINE_MAX_BYTES:
-                    continue  # left out: fetched as usual
-                try:
-                    shape, dtype, _, chunks = await self.results.open_tensor(job, name)
-                    data = b"".join([c async for c in chunks])
-                except (SchedulerError, DataPortError) as e:  # released, or its holder went: fetch says why
-                    log.info("inline value %r of job %s left out: %s", name, job, e)
-                    continue
-                values[name] = {"shape": list(shape), "dtype": dtype, "data": base64.b64encode(data).decode()}
+        values = await self.inline_values(job, inline) if status["state"] == "done" else {}
         return {"job": job, **answer, "state": status["state"], "progress": status["progress"],
                 "error": status["error"], "values": values}
+
+    async def inline_values(self, job: str, names: Sequence[str]) -> dict[str, Any]:
+        """Each of ``names`` (fetched outputs of the done ``job``) of at most
+        ``INLINE_MAX_BYTES``, as ``{"shape", "dtype", "data": base64}``; the others, and
+        any that cannot be read (released, its holder gone), are left out: fetched as usual."""
+        values: dict[str, Any] = {}
+        for name in names:
+            size = self.results.fetched_nbytes(job, name)
+            if size is None or size > INLINE_MAX_BYTES:
+                continue
+            try:
+                shape, dtype, _, chunks = await self.results.open_tensor(job, name)
+                data = b"".join([c async for c in chunks])
+            except (SchedulerError, DataPortError) as e:  # the fetch says why
+                log.info("inline value %r of job %s left out: %s", name, job, e)
+                continue
+            values[name] = {"shape": list(shape), "dtype": dtype, "data": base64.b64encode(data).decode()}
+        return values
 
     async def wait(self, job: str, timeout: float) -> dict[str, Any]:
         return await self.jobs.wait(job, timeout)
@@ -422,3 +442,12 @@ class Scheduler(Leading):
 
     async def engines(self) -> list[dict[str, Any]]:
         return await self.cluster.engines()
+
+
+def _by_job(refs: Sequence[str]) -> dict[str, list[str]]:
+    """Refs (``"<job>:<name>"``, checked) grouped by job: job -> names."""
+    out: dict[str, list[str]] = {}
+    for ref in refs:
+        job, _, name = ref.partition(":")
+        out.setdefault(job, []).append(name)
+    return out

@@ -50,11 +50,11 @@ from triplane.proto import dtypes as dt
 from triplane.proto import errors as E
 from triplane.proto.canonjson import canonical_json
 from triplane.proto.infer import add_locs
-from triplane.proto.ir import Attrs, TensorType
+from triplane.proto.ir import TensorType
 from triplane.sdk.lifecycle import Keeper, ProgressBar, Uploads, deferred_interrupt
 from triplane.sdk.remote_errors import RemoteError, job_error, lost_holder, request
 from triplane.sdk.remote_steps import BoundSteps, decode_values, fetched_array
-from triplane.sdk.remote_values import Holders, RemoteJob, RemoteValue, Resident
+from triplane.sdk.remote_values import Holders, RemoteJob, RemoteValue, Resident, read_copy
 from triplane.sdk.remote_wire import wire_for
 
 if TYPE_CHECKING:
@@ -90,7 +90,7 @@ class RemoteSession:
     ``checkpoint_every``: how many optimiser steps apart the values kept on the cluster
     are copied to the scheduler's disk, so that a step whose executor died goes on from
     there (0: never; a lost executor then fails the step). ``pipeline``: a compiled step
-    that keeps values does not wait for its job (``remote_steps``, "Pipelined steps").
+    that keeps values does not wait for its job (``remote_pipeline.py``).
     Thread-safe.
     """
 
@@ -147,7 +147,7 @@ class RemoteSession:
             except RemoteError as e:
                 if e.kind != "lost":
                     raise
-                self.resident.restore(e, in_step=bool(keep))
+                self.steps.pipe.recover(self, e, in_step=bool(keep))  # (Resident.restore, and more)
                 return self._evaluate(outputs, keep)
         except KeyboardInterrupt:
             raise KeyboardInterrupt from None  # (the job was cancelled) a short, plain traceback
@@ -268,17 +268,11 @@ class RemoteSession:
         if self._closed:
             raise RemoteError(f"{value} was held by the cluster session {self.url}, which is closed: "
                               "read values (.numpy(), state_dict()) before tp.disconnect()")
-        if value.job is None:  # an upload (a checkpoint copy): read through a one-node job
-            from triplane.sdk.tensor import Tensor, apply
-
-            src = Tensor("input", (), Attrs(), value.type, value=value)
-            n = value.type.size
-            flat = apply("reshape", [src], shape=(n,) if len(value.shape) != 1 else (n, 1))
-            (arr,) = self._evaluate([flat], frozenset())
-            out = np.asarray(arr).reshape(value.shape)
-            out.flags.writeable = False
-            return out
-        self.steps.settle(self, value)  # a value of the pipelined step in flight: once its job ended
+        if value.job is None:  # an upload (a checkpoint copy)
+            return read_copy(self, value)
+        self.steps.pipe.settle(self, value)  # a value of the pipelined step in flight: once it ended
+        if value.host is not None:  # (a deferred output: settling fetched it)
+            return value.host
         job, node = value.ref.split(":", 1)
         return self.fetch(job, node)
 

@@ -11,16 +11,8 @@ inputs of at most ``INLINE_MAX_BYTES`` travel inside the request (base64), bigge
 uploaded (once per array, as before). If the scheduler no longer knows the plan (409
 ``unknown_plan``: restarted, evicted) the entry is dropped and the step goes the full way.
 
-**Pipelined steps.** A compiled step that keeps values on the cluster (an optimiser's
-``step()``) does not wait for its job: the submit asks for nothing inline, every output
-becomes a :class:`RemoteValue` at once (the loss too, fetched when read), and the Python
-of the next step runs while the cluster computes this one. The next step's submit binds
-this one's outputs with ``await_refs_s``: the scheduler waits for this job's end before
-it binds them (a job that failed for a lost value answers ``lost``: the session goes back
-to its checkpoint as for any lost step). One step is in flight at a time. Reading a value
-of the step in flight waits for its job; a loop that reads a value of every step before
-the next (``loss.item()`` each step) runs that structure synchronously after two such
-steps, with its small outputs inline. ``RemoteSession(pipeline=False)``: never.
+A compiled step that keeps values on the cluster (an optimiser's ``step()``) is pipelined:
+submitted without waiting for its job (``remote_pipeline.py``). ``RemoteSession(pipeline=False)``: never.
 """
 
 from __future__ import annotations
@@ -36,6 +28,7 @@ from triplane.proto import dtypes as dt
 from triplane.proto.errors import TriplaneError
 from triplane.proto.values import encode_data
 from triplane.sdk.compile import TraceCache, signature
+from triplane.sdk.remote_pipeline import Pipeline
 from triplane.sdk.remote_values import RemoteValue
 
 if TYPE_CHECKING:
@@ -45,8 +38,6 @@ if TYPE_CHECKING:
     from triplane.sdk.tensor import Tensor
 
 INLINE_MAX_BYTES = 64 * 1024  # the scheduler's limit (scheduler/api/bound.py)
-AWAIT_REFS_S = 30.0  # a pipelined step waits this long for the step before (then 409, settle, again)
-READS_TO_SYNC = 2  # steps in a row whose deferred outputs were read before the next: synchronous
 
 
 @dataclass(frozen=True)
@@ -63,20 +54,15 @@ class BoundSteps:
     def __init__(self, pipeline: bool = True) -> None:
         self.cache: TraceCache[BoundStep] = TraceCache()
         self.fallbacks = 0  # steps the scheduler did not know any more
-        self.pipeline = pipeline
-        self.pipelined = 0  # steps submitted without waiting for their job
-        self._reads: dict[Any, int] = {}  # structure -> steps in a row read before the next
-        self._sync: set[Any] = set()  # structures run synchronously (their loop reads every step)
-        # the pipelined step in flight: (its job, its structure, the refs of its deferred outputs)
-        self._inflight: tuple[str, Any, frozenset[str]] | None = None
-        self._read_of: str | None = None  # the job whose deferred output was read while in flight
-        self._last: str | None = None  # the last pipelined step's job
+        self.pipe = Pipeline(pipeline)
 
     def counters(self) -> dict[str, int]:
         """Compiled steps sent as one small request (``trace_hits``), structures sent as a
-        graph (``trace_misses``), and compiled steps the scheduler had forgotten."""
+        graph (``trace_misses``), compiled steps the scheduler had forgotten, and those
+        submitted without waiting (``pipelined``)."""
         c = self.cache
-        return {"trace_hits": c.hits, "trace_misses": c.misses, "unknown_plan": self.fallbacks}
+        return {"trace_hits": c.hits, "trace_misses": c.misses, "unknown_plan": self.fallbacks,
+                "pipelined": self.pipe.pipelined}
 
     def run(self, session: RemoteSession, outputs: Sequence[Tensor], keep: frozenset[int] = frozenset()
             ) -> tuple[list[Any] | None, Any]:
@@ -87,12 +73,16 @@ class BoundSteps:
 
         key, _, inputs = signature(outputs)
         step = self.cache.get(key)
+        if step is None or not self.pipe.wants(key, keep):
+            self.pipe.settle(session)  # a job of another kind: the step in flight ends first
         if step is None:
             return None, (key, inputs)
-        args = [self._arg(session, inputs[p]._value) for p in step.args]
-        if keep and self.pipeline and key not in self._sync:
-            got = self._pipelined(session, key, step, outputs, keep, args)
+        args = [bind_arg(session, inputs[p]._value) for p in step.args]
+        if self.pipe.wants(key, keep):
+            got = self.pipe.submit(session, key, step, inputs, outputs, keep, args)
             if got is None:
+                self.fallbacks += 1
+                self.cache.drop(key)  # learn() refills it after the full path
                 return None, (key, inputs)
             return [got[v] if fetched else inputs[v]._value for fetched, v in step.outputs], None
         kept = {v: outputs[i]._type for i, (fetched, v) in enumerate(step.outputs) if fetched and i in keep}
@@ -112,66 +102,6 @@ class BoundSteps:
         got = session.finish(answer, step.fetch, kept,  # a lost output: the same step once more
                              resubmit=lambda: session.submit_job(request, inline))
         return [got[v] if fetched else inputs[v]._value for fetched, v in step.outputs], None
-
-    def _pipelined(self, session: RemoteSession, key: Any, step: BoundStep, outputs: Sequence[Tensor],
-                   keep: frozenset[int], args: list[Any]) -> dict[str, Any] | None:
-        """Submit without waiting (the module doc); every fetched output a RemoteValue. None
-        when the scheduler no longer knows the plan."""
-        from triplane.sdk.remote import RemoteError
-
-        if self._inflight is not None:
-            job = self._inflight[0]
-            if not any(isinstance(a, str) and a.startswith(job + ":") for a in args):
-                self.settle(session)  # not bound to the step in flight: one in flight at a time
-        kept = {v: outputs[i]._type for i, (fetched, v) in enumerate(step.outputs) if fetched}
-        request = {"plan": step.plan, "args": args, "fetch": list(step.fetch), "await_refs_s": AWAIT_REFS_S}
-        before = self._inflight
-        try:
-            try:
-                answer = session.submit_job(request, None, hold=True)
-            except RemoteError as e:
-                if e.status != 409 or e.kind != "not_ready":
-                    raise
-                self.settle(session)  # the step before is still running: wait, then once more
-                answer = session.submit_job(request, None, hold=True)
-        except RemoteError as e:
-            self._inflight = None  # the step before ended (its error says how): nothing to wait for
-            if e.status != 409 or "unknown plan" not in str(e):
-                raise
-            self.fallbacks += 1
-            self.cache.drop(key)
-            return None
-        except KeyboardInterrupt:
-            if before is not None:
-                session.interrupted(before[0])  # the step before: cancelled too
-            self._inflight = None
-            raise
-        job = str(answer["id"])
-        if self._read_of is None or self._read_of != self._last:
-            self._reads[key] = 0  # the step before was not read before this one
-        self._read_of, self._last = None, job
-        deferred = frozenset(f"{job}:{v}" for i, (fetched, v) in enumerate(step.outputs)
-                             if fetched and i not in keep)
-        self._inflight = (job, key, deferred)
-        self.pipelined += 1
-        return session.finish(answer, step.fetch, kept, wait=False)
-
-    def settle(self, session: RemoteSession, read: RemoteValue | None = None) -> None:
-        """Wait for the pipelined step in flight to end (before ``read``, a value of it, is
-        fetched, or before a checkpoint copies its values); its error if it failed."""
-        if self._inflight is None:
-            return
-        job, key, deferred = self._inflight
-        if read is not None:
-            if read.job_id != job:
-                return
-            if read.ref in deferred:  # a deferred output read before the next step
-                self._read_of = job
-                self._reads[key] = n = self._reads.get(key, 0) + 1
-                if n >= READS_TO_SYNC:
-                    self._sync.add(key)
-        self._inflight = None
-        session.wait(job)
 
     def learn(self, pending: Any, answer: dict[str, Any], upload_of: dict[str, str], args: list[str],
               rename: dict[str, str], outputs: Sequence[Tensor], fetch: list[str]) -> None:
@@ -200,16 +130,18 @@ class BoundSteps:
             out.append((True, cid) if cid in fetch else (False, at[t._id]))
         self.cache.put(key, BoundStep(plan, tuple(pos_of[u] for u in server_args), tuple(fetch), tuple(out)))
 
-    @staticmethod
-    def _arg(session: RemoteSession, arr: Any) -> Any:
-        if isinstance(arr, RemoteValue):
-            if arr.session is session:
-                return arr.ref  # kept on the cluster: bound by its ref, nothing travels
-            arr = arr.numpy()  # another session's value
-        assert arr is not None
-        if arr.nbytes <= INLINE_MAX_BYTES:  # the bytes a constant node's data holds
-            return {"shape": list(arr.shape), "dtype": dt.dtype(arr.dtype).name, "data": encode_data(arr)}
-        return session.upload_once(arr)
+
+def bind_arg(session: RemoteSession, arr: Any) -> Any:
+    """What a compiled step's ``args`` carry for a walked input's value: a ref for a value
+    kept on this session's cluster, a small array inline, else its upload id."""
+    if isinstance(arr, RemoteValue):
+        if arr.session is session:
+            return arr.ref  # kept on the cluster: bound by its ref, nothing travels
+        arr = arr.numpy()  # another session's value
+    assert arr is not None
+    if arr.nbytes <= INLINE_MAX_BYTES:  # the bytes a constant node's data holds
+        return {"shape": list(arr.shape), "dtype": dt.dtype(arr.dtype).name, "data": encode_data(arr)}
+    return session.upload_once(arr)
 
 
 def decode_values(values: Any) -> dict[str, np.ndarray]:

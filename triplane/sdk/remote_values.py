@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from triplane.sdk.remote import RemoteSession
     from triplane.sdk.tensor import Tensor
 
-__all__ = ["Checkpoint", "Holders", "RemoteJob", "RemoteValue", "Resident"]
+__all__ = ["Checkpoint", "Holders", "RemoteJob", "RemoteValue", "Resident", "read_copy"]
 
 
 class RemoteJob:
@@ -82,6 +82,21 @@ class RemoteValue:
 
     def __repr__(self) -> str:
         return f"RemoteValue({self.ref!r}, {self.type.dtype.name}{list(self.type.shape)})"
+
+
+def read_copy(session: RemoteSession, value: RemoteValue) -> np.ndarray:
+    """The host copy of ``value``, an upload of ``session`` (a checkpoint copy): read
+    through a one-node job."""
+    from triplane.proto.ir import Attrs
+    from triplane.sdk.tensor import Tensor, apply
+
+    src = Tensor("input", (), Attrs(), value.type, value=value)
+    n = value.type.size
+    flat = apply("reshape", [src], shape=(n,) if len(value.shape) != 1 else (n, 1))
+    (arr,) = session.evaluate([flat])
+    out = np.asarray(arr).reshape(value.shape)
+    out.flags.writeable = False
+    return out
 
 
 class Holders:
@@ -163,7 +178,7 @@ class Resident:
         from triplane.sdk.remote import RemoteError
 
         s = self.session
-        s.steps.settle(s)  # the values of a pipelined step in flight are copied once it ended
+        s.steps.pipe.settle(s)  # the values of a pipelined step in flight are copied once it ended
         live = list(s.holders.live(s))
         refs = list(dict.fromkeys(v.ref for _, v in live if v.job is not None))
         copies: dict[str, Any] = {}
@@ -188,10 +203,11 @@ class Resident:
                 s.keeper.queue("tensors", uid)
         return ck
 
-    def restore(self, error: Exception, in_step: bool = True) -> None:
+    def restore(self, error: Exception, in_step: bool = True, redo: str | None = None) -> None:
         """After a step failed with ``lost``: rebind every Tensor of the last checkpoint to
         its copy and warn once; RemoteError saying so when there is no checkpoint, or when
-        a value of the lost job is not in it."""
+        a value of the lost job is not in it (but for ``redo``: a pipelined step in flight,
+        run again from here, ``remote_pipeline.Pipeline.recover``)."""
         from triplane.sdk.remote import RemoteError
 
         s = self.session
@@ -211,15 +227,12 @@ class Resident:
             if t is not None:
                 t._value = RemoteValue(s, uid, ty) if isinstance(uid, str) else uid
                 restored += 1
-        for t, v in list(s.holders.live(s)):
-            if lost_job is not None and v.job_id == lost_job:
-                try:  # still readable (a pipelined step's loss: the scheduler keeps what the reply carried)
-                    t._value = v.numpy()
-                except RemoteError:
-                    raise RemoteError(f"{v} was lost with its executor and is not in the checkpoint of "
-                                      f"step {ck.step} ({error})", kind="lost", ref=ref) from None
+        for _, v in s.holders.live(s):
+            if lost_job is not None and v.job_id == lost_job and lost_job != redo:
+                raise RemoteError(f"{v} was lost with its executor and is not in the checkpoint of "
+                                  f"step {ck.step} ({error})", kind="lost", ref=ref) from None
         self.restores += 1
         logging.getLogger("triplane.sdk.remote").warning(
             "an executor holding this session's values is gone (%s): went back to the checkpoint of "
-            "step %d, %d step(s) lost; %d values restored", error, ck.step, self.steps - in_step - ck.step,
-            restored)
+            "step %d, %d step(s) lost; %d values restored", error, ck.step,
+            self.steps - in_step - (redo is not None) - ck.step, restored)

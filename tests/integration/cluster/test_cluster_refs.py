@@ -109,6 +109,36 @@ def test_a_chain_of_refs_in_full_submits_and_compiled_steps_equals_numpy(cluster
         np.testing.assert_allclose(fetch(h, k, "z"), want * 2, rtol=1e-6)
 
 
+def test_a_pipelined_step_awaits_the_step_before_and_carries_its_values(cluster: LocalCluster) -> None:
+    """The pipelined steps' contract (docs/runtime.md "Pipelined steps"): each compiled step
+    is submitted while the one before may still run, binds its output with await_refs_s,
+    and names that output in inline_refs; the answer's ref_values hold its value."""
+    import base64
+
+    x = np.arange(12, dtype=np.float32).reshape(3, 4) / 10
+    with api(cluster) as h:
+        u = upload(h, x)
+        j1 = submit(h, {"x": inp(u, [3, 4]), "y": op("exp", ["x"], [3, 4])}, ["y"])["id"]
+        wait_done(h, j1)
+        first = submit(h, double(f"{j1}:y", [3, 4]), ["z"])
+        prev, want = first["id"], np.exp(x) * 2
+        for _ in range(4):  # never waited for by the client
+            r = h.post("/v1/jobs", json={"plan": first["plan"], "args": [f"{prev}:z"], "fetch": ["z"],
+                                         "await_refs_s": 30, "inline_refs": [f"{prev}:z"]})
+            assert r.status_code == 201, r.text
+            got = r.json()["ref_values"][f"{prev}:z"]
+            assert got["shape"] == [3, 4] and got["dtype"] == "float32", got
+            value = np.frombuffer(base64.b64decode(got["data"]), "<f4").reshape(3, 4)
+            np.testing.assert_allclose(value, want, rtol=1e-6)
+            prev, want = r.json()["id"], want * 2
+        wait_done(h, prev)
+        np.testing.assert_allclose(fetch(h, prev, "z"), want, rtol=1e-6)
+        for bad in ("x", ["not a ref"], [f"{prev}:z"] * 65):
+            r = h.post("/v1/jobs", json={"plan": first["plan"], "args": [f"{prev}:z"], "fetch": ["z"],
+                                         "inline_refs": bad})
+            assert r.status_code == 400 and "inline_refs" in r.json()["error"]["message"], (bad, r.text)
+
+
 def test_ref_errors_name_the_ref(cluster: LocalCluster) -> None:
     with api(cluster) as h:
         u = upload(h, np.ones((3, 4), np.float32))

@@ -308,6 +308,9 @@ def test_a_compiled_step_and_a_waiting_submit_go_through_the_same_front_door(tmp
             with pytest.raises(grpc.aio.AioRpcError) as e:
                 await s.stub.SubmitJob(request({**waited, "inline": ["y"]}), metadata=md)
             assert e.value.code() == C.INVALID_ARGUMENT and "FetchTensor" in e.value.details()
+            with pytest.raises(grpc.aio.AioRpcError) as e:  # a pipelined step's values: REST only too
+                await s.stub.SubmitJob(request({**step, "inline_refs": [f"{first.id}:y"]}), metadata=md)
+            assert e.value.code() == C.INVALID_ARGUMENT and "inline_refs" in e.value.details()
 
     asyncio.run(asyncio.wait_for(main(), 60))
 

@@ -86,6 +86,12 @@ def test_a_submit_token_uses_refs_to_its_own_jobs_only(cluster: Cluster) -> None
     assert r.status_code == 403 and r.json()["error"]["kind"] == "forbidden", r.text
     r = cluster.client.post("/v1/jobs", json=job_body(f"{bobs}:y"), headers=cluster.headers("bob"))
     assert r.status_code == 409, r.text  # bob's own: allowed (still running)
+    first = cluster.client.post("/v1/jobs", json=job_body(cluster.upload("submit")),
+                                headers=cluster.headers("submit")).json()
+    step = {"plan": first["plan"], "args": [cluster.upload("submit")], "fetch": ["y"]}
+    r = cluster.client.post("/v1/jobs", json={**step, "inline_refs": [f"{bobs}:y"]},
+                            headers=cluster.headers("submit"))
+    assert r.status_code == 403 and bobs in r.json()["error"]["message"], r.text  # nor its values
 
 
 @pytest.mark.parametrize("body, says", [

@@ -45,8 +45,18 @@ class CompilingFake(FakeScheduler):
             doc = copy.deepcopy(doc)
             for nid, a in zip(arg_nodes, body["args"], strict=True):
                 doc["nodes"][nid]["attrs"]["tensor"] = a if isinstance(a, str) else self._inline(a)
-            rest = {k: v for k, v in body.items() if k not in ("plan", "args")}
-            return super()._submit({"graph": doc, **rest})
+            rest = {k: v for k, v in body.items() if k not in ("plan", "args", "await_refs_s", "inline_refs")}
+            r = super()._submit({"graph": doc, **rest})
+            if body.get("inline_refs") and r.status_code == 201:  # the step before's values, inline
+                values = {}
+                for ref in body["inline_refs"]:
+                    job, _, name = ref.partition(":")
+                    arr = self.jobs[job]["_values"][name]
+                    values[ref] = {"shape": list(arr.shape), "dtype": dt.dtype(arr.dtype).name,
+                                   "data": base64.b64encode(arr.astype(arr.dtype.newbyteorder("<"))
+                                                            .tobytes()).decode()}
+                r = httpx.Response(201, json={**r.json(), "ref_values": values})
+            return r
         r = super()._submit(body)
         _, _, args = graph_from_wire(body["graph"]).canonical()
         by_tensor = {n["attrs"]["tensor"]: nid for nid, n in body["graph"]["nodes"].items()
@@ -67,7 +77,8 @@ def fake() -> CompilingFake:
     return CompilingFake()
 
 
-def _train(session: Any, steps: int, read_each_step: bool = True) -> tuple[list[float], list[np.ndarray]]:
+def _train(session: Any, steps: int, read_each_step: bool = True,
+           before_reading: Any = None) -> tuple[list[float], list[np.ndarray]]:
     rng = np.random.default_rng(0)
     xs = rng.standard_normal((steps, 16, 4)).astype(np.float32)
     ys = rng.integers(0, 3, (steps, 16))
@@ -82,6 +93,8 @@ def _train(session: Any, steps: int, read_each_step: bool = True) -> tuple[list[
             loss.backward()
             opt.step()
             losses.append(loss.item() if read_each_step else loss)
+        if before_reading is not None:
+            before_reading(losses)
         return [float(x) for x in losses], [np.array(p.numpy()) for p in model.parameters()]
 
 
@@ -121,6 +134,33 @@ def test_pipelined_steps_give_the_synchronous_values(fake: CompilingFake, pipeli
     assert remote.counters()["pipelined"] == (6 if pipeline else 0)
     for b in fake.bound:
         assert ("await_refs_s" in b) == pipeline and ("wait_s" in b) != pipeline, sorted(b)
+    remote.close()
+
+
+def test_a_pipelined_loop_keeps_its_losses_as_arrays_and_sends_one_request_a_step(
+        fake: CompilingFake) -> None:
+    """Each step's answer carries the loss of the step before (``inline_refs``): a loop that
+    keeps its loss Tensors holds arrays, not jobs, and fetches nothing; every job but the
+    one in flight's is released (carried on a later submit)."""
+    remote = RemoteSession(URL, TOKEN, httpx.MockTransport(fake), reconnect_s=1.0, poll_s=0.01)
+    kinds: list[str] = []
+    fetched: list[int] = []
+
+    def check(losses: list[Any]) -> None:  # before any is read
+        kinds.extend(type(t._value).__name__ for t in losses)
+        fetched.append(fake.calls["GET /v1/jobs/*/tensors/*"])
+
+    got_losses, got_params = _train(remote, 10, read_each_step=False, before_reading=check)
+    want_losses, want_params = _train(EmbeddedSession(), 10)
+    np.testing.assert_allclose(got_losses, want_losses, rtol=1e-6)
+    for g, w in zip(got_params, want_params, strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-7)
+    assert kinds[:-1] == ["ndarray"] * 9 and kinds[-1] == "RemoteValue", kinds
+    assert fetched == [0]  # the values came with the answers
+    assert remote.counters()["pipelined"] == 8
+    assert [b.get("inline_refs") is not None for b in fake.bound] == [False] + [True] * 7
+    remote.keeper.flush()
+    assert len([j for j in fake.jobs if j not in fake.released]) <= 2  # in flight, and the last read
     remote.close()
 
 

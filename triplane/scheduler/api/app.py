@@ -251,7 +251,8 @@ def create_app(
         if release:  # once the answer is sent: off this request's path (api/waiting.py)
             background.add_task(scheduler.release_many, release)
         # whoever may fetch a tensor may use it as a ref (a submit token: its own jobs')
-        named = refs_in_args(parsed.args) if isinstance(parsed, BoundRequest) else refs_in_graph(parsed.graph)
+        named = ([*refs_in_args(parsed.args), *parsed.inline_refs] if isinstance(parsed, BoundRequest)
+                 else refs_in_graph(parsed.graph))
         for ref in named:
             owners.check(p, ref.partition(":")[0])
         if isinstance(parsed, BoundRequest):  # a compiled step: new inputs for a known plan
@@ -260,6 +261,8 @@ def create_app(
             if lease is not None:
                 scheduler.sessions.tag_job(lease, body_out["id"])
             answer = {"id": body_out["id"], "state": body_out["state"]}
+            if "ref_values" in body_out:
+                answer["ref_values"] = body_out["ref_values"]
         else:
             body_out = await scheduler.submit(parsed.graph, parsed.fetch, parsed.deadline_s, owner=p.name,
                                               grad=parsed.grad, persist=parsed.persist, name=parsed.name,

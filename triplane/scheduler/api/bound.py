@@ -8,7 +8,10 @@ output of a done job (``"<job>:<name>"``, ``scheduler/refs.py``) or a small tens
 ``{"shape": [...], "dtype": "float32", "data": <base64 of its raw little-endian C-order
 bytes>}`` of at most :data:`INLINE_MAX_BYTES`; ``fetch`` is the list the full
 submit gave. ``await_refs_s`` (a pipelined step, docs/runtime.md): a ref to a job still
-running waits up to that long for its end instead of 409 ``not_ready``. Checked here at
+running waits up to that long for its end instead of 409 ``not_ready``; ``inline_refs``
+(at most :data:`MAX_INLINE_REFS` refs, usually the step before's outputs that it did not
+keep: its loss) come back in the answer's ``ref_values`` as ``values`` do (at most
+``INLINE_MAX_BYTES`` each, once their job is done; one left out is fetched). Checked here at
 the front door (400 naming the field); the scheduler answers 409 ``unknown_plan`` for a
 structure it does not know, and the client sends the graph.
 """
@@ -27,6 +30,7 @@ from triplane.scheduler.store import UploadError, expected_bytes, parse_dtype
 INLINE_MAX_BYTES = 64 * 1024
 MAX_ARGS = 10_000
 MAX_AWAIT_REFS_S = 60.0  # the longest a step waits for the job whose outputs it binds
+MAX_INLINE_REFS = 64
 
 # one argument: an upload id, or (raw bytes, shape, dtype) to store
 Arg = str | tuple[bytes, tuple[int, ...], str]
@@ -39,14 +43,15 @@ class BoundRequest(NamedTuple):
     deadline_s: float | None
     prefer: str | None = None
     await_refs_s: float = 0.0
+    inline_refs: tuple[str, ...] = ()
 
 
 def parse_bound_request(doc: dict[str, Any]) -> BoundRequest:
     """The fields of a parsed compiled-step request; BadRequest naming a bad one."""
-    unknown = set(doc) - {"plan", "args", "fetch", "deadline_s", "prefer", "await_refs_s"}
+    known = {"plan", "args", "fetch", "deadline_s", "prefer", "await_refs_s", "inline_refs"}
+    unknown = set(doc) - known
     if unknown:
-        raise BadRequest(f"unknown field(s) {sorted(unknown)} "
-                         "(known: ['args', 'await_refs_s', 'deadline_s', 'fetch', 'plan', 'prefer'])")
+        raise BadRequest(f"unknown field(s) {sorted(unknown)} (known: {sorted(known)})")
     plan = doc.get("plan")
     if not isinstance(plan, str) or not 1 <= len(plan) <= 128 or not plan.isalnum():
         raise BadRequest("'plan' must be the hash a submit of the graph answered with")
@@ -61,8 +66,13 @@ def parse_bound_request(doc: dict[str, Any]) -> BoundRequest:
     await_s = doc.get("await_refs_s", 0.0)
     if type(await_s) not in (int, float) or not 0 <= await_s <= MAX_AWAIT_REFS_S:
         raise BadRequest(f"'await_refs_s' must be seconds in [0, {MAX_AWAIT_REFS_S:g}], got {await_s!r:.40}")
+    inline_refs = doc.get("inline_refs", [])
+    if (not isinstance(inline_refs, list) or len(inline_refs) > MAX_INLINE_REFS
+            or not all(parse_ref(r) is not None for r in inline_refs)):
+        raise BadRequest(f"'inline_refs' must be a list of at most {MAX_INLINE_REFS} refs "
+                         "(<job>:<fetched name>)")
     return BoundRequest(plan, [_arg(i, a) for i, a in enumerate(args)], fetch, deadline_s,
-                        check_prefer(doc.get("prefer")), float(await_s))
+                        check_prefer(doc.get("prefer")), float(await_s), tuple(dict.fromkeys(inline_refs)))
 
 
 def check_prefer(prefer: Any) -> str | None:

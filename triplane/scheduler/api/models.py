@@ -131,6 +131,8 @@ class SubmitAnswer(BaseModel):
     progress: Progress | None = None
     error: ErrorDetail | None = None
     values: dict[str, InlineValue] | None = None
+    ref_values: dict[str, InlineValue] | None = Field(None, description="compiled steps: the values of "
+                                                      "inline_refs (the step before's loss)")
 
 
 class JobRequestBody(BaseModel):
@@ -156,6 +158,8 @@ class JobRequestBody(BaseModel):
                                "tasks the dispatcher places run there while it is up (else anywhere)")
     await_refs_s: float | None = Field(None, ge=0, le=60, description="compiled steps: a ref to a job "
                                        "still running waits up to this long for its end (not 409)")
+    inline_refs: list[str] | None = Field(None, max_length=64, description="compiled steps: refs whose "
+                                          "values (at most 64 KiB each) come back in ref_values")
 
 
 class CopyRequest(BaseModel):

@@ -141,6 +141,8 @@ class TriplaneService(pb_grpc.TriplaneServicer):
             parsed, waiting, release = parse_job_request(body)
         if waiting is not None and waiting.inline:
             raise BadRequest("'inline' values are the REST API's: fetch them with FetchTensor")
+        if isinstance(parsed, BoundRequest) and parsed.inline_refs:
+            raise BadRequest("'inline_refs' values are the REST API's: fetch them with FetchTensor")
         if release:
             raise BadRequest("'release' is the REST API's: release jobs with CancelJob")
         named = refs_in_args(parsed.args) if isinstance(parsed, BoundRequest) else refs_in_graph(parsed.graph)
