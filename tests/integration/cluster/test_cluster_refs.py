@@ -76,13 +76,18 @@ def double(ref: str, shape: list[int]) -> dict[str, Any]:
     return {"p": inp(ref, shape), "z": op("add", ["p", "p"], shape)}
 
 
-def test_a_chain_of_refs_in_full_submits_and_compiled_steps_equals_numpy(cluster: LocalCluster) -> None:
+def _exp_then_double(h: httpx.Client) -> tuple[np.ndarray, str, str, dict[str, Any]]:
+    """x, its upload, job j1 = exp(x) (done), and the submit of 2 * j1:y (its answer)."""
     x = np.arange(12, dtype=np.float32).reshape(3, 4) / 10
+    u = upload(h, x)
+    j1 = submit(h, {"x": inp(u, [3, 4]), "y": op("exp", ["x"], [3, 4])}, ["y"])["id"]
+    wait_done(h, j1)
+    return x, u, j1, submit(h, double(f"{j1}:y", [3, 4]), ["z"])
+
+
+def test_a_chain_of_refs_in_full_submits_and_compiled_steps_equals_numpy(cluster: LocalCluster) -> None:
     with api(cluster) as h:
-        u = upload(h, x)
-        j1 = submit(h, {"x": inp(u, [3, 4]), "y": op("exp", ["x"], [3, 4])}, ["y"])["id"]
-        wait_done(h, j1)
-        first = submit(h, double(f"{j1}:y", [3, 4]), ["z"])
+        x, u, j1, first = _exp_then_double(h)
         assert first["args"] == [f"{j1}:y"]
         wait_done(h, first["id"])
         want = np.exp(x) * 2
@@ -115,12 +120,8 @@ def test_a_pipelined_step_awaits_the_step_before_and_carries_its_values(cluster:
     and names that output in inline_refs; the answer's ref_values hold its value."""
     import base64
 
-    x = np.arange(12, dtype=np.float32).reshape(3, 4) / 10
     with api(cluster) as h:
-        u = upload(h, x)
-        j1 = submit(h, {"x": inp(u, [3, 4]), "y": op("exp", ["x"], [3, 4])}, ["y"])["id"]
-        wait_done(h, j1)
-        first = submit(h, double(f"{j1}:y", [3, 4]), ["z"])
+        x, _, _, first = _exp_then_double(h)
         prev, want = first["id"], np.exp(x) * 2
         for _ in range(4):  # never waited for by the client
             r = h.post("/v1/jobs", json={"plan": first["plan"], "args": [f"{prev}:z"], "fetch": ["z"],
