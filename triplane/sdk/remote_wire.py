@@ -2,13 +2,13 @@
 session's ``httpx.Client``.
 
 A compiled step is one ``POST /v1/jobs`` a few milliseconds long, so the client's own cost
-per request counts: httpx (its client layer, then httpcore and h11, all Python) spends
-about twice what ``http.client`` does on the same request (``bench/train.py``'s small
-step, docs/runtime.md "Compiled steps"). :class:`Wire` sends ``POST /v1/jobs`` only; every
-other request stays on httpx. It keeps a few idle connections (one per thread that
-submits at once), drops one the scheduler closed while it was idle (it is readable before
-it is used), and behaves as ``remote_errors.request`` does: a refused connection or a 503
-is retried for up to ``reconnect_s``; a request that may have arrived is never sent twice.
+per request counts: httpx goes through its client layer, then httpcore and h11 (all
+Python), where ``http.client`` does much less (docs/runtime.md "Compiled steps").
+:class:`Wire` sends ``POST /v1/jobs`` only; every other request stays on httpx. It keeps
+a few idle connections (one per thread that submits at once), drops one the scheduler
+closed while it was idle (it is readable before it is used), and behaves as
+``remote_errors.request`` does: a refused connection or a 503 is retried for up to
+``reconnect_s``; a request that may have arrived is never sent twice.
 
 :func:`wire_for` gives none (the session stays on httpx) for an ``https`` scheduler, a
 test's own transport, or a URL that the environment sends through a proxy.
