@@ -17,7 +17,8 @@ the session (another structure, a full graph), a step not bound to it. Settling 
 its job (its error if it failed) and fetches its deferred values. A loop that reads a
 deferred value of every step before the next one (``loss.item()`` each step) gains
 nothing from pipelining: after :data:`READS_TO_SYNC` such steps its structure runs
-synchronously, its small outputs inline in the answer.
+synchronously, its small outputs inline in the answer, for :data:`SYNC_STEPS` steps;
+then it is pipelined again (and back to synchronous if the reads go on).
 
 Failures. A step whose submit finds the step in flight failed gets that step's error. A
 step answered ``lost`` (an executor holding its inputs is gone) recovers as every step
@@ -45,12 +46,13 @@ if TYPE_CHECKING:
     from triplane.sdk.remote_steps import BoundStep
     from triplane.sdk.tensor import Tensor
 
-__all__ = ["AWAIT_REFS_S", "READS_TO_SYNC", "InFlight", "Pipeline"]
+__all__ = ["AWAIT_REFS_S", "READS_TO_SYNC", "SYNC_STEPS", "InFlight", "Pipeline"]
 
 log = logging.getLogger("triplane.sdk.remote")
 
 AWAIT_REFS_S = 30.0  # a step waits this long for the step before (then 409 not_ready: settle, again)
 READS_TO_SYNC = 2  # steps in a row whose deferred outputs were read before the next: synchronous
+SYNC_STEPS = 200  # ... for this many steps of that structure, then pipelined again
 
 
 @dataclass
@@ -74,15 +76,26 @@ class Pipeline:
         self.pipelined = 0  # steps submitted without waiting for their job
         self.redone = 0  # steps in flight run again after a loss
         self.inflight: InFlight | None = None
-        self._sync: set[Any] = set()  # structures run synchronously (their loop reads every step)
+        # structures run synchronously (their loop reads every step) -> such steps left
+        self._sync: dict[Any, int] = {}
         self._reads: dict[Any, int] = {}  # structure -> steps in a row read before the next
         self._read_of: str | None = None  # the job whose deferred output was read while in flight
         self._last: str | None = None  # the last pipelined step's job
         self._lock = threading.RLock()  # threads sharing the session: one at a time in here
 
     def wants(self, key: Any, keep: frozenset[int]) -> bool:
-        """Whether a compiled step of structure ``key`` keeping ``keep`` is pipelined."""
-        return self.enabled and bool(keep) and key not in self._sync
+        """Whether a compiled step of structure ``key`` keeping ``keep`` is pipelined (once
+        per step: a structure run synchronously is tried again after :data:`SYNC_STEPS`)."""
+        if not self.enabled or not keep:
+            return False
+        left = self._sync.get(key)
+        if left is None:
+            return True
+        if left <= 1:
+            del self._sync[key]  # the loop may read less now: pipelined again (two reads: back)
+        else:
+            self._sync[key] = left - 1
+        return False
 
     def submit(self, session: RemoteSession, key: Any, step: BoundStep, inputs: list[Tensor],
                outputs: Sequence[Tensor], keep: frozenset[int], args: list[Any]) -> dict[str, Any] | None:
@@ -166,7 +179,8 @@ class Pipeline:
                 self._read_of = inf.job
                 self._reads[inf.key] = n = self._reads.get(inf.key, 0) + 1
                 if n >= READS_TO_SYNC:
-                    self._sync.add(inf.key)
+                    self._sync[inf.key] = SYNC_STEPS
+                    self._reads[inf.key] = 0
         self.inflight = None
         session.wait(inf.job)
         self._deliver(session, inf, None)

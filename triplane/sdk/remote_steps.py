@@ -73,12 +73,13 @@ class BoundSteps:
 
         key, _, inputs = signature(outputs)
         step = self.cache.get(key)
-        if step is None or not self.pipe.wants(key, keep):
+        pipelined = step is not None and self.pipe.wants(key, keep)
+        if not pipelined:
             self.pipe.settle(session)  # a job of another kind: the step in flight ends first
         if step is None:
             return None, (key, inputs)
         args = [bind_arg(session, inputs[p]._value) for p in step.args]
-        if self.pipe.wants(key, keep):
+        if pipelined:
             got = self.pipe.submit(session, key, step, inputs, outputs, keep, args)
             if got is None:
                 self.fallbacks += 1

@@ -164,6 +164,36 @@ def test_a_pipelined_loop_keeps_its_losses_as_arrays_and_sends_one_request_a_ste
     remote.close()
 
 
+def test_a_loop_that_stops_reading_every_loss_is_pipelined_again(fake: CompilingFake,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two steps whose loss was read before the next: that structure runs synchronously
+    for SYNC_STEPS steps (3 here), then is pipelined again; reads going on switch it back."""
+    from triplane.sdk import remote_pipeline
+
+    monkeypatch.setattr(remote_pipeline, "SYNC_STEPS", 3)
+    remote = RemoteSession(URL, TOKEN, httpx.MockTransport(fake), reconnect_s=1.0, poll_s=0.01)
+    tp.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 3))
+    opt = optim.Adam(model.parameters(), lr=1e-2)
+    x, y = np.ones((8, 4), np.float32), np.zeros(8, np.int64)
+    piped = []
+    with use_session(remote):
+        for i in range(16):
+            loss = F.cross_entropy(model(tp.tensor(x)), tp.tensor(y))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            if i < 8:
+                loss.item()  # read before the next step
+            piped.append(remote.counters()["pipelined"])
+    steps = np.diff([0, *piped]).tolist()  # 1: this step was pipelined
+    # two graphs; two pipelined steps read at once; 3 synchronous; one pipelined, read (the
+    # reads count again from zero)... then reads stop: pipelined from the next try on
+    assert steps[:2] == [0, 0] and steps[2:4] == [1, 1] and steps[4:7] == [0, 0, 0], steps
+    assert steps[-4:] == [1, 1, 1, 1], steps
+    remote.close()
+
+
 def test_a_compiled_step_whose_output_was_lost_runs_again(fake: CompilingFake) -> None:
     remote = RemoteSession(URL, TOKEN, httpx.MockTransport(fake), reconnect_s=1.0, poll_s=0.01, wait_s=0)
     w = tp.tensor(np.ones((3, 2), np.float32))
