@@ -4,6 +4,7 @@ peer-to-peer tiles, a partitioned executor, the leader's host cut off, etcd rest
 from __future__ import annotations
 
 import time
+from collections import Counter
 from typing import Any
 
 import numpy as np
@@ -123,18 +124,26 @@ def test_a_partitioned_executor_host_drifts_its_tasks_and_rejoins(cluster: Multi
     victim = "exec-2"
     # Six chains, so that every executor holds some (three could all go to two executors),
     # each long enough to leave the victim work at the cut; the cut waits until the victim
-    # has done a task and has one running (3 x 30 links left it none on a quiet machine, and
-    # 6 x 60 about one run in ten: the task rows it reads trail by a journal period).
-    graph, ids, refs = chains_job(6, 120, 256)
+    # has done a task and has one running (3 x 30 links left it none on a quiet machine,
+    # 6 x 60 about one run in ten, 6 x 120 one in 13 once steps got faster: the task rows
+    # it reads trail by a journal period, and the victim's chains may be done within one).
+    graph, ids, refs = chains_job(6, 240, 256)
     t_submit = time.monotonic()
     job = submit(c, lead, graph, ids)
     total = len(graph["nodes"])
 
+    seen: list[Any] = []
+
     def mid_run() -> bool:
-        on_victim = [t["state"] for t in tasks(c, lead, job) if t["node"] == victim]
+        rows = tasks(c, lead, job)
+        on_victim = [t["state"] for t in rows if t["node"] == victim]
+        seen[:] = [len(rows), Counter(t["node"] for t in rows), Counter(on_victim)]
         return "done" in on_victim and any(s != "done" for s in on_victim)
 
-    wait_for(mid_run, 60, f"a task done on {victim} and one still to run there")
+    try:
+        wait_for(mid_run, 60, f"a task done on {victim} and one still to run there")
+    except TimeoutError as e:
+        raise TimeoutError(f"{e}; last seen: tasks, by node, on {victim} by state: {seen}") from None
     cut_at = time.time()
     c.net.cut(victim)
     try:
