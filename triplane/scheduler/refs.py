@@ -63,7 +63,7 @@ if TYPE_CHECKING:
     from triplane.scheduler.livejob import LiveJob
     from triplane.scheduler.results import Results
 
-__all__ = ["Held", "Refs", "Resolved", "parse_ref", "refs_in_args", "refs_in_graph"]
+__all__ = ["Held", "Refs", "Resolved", "parse_ref", "refs_by_job", "refs_in_args", "refs_in_graph"]
 
 _REF = re.compile(r"(j[0-9a-f]{16}):([^\x00-\x1f/]{1,128})")
 MAX_COPY = 1000  # refs one POST /v1/tensors/copy may name
@@ -76,6 +76,16 @@ def parse_ref(s: object) -> tuple[str, str] | None:
         return None
     m = _REF.fullmatch(s)
     return (m[1], m[2]) if m else None
+
+
+def refs_by_job(refs: Iterable[str]) -> dict[str, list[str]]:
+    """Refs grouped by job: job -> fetched names (a string that is not a ref is skipped)."""
+    out: dict[str, list[str]] = {}
+    for ref in refs:
+        parsed = parse_ref(ref)
+        if parsed is not None:
+            out.setdefault(parsed[0], []).append(parsed[1])
+    return out
 
 
 def refs_in_graph(doc: Any) -> list[str]:

@@ -66,7 +66,7 @@ from triplane.scheduler.leading import Leading
 from triplane.scheduler.lineage import Lineage
 from triplane.scheduler.livejob import LiveJob
 from triplane.scheduler.metrics import Counts, Metrics
-from triplane.scheduler.refs import Refs
+from triplane.scheduler.refs import Refs, refs_by_job
 from triplane.scheduler.results import Opened, Results
 from triplane.scheduler.retention import KEEP_JOBS, PERIOD_S, retain
 from triplane.scheduler.sessions import DEFAULT_TTL_S, Held, Sessions, reap, release_held
@@ -331,7 +331,7 @@ class Scheduler(Leading):
             self._inline.setdefault(body["id"], []).extend(inline.values())
         if inline_refs:
             values: dict[str, Any] = {}
-            for job, names in _by_job(inline_refs).items():  # (the job is submitted: nothing may raise)
+            for job, names in refs_by_job(inline_refs).items():  # (the job is submitted: nothing may raise)
                 try:
                     done = (await self.jobs.wait(job, await_refs_s))["state"] == "done"
                 except SchedulerError:  # unknown: the client's fetch says so
@@ -443,11 +443,3 @@ class Scheduler(Leading):
     async def engines(self) -> list[dict[str, Any]]:
         return await self.cluster.engines()
 
-
-def _by_job(refs: Sequence[str]) -> dict[str, list[str]]:
-    """Refs (``"<job>:<name>"``, checked) grouped by job: job -> names."""
-    out: dict[str, list[str]] = {}
-    for ref in refs:
-        job, _, name = ref.partition(":")
-        out.setdefault(job, []).append(name)
-    return out

@@ -8,6 +8,7 @@ was refused; anything else -> :class:`RemoteError` with the server's message and
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from triplane.proto import errors as E
@@ -15,7 +16,8 @@ from triplane.proto import errors as E
 if TYPE_CHECKING:
     import httpx
 
-__all__ = ["RemoteError", "http_error", "job_error", "lost_holder", "request"]
+__all__ = ["RemoteError", "Unreachable", "http_error", "job_error", "lost_holder", "request",
+           "with_retries"]
 
 # Error kinds a scheduler reports for a malformed graph, and the exception each becomes.
 _GRAPH_KINDS: dict[str, type[E.GraphError]] = {
@@ -117,30 +119,51 @@ def lost_holder(e: RemoteError) -> bool:
     return (e.status == 503 and "cannot read" in msg) or (e.status == 404 and "which is gone" in msg)
 
 
-def request(client: httpx.Client, url: str, reconnect_s: float, method: str, path: str, *,
-            retry_sent: bool, **kw: Any) -> httpx.Response:
-    """One request of ``client`` to the scheduler at ``url``, retried while the scheduler is
-    unreachable (or answers 503) for up to ``reconnect_s``; ``retry_sent=False`` retries only
-    a refused connection. A :class:`RemoteError` saying so when it stays unreachable, and
-    :func:`http_error` of an answer of 400 or more."""
-    import httpx
+class Unreachable(Exception):
+    """A try that got no answer; ``retriable``: nothing can have arrived (a refused
+    connection), or the caller allows sending again."""
 
+    def __init__(self, detail: str, retriable: bool) -> None:
+        super().__init__(detail)
+        self.retriable = retriable
+
+
+def with_retries(attempt: Callable[[], Any], url: str, what: str, reconnect_s: float) -> Any:
+    """``attempt()`` (a response with ``status_code``, or :class:`Unreachable`), tried again
+    with backoff while the scheduler is unreachable (retriable) or answers 503, for up to
+    ``reconnect_s``. A :class:`RemoteError` saying so when it stays unreachable, and
+    :func:`http_error` of an answer of 400 or more."""
     deadline = time.monotonic() + reconnect_s
     delay = 0.05
     while True:
         try:
-            r = client.request(method, path, **kw)
-        except httpx.TransportError as e:
-            retriable = retry_sent or isinstance(e, httpx.ConnectError)
-            if not retriable or time.monotonic() + delay > deadline:
-                raise RemoteError(f"cannot reach the scheduler at {url} ({method} {path}): "
-                                  f"{type(e).__name__}: {e}. Is the cluster up? (`triplane status`)"
-                                  ) from None
+            r = attempt()
+        except Unreachable as e:
+            if not e.retriable or time.monotonic() + delay > deadline:
+                raise RemoteError(f"cannot reach the scheduler at {url} ({what}): {e}. "
+                                  "Is the cluster up? (`triplane status`)") from None
         else:
             if r.status_code != 503 or time.monotonic() + delay > deadline:
                 break
         time.sleep(delay)
         delay = min(1.0, delay * 2)
     if r.status_code >= 400:
-        raise http_error(r, f"{method} {path}", url)
+        raise http_error(r, what, url)
+    return r
+
+
+def request(client: httpx.Client, url: str, reconnect_s: float, method: str, path: str, *,
+            retry_sent: bool, **kw: Any) -> httpx.Response:
+    """One request of ``client`` to the scheduler at ``url`` (:func:`with_retries`);
+    ``retry_sent=False`` retries only a refused connection."""
+    import httpx
+
+    def attempt() -> httpx.Response:
+        try:
+            return client.request(method, path, **kw)
+        except httpx.TransportError as e:
+            raise Unreachable(f"{type(e).__name__}: {e}",
+                              retry_sent or isinstance(e, httpx.ConnectError)) from None
+
+    r: httpx.Response = with_retries(attempt, url, f"{method} {path}", reconnect_s)
     return r

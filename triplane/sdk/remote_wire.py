@@ -21,13 +21,12 @@ import json
 import select
 import socket
 import threading
-import time
 import urllib.parse
 import urllib.request
 from collections.abc import Mapping
 from typing import Any
 
-from triplane.sdk.remote_errors import RemoteError, http_error
+from triplane.sdk.remote_errors import Unreachable, with_retries
 
 __all__ = ["Answer", "Wire", "wire_for"]
 
@@ -35,7 +34,8 @@ IDLE_KEPT = 4  # idle connections kept for reuse (one per thread submitting at o
 
 
 class Answer:
-    """A response of :class:`Wire` (the part of ``httpx.Response`` the session reads)."""
+    """A response of :class:`Wire` (the part of ``httpx.Response`` the session and
+    ``remote_errors.http_error`` read)."""
 
     __slots__ = ("content", "headers", "status_code")
 
@@ -46,6 +46,10 @@ class Answer:
 
     def json(self) -> Any:
         return json.loads(self.content)
+
+    @property
+    def text(self) -> str:
+        return self.content.decode("utf-8", "replace")
 
 
 def wire_for(url: str, headers: Mapping[str, str], connect_s: float, timeout_s: float,
@@ -78,32 +82,22 @@ class Wire:
 
     def post(self, path: str, content: bytes, headers: Mapping[str, str], reconnect_s: float,
              timeout_s: float | None = None) -> Answer:
-        """``POST path`` with ``content``; the answer, :func:`http_error` of one of 400 or
-        more, or a RemoteError saying the scheduler cannot be reached."""
-        deadline = time.monotonic() + reconnect_s
-        delay = 0.05
-        while True:
-            r = self._try(path, content, {**self.headers, **headers}, timeout_s or self.timeout_s)
-            if r is not None and (r.status_code != 503 or time.monotonic() + delay > deadline):
-                break
-            if r is None and time.monotonic() + delay > deadline:
-                raise RemoteError(f"cannot reach the scheduler at {self.url} (POST {path}): connection "
-                                  "refused. Is the cluster up? (`triplane status`)")
-            time.sleep(delay)
-            delay = min(1.0, delay * 2)
-        if r.status_code >= 400:
-            import httpx
+        """``POST path`` with ``content``, retried as ``remote_errors.with_retries`` says (a
+        refused connection and 503 only); the answer, ``http_error`` of one of 400 or more,
+        or a RemoteError saying the scheduler cannot be reached."""
+        sent = {**self.headers, **headers}
+        timeout = timeout_s or self.timeout_s
+        answer: Answer = with_retries(lambda: self._try(path, content, sent, timeout), self.url,
+                                      f"POST {path}", reconnect_s)
+        return answer
 
-            raise http_error(httpx.Response(r.status_code, headers=r.headers, content=r.content),
-                             f"POST {path}", self.url)
-        return r
-
-    def _try(self, path: str, content: bytes, headers: dict[str, str], timeout_s: float) -> Answer | None:
-        """One try; None when the connection was refused (nothing was sent)."""
+    def _try(self, path: str, content: bytes, headers: dict[str, str], timeout_s: float) -> Answer:
+        """One try; :class:`Unreachable` when it got no answer (retriable when the connection
+        was refused: nothing was sent)."""
         try:
             conn = self._take()
-        except OSError:
-            return None
+        except OSError as e:
+            raise Unreachable(f"{type(e).__name__}: {e}", retriable=True) from None
         try:
             conn.sock.settimeout(timeout_s)
             conn.request("POST", self.base + path, body=content, headers=headers)
@@ -112,8 +106,7 @@ class Wire:
             answer = Answer(resp.status, resp.getheaders(), body)
         except (OSError, http.client.HTTPException) as e:
             conn.close()
-            raise RemoteError(f"cannot reach the scheduler at {self.url} (POST {path}): "
-                              f"{type(e).__name__}: {e}. Is the cluster up? (`triplane status`)") from None
+            raise Unreachable(f"{type(e).__name__}: {e}", retriable=False) from None
         except BaseException:  # Ctrl-C mid-request: the connection is in an unknown state
             conn.close()
             raise
